@@ -1,0 +1,147 @@
+"""Root fixtures: a real Slurm cluster on this host, started once per test session.
+
+The cluster is slurm/dev/local-cluster.sh: munged, slurmctld and one slurmd per
+emulated node (4 nodes x 2 CPUs x 2 fake GPUs as GRES), in a fresh state
+directory with private ports, so several test sessions can run side by side.
+The `ci` cluster profile describes exactly this cluster.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER_SCRIPT = REPO / "slurm" / "dev" / "local-cluster.sh"
+TERMINAL_STATES = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
+}
+# Open MPI between emulated nodes on one host: TCP over loopback only.
+MPI_ENV = {
+    "OMPI_MCA_btl": "self,tcp",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "PMIX_MCA_gds": "hash",
+}
+
+
+def _free_port_block(size: int = 20) -> int:
+    """A base port such that [base, base+size) can all be bound right now."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - size)
+        socks = []
+        try:
+            for port in range(base, base + size):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free block of ports for the local Slurm cluster")
+
+
+@dataclass
+class SlurmCluster:
+    """A running local cluster; pass `.env` to every subprocess that talks to it."""
+
+    directory: Path
+    accounting: bool
+    nodes: list = field(default_factory=lambda: [f"node{i}" for i in range(1, 5)])
+    partition: str = "debug"
+    gpus_per_node: int = 2
+    cpus_per_node: int = 2
+    env: dict = field(default_factory=dict)
+
+    def run(self, args, check=False, timeout=120, **kw):
+        return subprocess.run(args, env=kw.pop("env", self.env), text=True,
+                              capture_output=True, check=check, timeout=timeout, **kw)
+
+    def job_state(self, jobid) -> str:
+        """State of a job (squeue while it is known there, else scontrol)."""
+        out = self.run(["squeue", "-h", "-j", str(jobid), "-o", "%T"]).stdout.split()
+        if out:
+            return out[0]
+        res = self.run(["scontrol", "-o", "show", "job", str(jobid)])
+        for tok in res.stdout.split():
+            if tok.startswith("JobState="):
+                return tok.split("=", 1)[1]
+        return "UNKNOWN"
+
+    def wait_job(self, jobid, timeout: float = 120) -> str:
+        """Poll until the job (all tasks of an array) reaches a terminal state."""
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while True:
+            states = self.run(["squeue", "-h", "-j", str(jobid), "-o", "%T"]).stdout.split()
+            if not states:
+                return self.job_state(jobid)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {jobid} still {states} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    def down(self):
+        subprocess.run(["bash", str(CLUSTER_SCRIPT), "down", "--dir", str(self.directory)],
+                       env=self.env, capture_output=True, text=True, timeout=120)
+
+
+def _start_cluster(directory: Path, accounting: bool) -> SlurmCluster:
+    if shutil.which("slurmctld") is None or shutil.which("munged") is None:
+        pytest.skip("Slurm is not installed here: run `bash tests/install.sh` (apt: slurm-wlm, munge)")
+    directory.mkdir(parents=True, exist_ok=True)
+    args = ["bash", str(CLUSTER_SCRIPT), "up", "--dir", str(directory),
+            "--port-base", str(_free_port_block())]
+    if accounting:
+        args.append("--accounting")
+    res = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    if res.returncode != 0:
+        raise RuntimeError(f"local Slurm cluster failed to start:\n{res.stderr[-3000:]}")
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    env["SLURM_CONF"] = str(directory / "etc" / "slurm.conf")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    for var in [k for k in env if k.startswith(("SLURM_JOB", "SLURM_STEP", "SLURM_PROCID"))]:
+        env.pop(var)
+    return SlurmCluster(directory=directory, accounting=accounting, env=env)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The local Slurm cluster without accounting (sacct answers with an error)."""
+    cluster = _start_cluster(tmp_path_factory.mktemp("slurm"), accounting=False)
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster_acct(tmp_path_factory):
+    """The local Slurm cluster with MariaDB + slurmdbd, so `sacct` works."""
+    cluster = _start_cluster(tmp_path_factory.mktemp("slurm-acct"), accounting=True)
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture(scope="session")
+def venv_python() -> str:
+    """The interpreter running the tests; jobs on the local cluster use it too."""
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
