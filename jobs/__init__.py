@@ -1,0 +1,19 @@
+"""recsys-submit: cluster profiles -> Slurm jobs (or local runs) for the recsys engines.
+
+The public API lives in jobs.api (submit, render, status, watch, logs, cancel, requeue,
+JobRequest); it is re-exported here lazily so that `import jobs.cli` stays cheap.
+"""
+
+_API = ("JobRequest", "submit", "render", "render_plan", "status", "watch", "logs", "cancel",
+        "requeue", "find_run", "load_profile", "RequestError", "SubmitError", "SlurmCommandError")
+
+
+def __getattr__(name):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+
+
+__all__ = list(_API)

@@ -1,0 +1,316 @@
+"""`recsys-submit`: profiles, render, train/evaluate/benchmark/preprocess, status, logs, cancel,
+requeue. Errors are one line on stderr with a non-zero exit (2: bad input, nothing submitted;
+1: Slurm failed or a job failed). Imports stay lazy so the command starts fast on login nodes.
+"""
+
+import argparse
+import os
+import sys
+
+PROG = "recsys-submit"
+JOB_KINDS = ("train", "evaluate", "benchmark", "preprocess")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) and exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def _job_options(parser, kind=None):
+    add = parser.add_argument
+    add("--profile", default=os.environ.get("RECSYS_PROFILE", "local"),
+        help="cluster profile name or YAML file (default $RECSYS_PROFILE or 'local')")
+    add("--model", help="dlrm | wide_deep | ncf (hello: the built-in smoke payload)")
+    add("--payload", default="recsys", help="recsys (training engine) or hello (smoke payload)")
+    add("--nodes", type=int, help="number of nodes (default: profile's, else 1)")
+    add("--gpus-per-node", type=int, help="GPUs per node (default: all of the profile's node)")
+    add("--ntasks-per-node", type=int, help="ranks per node (default: one per GPU; one for preprocess)")
+    add("--time", help="time limit in a Slurm format (MM, HH:MM:SS, D-HH:MM, ...)")
+    add("--name", help="job name (reduced to [A-Za-z0-9._-] for Slurm)")
+    add("--array", type=int, help="number of array tasks (each gets RECSYS_TASK_INDEX)")
+    add("--array-parallelism", "--parallelism", type=int, dest="array_parallelism",
+        help="at most this many array tasks at once (%%N)")
+    add("--after", action="append", default=[], help="afterok dependency on job id(s), comma-separated")
+    add("--bind", help="binding mode: exclusive | numa | interleave | off")
+    add("--ht", action="store_true", default=None, help="bind the hyperthread siblings too")
+    add("--signal-seconds", type=int, help="USR2 this many seconds before the time limit")
+    add("--no-requeue", action="store_true", help="do not requeue on USR2")
+    add("--python", help="interpreter the ranks run (default: profile's, else this one)")
+    add("--runs-dir", help="parent of run directories (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    add("--keep-partial", action="store_true",
+        help="if a later job of a chain fails to submit, keep the earlier ones (default: cancel them)")
+    add("--dry-run", action="store_true", help="print the script(s), submit nothing")
+    add("--no-wait", action="store_true", help="local profile: return at once instead of waiting")
+    pre = parser.add_argument_group("preprocessing")
+    pre.add_argument("--dataset", help="criteo | movielens | outbrain (default from --model)")
+    pre.add_argument("--mode", dest="preprocess_mode", default="single",
+                     help="preprocess mode: single | array (criteo) | multinode (Spark standalone)")
+    pre.add_argument("--input", help="raw input directory")
+    pre.add_argument("--output", help="output directory")
+    pre.add_argument("--shards", type=int, help="array mode: number of transform tasks")
+    chain = parser.add_argument_group("chaining (train)")
+    chain.add_argument("--preprocess-from", metavar="RAW",
+                       help="first preprocess RAW into --data-path (afterok chain)")
+    chain.add_argument("--data-path", help="dataset directory passed to the engine (and preprocess output)")
+    chain.add_argument("--then-evaluate", action="store_true",
+                       help="after training, run evaluate with the same engine arguments (afterok)")
+
+
+def build_parser():
+    parser = _Parser(prog=PROG, description="Submit recommender training and preprocessing jobs "
+                     "to Slurm (or run them locally) from cluster profiles.",
+                     epilog="Engine arguments go after '--', e.g. "
+                     "recsys-submit train --profile ci --model dlrm --nodes 2 -- --batch-size 4096")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    prof = sub.add_parser("profiles", help="list, show or validate cluster profiles")
+    prof_sub = prof.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    prof_sub.add_parser("list", help="profiles on the search path")
+    show = prof_sub.add_parser("show", help="print a profile as loaded (defaults filled)")
+    show.add_argument("profile")
+    val = prof_sub.add_parser("validate", help="validate profile files (default: all on the path)")
+    val.add_argument("files", nargs="*")
+
+    render = sub.add_parser("render", help="print the sbatch script(s) of a request; submit nothing")
+    render.add_argument("kind", help="train | evaluate | benchmark | preprocess")
+    _job_options(render)
+    for kind in JOB_KINDS:
+        job = sub.add_parser(kind, help=f"submit a {kind} job")
+        _job_options(job, kind)
+
+    st = sub.add_parser("status", help="state of every job of a run (one Slurm call per poll)")
+    st.add_argument("run", nargs="?", help="run directory or name (default: newest)")
+    st.add_argument("--watch", action="store_true", help="poll with back-off until all jobs end")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument("--runs-dir")
+    lg = sub.add_parser("logs", help="print (or follow) a run's logs")
+    lg.add_argument("run", nargs="?")
+    lg.add_argument("--rank", type=int, help="one rank's output instead of the batch logs")
+    lg.add_argument("--job", help="only this job key of the run")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    lg.add_argument("--runs-dir")
+    for name, text in (("cancel", "cancel every job of a run"), ("requeue", "requeue every job of a run")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("run", nargs="?")
+        cmd.add_argument("--runs-dir")
+    return parser
+
+
+def _split_engine_args(argv):
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def requests_from_args(args, engine_args):
+    """The JobRequest chain a job subcommand asks for."""
+    from .errors import RequestError
+    from .request import MODEL_DATASET, JobRequest
+
+    after = [a.strip() for item in args.after for a in item.split(",") if a.strip()]
+    common = dict(profile=args.profile, payload=args.payload, nodes=args.nodes,
+                  gpus_per_node=args.gpus_per_node, ntasks_per_node=args.ntasks_per_node,
+                  time=args.time, name=args.name, bind=args.bind, hyperthreads=args.ht,
+                  signal_seconds=args.signal_seconds, requeue=not args.no_requeue, python=args.python)
+    kind = args.kind
+    if kind == "preprocess":
+        return [JobRequest(kind=kind, model=args.model, dataset=args.dataset,
+                           preprocess_mode=args.preprocess_mode, input=args.input,
+                           output=args.output, shards=args.shards,
+                           array_parallelism=args.array_parallelism, engine_args=engine_args,
+                           after=after, **{k: v for k, v in common.items() if k not in ("payload",)})]
+    for flag, value in (("--dataset", args.dataset), ("--input", args.input), ("--output", args.output),
+                        ("--shards", args.shards)):
+        if value is not None:
+            raise RequestError(f"{flag}: only for preprocess")
+    if args.preprocess_mode != "single" and not args.preprocess_from:
+        raise RequestError("--mode: only for preprocess (or with --preprocess-from)")
+    engine = list(engine_args)
+    if args.data_path:
+        engine = ["--data-path", args.data_path] + engine
+    chain = []
+    if args.preprocess_from:
+        if kind != "train":
+            raise RequestError("--preprocess-from: only with train")
+        if not args.data_path:
+            raise RequestError("--preprocess-from: needs --data-path (the preprocessed output)")
+        chain.append(JobRequest(kind="preprocess", dataset=MODEL_DATASET.get(args.model),
+                                preprocess_mode=args.preprocess_mode, input=args.preprocess_from,
+                                output=args.data_path, shards=args.shards, after=after,
+                                **{k: v for k, v in common.items()
+                                   if k not in ("payload", "nodes", "gpus_per_node", "ntasks_per_node",
+                                                "name", "bind", "hyperthreads")}))
+        after = []
+    chain.append(JobRequest(kind=kind, model=args.model, array=args.array,
+                            array_parallelism=args.array_parallelism, engine_args=engine,
+                            after=after, **common))
+    if args.then_evaluate:
+        if kind != "train":
+            raise RequestError("--then-evaluate: only with train")
+        chain.append(JobRequest(kind="evaluate", model=args.model, engine_args=engine,
+                                **{k: v for k, v in common.items() if k != "name"}))
+    return chain
+
+
+def _print_status(result, as_json=False):
+    if as_json:
+        import json
+
+        print(json.dumps(result, indent=2))
+        return
+    print(f"run {result['run_dir']}  ({result['source']}, {result['calls']} Slurm call(s))")
+    width = max([len(j["key"]) for j in result["jobs"]] + [3])
+    for job in result["jobs"]:
+        print(f"  {job['key']:<{width}}  {job['job_id']:>10}  {job['state']}")
+
+
+def _cmd_profiles(args):
+    from .profiles import list_profiles, load_profile
+
+    if args.action == "list":
+        for ref in list_profiles():
+            try:
+                desc = load_profile(ref.path).description
+            except ValueError as exc:
+                desc = f"INVALID: {exc}"
+            print(f"{ref.name:<14} {ref.source:<8} {desc}")
+        return 0
+    if args.action == "show":
+        import yaml
+
+        print(yaml.safe_dump(load_profile(args.profile).as_dict(), sort_keys=False), end="")
+        return 0
+    files = args.files or [ref.path for ref in list_profiles()]
+    bad = 0
+    for path in files:
+        try:
+            load_profile(path if ("/" in path or path.endswith((".yaml", ".yml"))) else path)
+            print(f"ok      {path}")
+        except ValueError as exc:
+            bad += 1
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _cmd_job(args, engine_args):
+    from . import api
+
+    requests = requests_from_args(args, engine_args)
+    if args.command == "render" or args.dry_run:
+        print(api.render(requests, args.profile), end="")
+        return 0
+    record = api.submit(requests, args.profile, runs_dir=args.runs_dir, keep_partial=args.keep_partial,
+                        wait_local=not args.no_wait)
+    for job in record["jobs"]:
+        print(f"submitted {job['key']} job {job['job_id']}")
+    print(f"run dir {record['run_dir']}")
+    if record.get("scheduler") == "local" and not args.no_wait:
+        result = api.status(record["run_dir"])
+        _print_status(result)
+        if record.get("error"):
+            print(f"{PROG}: error: {record['error']}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _cmd_status(args):
+    from . import api
+
+    run_dir = api.find_run(args.run, args.runs_dir)
+    if args.watch:
+        result = api.watch(run_dir, on_poll=lambda r: None if args.json else _print_status(r))
+        if args.json:
+            _print_status(result, True)
+        from .status import run_failed
+
+        return 1 if run_failed(result) else 0
+    _print_status(api.status(run_dir), args.json)
+    return 0
+
+
+def _cmd_logs(args):
+    from . import api
+
+    run_dir = api.find_run(args.run, args.runs_dir)
+    if not args.follow:
+        text = api.logs(run_dir, rank=args.rank, key=args.job)
+        if not text:
+            print(f"(no logs yet in {run_dir}/logs)")
+        else:
+            print(text)
+        return 0
+    return _follow(api, run_dir, args)
+
+
+def _follow(api, run_dir, args):
+    import time
+
+    from .status import log_files
+
+    offsets = {}
+    delay, done = 0.5, False
+    while True:
+        for path in log_files(run_dir, key=args.job, rank=args.rank):
+            with open(path, errors="replace") as handle:
+                handle.seek(offsets.get(path, 0))
+                chunk = handle.read()
+                offsets[path] = handle.tell()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        if done:
+            return 0
+        done = api.status(run_dir)["done"]   # one more pass after the end to catch the tail
+        if not done:
+            time.sleep(delay)
+            delay = min(delay * 1.5, 10.0)
+
+
+def _cmd_cancel(args):
+    from . import api
+
+    run_dir = api.find_run(args.run, args.runs_dir)
+    ids = api.cancel(run_dir) if args.command == "cancel" else api.requeue(run_dir)
+    print(f"{args.command}: {' '.join(ids) or '(no jobs)'}")
+    return 0
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, engine_args = _split_engine_args(argv)
+    args = build_parser().parse_args(own)
+    if args.command in JOB_KINDS:
+        args.kind = args.command
+    try:
+        if args.command == "profiles":
+            return _cmd_profiles(args)
+        if args.command == "render" or args.command in JOB_KINDS:
+            return _cmd_job(args, engine_args)
+        if args.command == "status":
+            return _cmd_status(args)
+        if args.command == "logs":
+            return _cmd_logs(args)
+        return _cmd_cancel(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:    # one line for every error we know; tracebacks for bugs
+        from .errors import RequestError, SlurmCommandError, SubmitError
+
+        try:
+            from .profiles import ProfileError
+        except ImportError:     # pragma: no cover
+            ProfileError = RequestError
+        if isinstance(exc, (RequestError, ProfileError)):
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, (SubmitError, SlurmCommandError)):
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

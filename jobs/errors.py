@@ -1,0 +1,18 @@
+"""One-line errors of the submission layer.
+
+Every error a user can cause (bad flag, impossible request, failed sbatch) is raised as one of
+these with a single-line message naming the flag, key or job involved; the CLI prints it and
+exits non-zero. Profile errors come from jobs.profiles.ProfileError (same convention).
+"""
+
+
+class RequestError(ValueError):
+    """The job request is invalid; raised before anything is submitted."""
+
+
+class SubmitError(RuntimeError):
+    """Slurm refused or failed a submission (after retries of transient failures)."""
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm client command (squeue, sacct, scancel, ...) failed."""

@@ -1,0 +1,186 @@
+"""The local launcher (`--profile local`, scheduler: local): the same plan, no Slurm.
+
+submitit's LocalExecutor runs each job: it starts a detached controller that outlives this
+command, enforces the time limit and sends USR2 `signal_seconds` before it (like Slurm's
+--signal), keeps the job's state and result, and starts `tasks_per_node` processes with
+their local ids. When a job of >1 ranks needs an MPI world (the training engine, the hello
+payload) the single submitit task runs `mpirun -np N` instead, because submitit's tasks are
+plain processes that do not form an MPI communicator. Either way each rank gets the contract
+of slurm/bind.sh (RANK, LOCAL_RANK, WORLD_SIZE, ... from submitit's ids or from Open MPI's),
+and writes logs/<key>-<tag>.rank<r>.log like a Slurm step does. Jobs of a chain run one after
+another; a failure stops the chain (afterok).
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from . import runs as runs_mod
+from .errors import RequestError, SubmitError
+from .plan import ENGINES, plan, slurm_dir
+from .render import rank_command
+
+_RANK_SHIM = ('exec "$@" > "$RECSYS_RANK_LOG_PREFIX.rank${OMPI_COMM_WORLD_RANK:-${RANK:-0}}.log" 2>&1')
+
+
+class LocalJobCommand:
+    """The picklable callable a submitit local task runs: one rank (or mpirun of all ranks)."""
+
+    def __init__(self, argv, env, log_prefix, mpi_ranks=0):
+        self.argv, self.env, self.log_prefix, self.mpi_ranks = list(argv), dict(env), log_prefix, mpi_ranks
+
+    def __call__(self):
+        import submitit
+
+        job_env = submitit.JobEnvironment()
+        env = dict(os.environ)
+        env.update(self.env)
+        env["RECSYS_RANK_LOG_PREFIX"] = self.log_prefix
+        argv = ["bash", "-c", _RANK_SHIM, "recsys-rank"] + self.argv
+        if self.mpi_ranks:
+            argv = ["mpirun", "-np", str(self.mpi_ranks), "--bind-to", "none", "--oversubscribe"]
+            if os.geteuid() == 0:
+                argv.append("--allow-run-as-root")
+            argv += ["bash", "-c", _RANK_SHIM, "recsys-rank"] + self.argv
+        else:
+            env.update(RANK=str(job_env.global_rank), LOCAL_RANK=str(job_env.local_rank),
+                       WORLD_SIZE=str(job_env.num_tasks), LOCAL_WORLD_SIZE=str(job_env.num_tasks),
+                       NODE_RANK="0")
+        child = subprocess.Popen(argv, env=env, start_new_session=True)
+
+        def forward(signum, frame):
+            try:
+                os.killpg(child.pid, signum)
+            except OSError:
+                pass
+
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, forward)
+        rc = child.wait()
+        print(f"rank command exit code {rc}", flush=True)
+        return rc
+
+
+def _job_env(spec, run_dir, task_index=None):
+    from .binding import bind_env
+
+    profile = spec.resolved.profile
+    env = {k: str(v) for k, v in (getattr(profile, "env", None) or {}).items()}
+    if spec.bind:
+        env.update(bind_env(profile.node))
+    env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=slurm_dir(), RECSYS_JOB_KEY=spec.key,
+               RECSYS_NNODES="1")
+    if task_index is not None:
+        env.update(RECSYS_TASK_INDEX=str(task_index), RECSYS_TASK_COUNT=str(spec.task_count))
+    return env
+
+
+def _argv(spec, run_dir):
+    argv = []
+    for arg in rank_command(spec):
+        argv.append(arg.replace("$RECSYS_SLURM_DIR", slurm_dir()) if arg.startswith("$RECSYS_SLURM_DIR/") else arg)
+    return argv
+
+
+def launch(spec, run_dir, task_index=None):
+    """Start one local job (or one array task) with submitit; returns (submitit job, tag)."""
+    import submitit
+
+    res = spec.resolved
+    if spec.nodes != 1:
+        raise RequestError(f"--nodes: the local profile runs on one node, not {spec.nodes}")
+    ranks = spec.ntasks_per_node
+    mpi = ENGINES[res.engine]["mpi"] and ranks > 1
+    folder = os.path.join(run_dir, "submitit")
+    executor = submitit.LocalExecutor(folder=folder)
+    timeout_min = (res.time_seconds or 7 * 86400) / 60.0
+    executor.update_parameters(timeout_min=timeout_min, signal_delay_s=res.signal_seconds,
+                               tasks_per_node=1 if mpi else ranks, gpus_per_node=res.gpus_per_node)
+    tag_index = "" if task_index is None else f"_{task_index}"
+    log_prefix = os.path.join(run_dir, "logs", f"{spec.key}-local{os.getpid()}{tag_index}")
+    command = LocalJobCommand(_argv(spec, run_dir), _job_env(spec, run_dir, task_index), log_prefix,
+                              mpi_ranks=ranks if mpi else 0)
+    job = executor.submit(command)
+    return job, os.path.basename(log_prefix)[len(spec.key) + 1:]
+
+
+def _job_state(folder, job_id, ntasks):
+    """COMPLETED/FAILED from submitit's result files, RUNNING while the controller lives."""
+    import pickle
+
+    from submitit.core.utils import JobPaths
+
+    results = [JobPaths(folder, job_id, t).result_pickle for t in range(ntasks)]
+    if all(p.exists() for p in results):
+        for path in results:
+            with open(path, "rb") as handle:
+                outcome, value = pickle.load(handle)
+            if outcome != "success" or value != 0:
+                return "FAILED"
+        return "COMPLETED"
+    try:
+        os.kill(int(job_id), 0)
+        return "RUNNING"
+    except (OSError, ValueError):
+        return "CANCELLED"
+
+
+def submit_local(requests, profile, runs_dir=None, log=None, wait=True):
+    """Run a plan locally; with wait, one job after another (stopping at the first failure)."""
+    resolved, specs = plan(requests, profile)
+    if not wait and len(specs) > 1:
+        raise RequestError("--no-wait: the local profile runs chains and split arrays only in the foreground")
+    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), resolved[-1].name)
+    runs_mod.write_json(os.path.join(run_dir, "request.json"),
+                        {"requests": [r.request.to_dict() for r in resolved]})
+    record = {"run_dir": run_dir, "profile": profile.name, "profile_path": profile.path,
+              "scheduler": "local", "accounting": False, "state": "submitting", "jobs": []}
+    failed = None
+    for spec in specs:
+        tasks = [None] if not spec.array else \
+            [spec.task_offset + i for i in range(spec.array_size)]
+        for task_index in tasks:
+            if failed:
+                break
+            job, tag = launch(spec, run_dir, task_index)
+            ranks = 1 if (ENGINES[spec.resolved.engine]["mpi"] and spec.ntasks_per_node > 1) \
+                else spec.ntasks_per_node
+            entry = {"key": spec.key, "name": spec.name, "job_id": job.job_id, "tag": tag,
+                     "task_index": task_index, "submitit_folder": os.path.join(run_dir, "submitit"),
+                     "ntasks": ranks, "array_size": 0}
+            record["jobs"].append(entry)
+            runs_mod.write_json(os.path.join(run_dir, "jobs.json"), record)
+            if log:
+                log(f"local job {spec.key} (pid {job.job_id}) started; logs in {run_dir}/logs")
+            if wait:
+                while _job_state(entry["submitit_folder"], job.job_id, ranks) == "RUNNING":
+                    time.sleep(0.2)
+                if _job_state(entry["submitit_folder"], job.job_id, ranks) != "COMPLETED":
+                    failed = spec.key
+    record["state"] = "submitted"
+    if failed:
+        record["error"] = f"local job {failed!r} failed; later jobs of the chain were not started"
+    runs_mod.write_json(os.path.join(run_dir, "jobs.json"), record)
+    return record
+
+
+def local_status(run_dir, record):
+    out = []
+    for job in record.get("jobs", []):
+        state = _job_state(job["submitit_folder"], job["job_id"], job.get("ntasks", 1))
+        out.append({"key": job["key"], "job_id": job["job_id"], "name": job.get("name"),
+                    "state": state, "tasks": {job["job_id"]: state}})
+    done = all(j["state"] != "RUNNING" for j in out)
+    return {"run_dir": run_dir, "jobs": out, "done": done, "calls": 0, "source": "local",
+            "submission": record.get("state")}
+
+
+def local_cancel(record):
+    for job in record.get("jobs", []):
+        try:
+            os.kill(int(job["job_id"]), signal.SIGINT)   # as submitit's LocalJob.cancel does
+        except (OSError, ValueError):
+            pass

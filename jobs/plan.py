@@ -1,0 +1,177 @@
+"""Launch planning: a resolved request becomes one or more Slurm jobs (JobSpecs).
+
+A plan is an ordered list of JobSpecs; each names the earlier specs it waits for (afterok, or
+afterany between the chunks of a split array). Train/evaluate/benchmark requests are one job
+(optionally an array); criteo preprocessing in array mode is dictionary -> transform array
+(split into chunks no larger than MaxArraySize, each chunk offsetting RECSYS_TASK_INDEX) ->
+finalize; multinode preprocessing is one job that starts a Spark standalone cluster over its
+nodes. Several requests chain (preprocess -> train -> evaluate) through afterok.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from .request import resolve
+
+# Per-engine launch setting: one rank per GPU ("gpu") or one per node ("node"), whether each
+# rank goes through the binding wrapper, and whether >1 rank needs an MPI world.
+ENGINES = {
+    "recsys": {"tasks": "gpu", "bind": True, "mpi": True},
+    "hello": {"tasks": "gpu", "bind": True, "mpi": True},
+    "preproc": {"tasks": "node", "bind": False, "mpi": False},
+}
+
+
+@dataclass
+class JobSpec:
+    """One sbatch job of a plan (an array counts as one job)."""
+
+    key: str                              # unique in the run: main, dictionary, transform.0, ...
+    name: str                             # Slurm job name (already slug-safe)
+    resolved: object                      # the jobs.request.Resolved it came from
+    nodes: int
+    ntasks_per_node: int
+    gpus_per_node: int
+    command: List[str]                    # argv of one rank (or of the batch step)
+    launcher: str = "srun"                # srun: one step of ranks; batch: the script runs it once
+    bind: bool = True                     # wrap each rank in slurm/bind.sh
+    array: Optional[Tuple[int, int, Optional[int]]] = None   # (first, last, cap)
+    task_offset: int = 0
+    task_count: Optional[int] = None
+    after_ok: List[str] = field(default_factory=list)        # keys of earlier specs
+    after_any: List[str] = field(default_factory=list)       # keys (chunks of a capped array)
+    external_after: List[str] = field(default_factory=list)  # job ids outside this run
+    env: dict = field(default_factory=dict)                  # extra exports for this job
+
+    @property
+    def array_size(self):
+        return 0 if self.array is None else self.array[1] - self.array[0] + 1
+
+
+def slurm_dir():
+    """Directory of the repo's slurm/ helpers (bind.sh, spark-standalone.sh), also when installed."""
+    spec = importlib.util.find_spec("slurm")
+    if spec is not None and spec.submodule_search_locations:
+        return os.path.abspath(list(spec.submodule_search_locations)[0])
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm")
+
+
+def job_python(profile, override=None):
+    """Interpreter the ranks run: request > profile > 'python' in a container > this one."""
+    if override:
+        return override
+    if getattr(profile, "python", None):
+        return profile.python
+    if getattr(profile, "container", None) is not None:
+        return "python"
+    return sys.executable
+
+
+def split_array(count, max_array_size):
+    """[(offset, size)] chunks with size <= max_array_size (Slurm indices must be < MaxArraySize)."""
+    step = max(1, int(max_array_size))
+    return [(start, min(step, count - start)) for start in range(0, count, step)]
+
+
+def _array_specs(base, count, cap, max_array_size):
+    """Array JobSpecs for `count` tasks; chunks run one after another when capped so that the
+    cap holds over the whole array, in parallel otherwise."""
+    chunks = split_array(count, max_array_size)
+    specs = []
+    for index, (offset, size) in enumerate(chunks):
+        key = base.key if len(chunks) == 1 else f"{base.key}.{index}"
+        spec = dataclasses.replace(
+            base, key=key, array=(0, size - 1, cap), task_offset=offset, task_count=count,
+            after_ok=list(base.after_ok), after_any=list(base.after_any))
+        if cap is not None and specs:
+            spec.after_any.append(specs[-1].key)
+        specs.append(spec)
+    return specs
+
+
+def _engine_command(res, python):
+    req = res.request
+    if res.engine == "hello":
+        return [python, "-m", "jobs.hello", "--kind", req.kind] + list(req.engine_args)
+    return [python, "-m", "recsys.train", "--model", req.model, "--mode", req.kind] + list(req.engine_args)
+
+
+def plan_request(res, max_array_size=None, key_prefix=""):
+    """The JobSpecs of one resolved request, in submission order."""
+    req, profile = res.request, res.profile
+    python = job_python(profile, req.python)
+    max_array = int(max_array_size or getattr(profile, "max_array_size", 1001) or 1001)
+    prefix = f"{key_prefix}." if key_prefix else ""
+    common = dict(resolved=res, nodes=req.nodes, ntasks_per_node=res.ntasks_per_node,
+                  gpus_per_node=res.gpus_per_node, external_after=list(req.after))
+
+    if res.engine != "preproc":
+        base = JobSpec(key=f"{prefix}main" if not prefix else key_prefix, name=res.name,
+                       command=_engine_command(res, python), bind=True, **common)
+        if req.array:
+            return _array_specs(base, req.array, req.array_parallelism, max_array)
+        return [base]
+
+    preproc = [python, "-m", "preproc", req.dataset]
+    io = ["--input", req.input, "--output", req.output]
+    mode = req.preprocess_mode
+    if mode == "single":
+        return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
+                        command=preproc + ["run"] + io + list(req.engine_args), **common)]
+    if mode == "multinode":
+        node = profile.node
+        cores = node.sockets * node.cores_per_socket * node.threads_per_core
+        cmd = (["bash", "$RECSYS_SLURM_DIR/spark-standalone.sh", "--"] + preproc + ["run"] + io
+               + ["--nodes", str(req.nodes), "--node-cores", str(cores),
+                  "--node-memory-gb", str(int(node.memory_gb)),
+                  "--gpus-per-node", str(res.gpus_per_node)] + list(req.engine_args))
+        common["ntasks_per_node"] = 1
+        return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
+                        launcher="batch", command=cmd, **common)]
+    # criteo array mode: dictionary -> transform array -> finalize
+    one = dict(common, nodes=1, ntasks_per_node=1)
+    dictionary = JobSpec(key=f"{prefix}dictionary", name=f"{res.name}-dict", bind=False,
+                         command=preproc + ["dictionary"] + io + list(req.engine_args), **one)
+    one["external_after"] = []
+    transform = JobSpec(key=f"{prefix}transform", name=f"{res.name}-transform", bind=False,
+                        command=preproc + ["transform"] + io, after_ok=[dictionary.key], **one)
+    transforms = _array_specs(transform, req.shards, req.array_parallelism, max_array)
+    finalize = JobSpec(key=f"{prefix}finalize", name=f"{res.name}-finalize", bind=False,
+                       command=preproc + ["finalize", "--output", req.output],
+                       after_ok=[t.key for t in transforms], **one)
+    return [dictionary] + transforms + [finalize]
+
+
+def _exits(specs):
+    """Specs no other spec of the same request waits for: what a chained request waits on."""
+    waited = {k for s in specs for k in s.after_ok + s.after_any}
+    return [s.key for s in specs if s.key not in waited]
+
+
+def plan(requests, profile, max_array_size=None):
+    """Resolve and plan a chain of requests; each request's first jobs wait (afterok) for the
+    previous request's last jobs. Returns (resolved list, JobSpec list)."""
+    resolved, specs = [], []
+    previous_exits = []
+    chained = len(requests) > 1
+    for index, request in enumerate(requests):
+        res = resolve(request, profile)
+        prefix = ""
+        if chained:
+            prefix = res.request.kind
+            if any(r.request.kind == prefix for r in resolved):
+                prefix = f"{prefix}{index}"
+        own = plan_request(res, max_array_size, key_prefix=prefix)
+        if previous_exits:
+            own_keys = {s.key for s in own}
+            for spec in own:
+                if not any(k in own_keys for k in spec.after_ok + spec.after_any):
+                    spec.after_ok = previous_exits + spec.after_ok
+        previous_exits = _exits(own)
+        resolved.append(res)
+        specs.extend(own)
+    return resolved, specs

@@ -1,0 +1,203 @@
+"""Render a JobSpec as a readable sbatch script (template: slurm/job.sbatch.tmpl).
+
+Every value that comes from the user or a profile is shell-quoted where the shell reads it;
+values in `#SBATCH` lines (read by sbatch, never by the shell) are limited to characters
+sbatch passes through unchanged, or double-quoted, and refused otherwise.
+"""
+
+import os
+import re
+import shlex
+import string
+
+from .errors import RequestError
+from .plan import ENGINES, slurm_dir
+from .slurmtime import format_time
+
+_SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
+
+
+class _Template(string.Template):
+    delimiter = "@@"
+
+
+def _template():
+    path = os.path.join(slurm_dir(), "job.sbatch.tmpl")
+    with open(path) as handle:
+        return _Template(handle.read())
+
+
+def directive_value(value, flag):
+    """A value for an #SBATCH line: bare when inert, double-quoted when it has spaces or shell
+    characters (sbatch strips the quotes, no shell ever sees it), refused if it cannot be quoted."""
+    text = str(value)
+    if _SAFE_DIRECTIVE.match(text):
+        return text
+    if any(c in text for c in '"\\\n\r'):
+        raise RequestError(f"{flag}: {text!r} contains a quote, backslash or newline that sbatch cannot take")
+    return f'"{text}"'
+
+
+def dependency_string(spec, ids):
+    """`afterok:1:2,afterany:3` from the spec's dependencies; `ids` maps plan keys to job ids
+    (placeholders such as <dictionary> when rendering without submitting)."""
+    ok = [ids.get(k, f"<{k}>") for k in spec.after_ok] + list(spec.external_after)
+    anyof = [ids.get(k, f"<{k}>") for k in spec.after_any]
+    parts = []
+    if ok:
+        parts.append("afterok:" + ":".join(str(i) for i in ok))
+    if anyof:
+        parts.append("afterany:" + ":".join(str(i) for i in anyof))
+    return ",".join(parts)
+
+
+def log_paths(spec, run_dir):
+    """(batch output, per-rank output) file patterns of a spec, in the run's logs/ dir."""
+    logs = os.path.join(run_dir, "logs")
+    tag = "%A_%a" if spec.array else "%j"
+    return (os.path.join(logs, f"{spec.key}-{tag}.out"),
+            os.path.join(logs, f"{spec.key}-{tag}.rank%t.log"))
+
+
+def directives(spec, run_dir, ids=None, token=None):
+    """The `#SBATCH` lines of a spec, in a stable, readable order."""
+    res, profile = spec.resolved, spec.resolved.profile
+    batch_out, _ = log_paths(spec, run_dir)
+    lines = [
+        ("--job-name", spec.name),
+        ("--nodes", spec.nodes),
+        ("--ntasks-per-node", spec.ntasks_per_node),
+    ]
+    if spec.gpus_per_node:
+        lines.append(("--gres", f"gpu:{spec.gpus_per_node}"))
+    if (getattr(profile, "defaults", None) or {}).get("exclusive", True):
+        lines.append(("--exclusive", None))
+    lines.append(("--time", format_time(res.time_seconds)))
+    for flag, attr in (("--partition", "partition"), ("--account", "account"), ("--qos", "qos")):
+        value = getattr(profile, attr, None)
+        if value:
+            lines.append((flag, value))
+    lines += [("--output", batch_out), ("--error", batch_out), ("--open-mode", "append"),
+              ("--signal", f"B:USR2@{res.signal_seconds}")]
+    if res.request.requeue:
+        lines.append(("--requeue", None))
+    if spec.array:
+        first, last, cap = spec.array
+        lines.append(("--array", f"{first}-{last}" + (f"%{cap}" if cap else "")))
+    dep = dependency_string(spec, ids or {})
+    if dep:
+        lines.append(("--dependency", dep))
+    if token:
+        lines.append(("--comment", f"recsys:{token}"))
+    switches = getattr(profile, "switches", None)
+    if switches:
+        lines.append(("--switches", switches))
+    out = []
+    for flag, value in lines:
+        out.append(f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={directive_value(value, flag)}")
+    for extra in getattr(profile, "sbatch_extra", None) or []:
+        if "\n" in extra:
+            raise RequestError(f"profile {profile.name}: sbatch_extra: {extra!r} spans lines")
+        out.append(f"#SBATCH {extra}")
+    return out
+
+
+def _exports(mapping):
+    return "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in mapping.items()) or "# (none)"
+
+
+def _quote_command(argv):
+    """Shell-quote every argument; `$RECSYS_SLURM_DIR/<helper>` (ours, never user input) stays
+    expandable."""
+    out = []
+    for arg in argv:
+        arg = str(arg)
+        helper = arg[len("$RECSYS_SLURM_DIR/"):]
+        if arg.startswith("$RECSYS_SLURM_DIR/") and re.match(r"^[A-Za-z0-9_.-]+$", helper):
+            out.append(f'"$RECSYS_SLURM_DIR/{helper}"')
+        else:
+            out.append(shlex.quote(arg))
+    return out
+
+
+def rank_command(spec):
+    """argv of one rank: the engine command behind slurm/bind.sh when the engine binds."""
+    res = spec.resolved
+    if not (spec.bind and ENGINES[res.engine]["bind"]):
+        return list(spec.command)
+    wrapper = ["bash", "$RECSYS_SLURM_DIR/bind.sh", "--mode", res.bind]
+    if res.hyperthreads:
+        wrapper.append("--ht")
+    return wrapper + ["--"] + list(spec.command)
+
+
+def step_lines(spec, run_dir, container_name=None):
+    """The step as a list of already-quoted argv pieces (one per line in the script)."""
+    res, profile = spec.resolved, spec.resolved.profile
+    if spec.launcher == "batch":
+        return [" ".join(_quote_command(spec.command))]
+    _, rank_out = log_paths(spec, run_dir)
+    mpi = getattr(profile, "mpi", "pmix") or "pmix"
+    srun = ["srun", f"--mpi={mpi}", "-N", str(spec.nodes),
+            f"--ntasks-per-node={spec.ntasks_per_node}",
+            f"--ntasks={spec.nodes * spec.ntasks_per_node}",
+            "--kill-on-bad-exit=1", f"--output={rank_out}", f"--error={rank_out}"]
+    srun = [srun[0]] + [shlex.quote(a) for a in srun[1:]]
+    pieces = [" ".join(srun)]
+    container = getattr(profile, "container", None)
+    if container is not None:
+        flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}"]
+        if container.mounts:
+            flags.append("--container-mounts=" + ",".join(container.mounts))
+        if container.workdir:
+            flags.append(f"--container-workdir={container.workdir}")
+        pieces.append(" ".join(shlex.quote(f) for f in flags))
+    argv = _quote_command(rank_command(spec))
+    if argv[:2] == ["bash", '"$RECSYS_SLURM_DIR/bind.sh"']:
+        cut = argv.index("--") + 1
+        pieces.append(" ".join(argv[:cut]))
+        argv = argv[cut:]
+    pieces.append(" ".join(argv))
+    return pieces
+
+
+def task_env(spec):
+    if not spec.array:
+        return "# (not an array job)"
+    return ("if [ -n \"${SLURM_ARRAY_TASK_ID:-}\" ]; then\n"
+            f"    export RECSYS_TASK_INDEX=$(( {int(spec.task_offset)} + SLURM_ARRAY_TASK_ID ))\n"
+            f"    export RECSYS_TASK_COUNT={int(spec.task_count)}\n"
+            "fi")
+
+
+def render(spec, run_dir, script_path=None, ids=None, token=None):
+    """The sbatch script text of `spec` for run directory `run_dir`."""
+    res, profile = spec.resolved, spec.resolved.profile
+    from .binding import bind_env   # PROFILES' module; light (no heavy imports)
+
+    container = getattr(profile, "container", None)
+    container_name = f"recsys-{token or spec.key}"
+    step = " \\\n    ".join(step_lines(spec, run_dir, container_name))
+    req = res.request
+    what = req.dataset if res.engine == "preproc" else (req.model or "hello")
+    title = (f"{req.kind} {what}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
+             f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
+    env = dict(getattr(profile, "env", None) or {})
+    env.update(spec.env)
+    return _template().substitute(
+        directives="\n".join(directives(spec, run_dir, ids, token)),
+        title=title,
+        profile_name=profile.name,
+        profile_path=getattr(profile, "path", "") or "",
+        script_path=shlex.quote(script_path or f"{spec.key}.sbatch"),
+        run_dir=shlex.quote(os.path.abspath(run_dir)),
+        slurm_dir=shlex.quote(slurm_dir()),
+        key=shlex.quote(spec.key),
+        task_env=task_env(spec),
+        setup="\n".join(getattr(profile, "setup", None) or []) or "# (none)",
+        env=_exports(env),
+        bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
+        container=shlex.quote(container.image if container is not None else ""),
+        requeue="yes" if req.requeue else "no",
+        step=step,
+    )

@@ -1,0 +1,217 @@
+"""The job request a user makes, and its validation against a cluster profile.
+
+A JobRequest says *what* to run (kind, model or dataset, engine arguments) and *how big*
+(nodes, GPUs per node, time, array). `resolve()` checks it against a Profile and fills the
+profile's defaults, raising RequestError with one line naming the flag at fault, so that
+nothing is ever submitted from an impossible request.
+"""
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .errors import RequestError
+from .slurmtime import parse_time
+
+KINDS = ("train", "evaluate", "benchmark", "preprocess")
+MODELS = ("dlrm", "wide_deep", "ncf")
+DATASETS = ("criteo", "movielens", "outbrain")
+PAYLOADS = ("recsys", "hello")
+PREPROCESS_MODES = ("single", "array", "multinode")
+BIND_MODES = ("exclusive", "numa", "interleave", "off")
+MODEL_DATASET = {"dlrm": "criteo", "wide_deep": "outbrain", "ncf": "movielens"}
+_JOBID = re.compile(r"^\d+(_\d+)?$")
+DEFAULT_SIGNAL_SECONDS = 120
+
+
+@dataclass
+class JobRequest:
+    """What the user asked for; fields left None take the profile's defaults."""
+
+    kind: str
+    profile: str = "local"
+    model: Optional[str] = None            # dlrm | wide_deep | ncf | hello (built-in payload)
+    dataset: Optional[str] = None          # preprocess: criteo | movielens | outbrain
+    payload: str = "recsys"                # recsys (training engine) | hello (smoke payload)
+    nodes: Optional[int] = None          # None: the profile's default (else 1)
+    gpus_per_node: Optional[int] = None
+    ntasks_per_node: Optional[int] = None  # None: the engine decides (per GPU or per node)
+    engine_args: List[str] = field(default_factory=list)
+    time: Optional[str] = None
+    name: Optional[str] = None
+    array: Optional[int] = None            # number of array tasks
+    array_parallelism: Optional[int] = None
+    after: List[str] = field(default_factory=list)   # afterok on existing job ids
+    bind: Optional[str] = None
+    hyperthreads: Optional[bool] = None
+    signal_seconds: Optional[int] = None
+    requeue: bool = True
+    python: Optional[str] = None
+    # preprocessing
+    preprocess_mode: str = "single"
+    input: Optional[str] = None
+    output: Optional[str] = None
+    shards: Optional[int] = None           # criteo array mode: transform tasks
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RequestError(f"request: unknown field {unknown[0]!r}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A validated request with every default filled from the profile."""
+
+    request: JobRequest
+    profile: object
+    engine: str                 # recsys | hello | preproc
+    name: str                   # Slurm-safe job name
+    time_seconds: Optional[int]
+    gpus_per_node: int
+    ntasks_per_node: int
+    bind: str
+    hyperthreads: bool
+    signal_seconds: int
+
+    @property
+    def ranks(self):
+        return self.request.nodes * self.ntasks_per_node
+
+
+def slug(text, limit=64):
+    """Job names and run-directory names: only [A-Za-z0-9._-], so they are inert everywhere."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("._-")
+    return (cleaned or "job")[:limit]
+
+
+def _positive(value, flag, allow_none=True):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{flag}: {value!r} is not an integer")
+    if value <= 0:
+        raise RequestError(f"{flag}: must be at least 1, got {value}")
+
+
+def _defaults(profile):
+    return dict(getattr(profile, "defaults", None) or {})
+
+
+def resolve(request, profile):
+    """Validate `request` against `profile`; return a Resolved or raise RequestError."""
+    req = request
+    if req.kind not in KINDS:
+        raise RequestError(f"kind: unknown kind {req.kind!r} (choose from {', '.join(KINDS)})")
+    if req.model == "hello":
+        req = dataclasses.replace(req, payload="hello", model=None)
+    if req.payload not in PAYLOADS:
+        raise RequestError(f"--payload: unknown payload {req.payload!r} (choose from {', '.join(PAYLOADS)})")
+
+    if req.kind == "preprocess":
+        engine = "preproc"
+        if req.dataset is None and req.model in MODEL_DATASET:
+            req = dataclasses.replace(req, dataset=MODEL_DATASET[req.model])
+        if req.dataset not in DATASETS:
+            raise RequestError(f"--dataset: unknown dataset {req.dataset!r} (choose from {', '.join(DATASETS)})")
+        if req.preprocess_mode not in PREPROCESS_MODES:
+            raise RequestError(f"--mode: unknown preprocess mode {req.preprocess_mode!r} "
+                               f"(choose from {', '.join(PREPROCESS_MODES)})")
+        if req.preprocess_mode == "array" and req.dataset != "criteo":
+            raise RequestError(f"--mode array: only criteo has array stages, not {req.dataset}")
+        for flag, value in (("--input", req.input), ("--output", req.output)):
+            if not value:
+                raise RequestError(f"{flag}: required for preprocess")
+        if req.preprocess_mode == "array":
+            _positive(req.shards, "--shards", allow_none=False)
+        elif req.shards is not None:
+            raise RequestError("--shards: only used with --mode array")
+        if req.preprocess_mode != "multinode" and req.nodes not in (None, 1):
+            _positive(req.nodes, "--nodes", allow_none=False)
+            raise RequestError(f"--nodes: preprocess --mode {req.preprocess_mode} runs on one node; "
+                               "use --mode multinode for a Spark cluster over several nodes")
+    else:
+        engine = req.payload
+        if engine == "recsys" and req.model not in MODELS:
+            raise RequestError(f"--model: unknown model {req.model!r} (choose from {', '.join(MODELS)}, hello)")
+        if req.preprocess_mode != "single" or req.shards is not None:
+            raise RequestError("--mode/--shards: only for preprocess")
+
+    defaults = _defaults(profile)
+    if req.nodes is None:
+        req = dataclasses.replace(req, nodes=int(defaults.get("nodes", 1)) if engine != "preproc"
+                                  or req.preprocess_mode == "multinode" else 1)
+    _positive(req.nodes, "--nodes", allow_none=False)
+    _positive(req.gpus_per_node, "--gpus-per-node")
+    _positive(req.ntasks_per_node, "--ntasks-per-node")
+    _positive(req.array, "--array")
+    _positive(req.array_parallelism, "--array-parallelism")
+    if req.array_parallelism is not None and req.array is None and req.kind != "preprocess":
+        raise RequestError("--array-parallelism: needs --array")
+    if req.array is not None and req.kind == "preprocess":
+        raise RequestError("--array: preprocess arrays come from --mode array --shards N")
+    if req.signal_seconds is not None:
+        _positive(req.signal_seconds, "--signal-seconds")
+    for dep in req.after:
+        if not _JOBID.match(str(dep)):
+            raise RequestError(f"--after: {dep!r} is not a Slurm job id")
+
+    node = profile.node
+    max_nodes = getattr(profile, "max_nodes", 1) or 1
+    if req.nodes > max_nodes:
+        raise RequestError(f"--nodes: {req.nodes} nodes requested but profile {profile.name!r} has {max_nodes}")
+    gpus = req.gpus_per_node
+    if gpus is None:
+        gpus = int(defaults.get("gpus_per_node", node.gpus) or 0)
+    local_cpu_only = getattr(profile, "scheduler", "slurm") == "local" and node.gpus == 0
+    if local_cpu_only:
+        # A GPU-less machine: "GPUs per node" counts ranks, none of them gets a GPU.
+        req = dataclasses.replace(req, ntasks_per_node=req.ntasks_per_node or max(gpus, 1))
+        gpus = 0
+    if gpus > node.gpus:
+        raise RequestError(f"--gpus-per-node: {gpus} GPUs per node requested but profile "
+                           f"{profile.name!r} nodes have {node.gpus}")
+    if engine == "preproc":
+        ntasks = req.ntasks_per_node or 1
+    else:
+        ntasks = req.ntasks_per_node or max(gpus, 1)
+    logical_cpus = node.sockets * node.cores_per_socket * node.threads_per_core
+    if ntasks > logical_cpus:
+        raise RequestError(f"--ntasks-per-node: {ntasks} tasks per node but profile {profile.name!r} "
+                           f"nodes have {logical_cpus} CPUs")
+
+    time_text = req.time or defaults.get("time") or getattr(profile, "default_time", None) or "01:00:00"
+    time_seconds = parse_time(time_text, "--time" if req.time else f"profile {profile.name}: default_time")
+    signal_seconds = req.signal_seconds or int(defaults.get("signal_seconds", DEFAULT_SIGNAL_SECONDS))
+    if time_seconds is not None and signal_seconds >= time_seconds:
+        # Keep the checkpoint signal inside the time limit (e.g. a 1-minute smoke job).
+        if req.signal_seconds is not None:
+            raise RequestError(f"--signal-seconds: {signal_seconds} s is not shorter than --time "
+                               f"{time_text} ({time_seconds} s)")
+        signal_seconds = max(1, time_seconds // 4)
+
+    bind = req.bind or defaults.get("binding") or defaults.get("bind") or "exclusive"
+    if bind not in BIND_MODES:
+        raise RequestError(f"--bind: unknown binding mode {bind!r} (choose from {', '.join(BIND_MODES)})")
+    ht = req.hyperthreads
+    if ht is None:
+        ht = bool(defaults.get("hyperthreads", False))
+
+    if req.name:
+        name = slug(req.name)
+    elif engine == "preproc":
+        name = f"preprocess-{req.dataset}"
+    elif engine == "hello":
+        name = f"{req.kind}-hello"
+    else:
+        name = f"{req.kind}-{req.model}"
+    return Resolved(request=req, profile=profile, engine=engine, name=name,
+                    time_seconds=time_seconds, gpus_per_node=gpus, ntasks_per_node=ntasks,
+                    bind=bind, hyperthreads=ht, signal_seconds=signal_seconds)

@@ -1,0 +1,67 @@
+"""Run directories: one per submission, holding the scripts, the request, the job ids, logs.
+
+Layout: <runs_dir>/<name>-<YYYYmmdd-HHMMSS>/ with request.json, profile.json, <key>.sbatch,
+jobs.json (rewritten atomically after every sbatch, so a crash mid-chain still says what was
+submitted) and logs/ (batch output, per-rank output, <key>-<jobid>.info records).
+"""
+
+import json
+import os
+import time
+
+
+def default_runs_dir(profile=None):
+    env = os.environ.get("RECSYS_RUNS_DIR")
+    if env:
+        return env
+    defaults = getattr(profile, "defaults", None) or {}
+    return os.path.expanduser(defaults.get("runs_dir") or "recsys-runs")
+
+
+def new_run_dir(runs_dir, name, create=True):
+    """A fresh directory `<runs_dir>/<name>-<timestamp>[-n]` (created with logs/ when `create`)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = os.path.abspath(os.path.join(runs_dir, f"{name}-{stamp}"))
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    if create:
+        os.makedirs(os.path.join(path, "logs"))
+    return path
+
+
+def write_json(path, data):
+    """Write JSON atomically (temporary name, then rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def find_run(run=None, runs_dir=None):
+    """Resolve a run argument: a path, a name under the runs dir, or (None) the newest run."""
+    from .errors import RequestError
+
+    runs_dir = runs_dir or default_runs_dir()
+    if run:
+        for candidate in (run, os.path.join(runs_dir, run)):
+            if os.path.isfile(os.path.join(candidate, "jobs.json")):
+                return os.path.abspath(candidate)
+        raise RequestError(f"run: {run!r} is not a run directory (no jobs.json; runs dir {runs_dir})")
+    if os.path.isdir(runs_dir):
+        runs = [os.path.join(runs_dir, d) for d in os.listdir(runs_dir)
+                if os.path.isfile(os.path.join(runs_dir, d, "jobs.json"))]
+        if runs:
+            return os.path.abspath(max(runs, key=os.path.getmtime))
+    raise RequestError(f"run: no runs under {runs_dir}; give a run directory")
+
+
+def load_run(run_dir):
+    return read_json(os.path.join(run_dir, "jobs.json"))

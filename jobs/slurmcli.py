@@ -1,0 +1,150 @@
+"""Thin wrappers around the Slurm client commands (sbatch, squeue, sacct, scontrol, scancel).
+
+The only place that runs them, so that retries, one-line errors and call counting live in one
+module. sbatch is retried on transient controller failures with exponential back-off, and a
+retry first asks squeue whether the earlier attempt went through (every job carries a unique
+`--comment=recsys:<token>`), so a job is never submitted twice.
+"""
+
+import os
+import re
+import subprocess
+import time
+
+from .errors import SlurmCommandError, SubmitError
+
+TRANSIENT = (
+    "socket timed out",
+    "unable to contact slurm controller",
+    "slurm temporarily unable",
+    "resource temporarily unavailable",
+    "connection timed out",
+    "connection refused",
+    "zero bytes were transmitted",
+    "slurm_persist_conn_open",
+)
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+
+
+def _env():
+    return None  # inherit os.environ (SLURM_CONF, PATH), read at call time
+
+
+def run(args, timeout=120, check=False):
+    """Run one Slurm client command; returns CompletedProcess (text)."""
+    try:
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=_env())
+    except FileNotFoundError:
+        raise SlurmCommandError(f"{args[0]}: command not found (is Slurm installed and on PATH?)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmCommandError(f"{args[0]}: no answer within {timeout} s") from None
+    if check and proc.returncode != 0:
+        raise SlurmCommandError(f"{' '.join(args[:2])}: {first_line(proc.stderr or proc.stdout)}")
+    return proc
+
+
+def first_line(text):
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return "(no message)"
+
+
+def is_transient(message):
+    low = (message or "").lower()
+    return any(t in low for t in TRANSIENT)
+
+
+def find_by_token(token):
+    """Job id of a queued/running/recent job whose comment is recsys:<token>; None when absent.
+    Raises SlurmCommandError when squeue itself cannot answer (then nothing is known)."""
+    proc = run(["squeue", "-h", "-a", "-o", "%F|%k", "--states=all"], timeout=60)
+    if proc.returncode != 0:
+        raise SlurmCommandError(f"squeue: {first_line(proc.stderr)}")
+    for line in proc.stdout.splitlines():
+        job_id, _, comment = line.partition("|")
+        if comment.strip() == f"recsys:{token}":
+            return job_id.strip()
+    return None
+
+
+def _retry_settings(retries, backoff):
+    if retries is None:
+        retries = int(os.environ.get("RECSYS_SBATCH_RETRIES", "5"))
+    if backoff is None:
+        backoff = float(os.environ.get("RECSYS_SBATCH_BACKOFF", "2"))
+    return retries, backoff
+
+
+def sbatch(script, token, args=(), retries=None, backoff=None, log=None):
+    """Submit `script`; returns the job id. Transient failures are retried with back-off
+    (backoff, 2*backoff, ...), each retry first checking squeue for the token."""
+    retries, backoff = _retry_settings(retries, backoff)
+    last = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            delay = backoff * (2 ** (attempt - 1))
+            if log:
+                log(f"sbatch: transient failure ({last}); retry {attempt}/{retries} in {delay:g} s")
+            time.sleep(delay)
+            try:
+                found = find_by_token(token)
+            except SlurmCommandError as exc:
+                last = str(exc)
+                continue        # cannot tell whether it went through: do not submit again yet
+            if found:
+                return found
+        proc = run(["sbatch", "--parsable"] + list(args) + [str(script)], timeout=120)
+        if proc.returncode == 0:
+            job_id = proc.stdout.strip().splitlines()[-1].split(";")[0].strip()
+            if re.match(r"^\d+$", job_id):
+                return job_id
+            last = f"unexpected sbatch output {proc.stdout.strip()!r}"
+            raise SubmitError(f"sbatch {script}: {last}")
+        last = first_line(proc.stderr or proc.stdout)
+        if not is_transient(proc.stderr + proc.stdout):
+            raise SubmitError(f"sbatch {script}: {last}")
+    raise SubmitError(f"sbatch {script}: still failing after {retries} retries: {last}")
+
+
+_CONFIG = {}
+
+
+def show_config():
+    """`scontrol show config` as a dict (cached per process); {} when the controller is not
+    reachable."""
+    if "config" not in _CONFIG:
+        config = {}
+        try:
+            proc = run(["scontrol", "show", "config"], timeout=60)
+            if proc.returncode == 0:
+                for line in proc.stdout.splitlines():
+                    key, sep, value = line.partition("=")
+                    if sep:
+                        config[key.strip()] = value.strip()
+        except SlurmCommandError:
+            pass
+        _CONFIG["config"] = config
+    return _CONFIG["config"]
+
+
+def reset_cache():
+    """Forget the cached `scontrol show config` (another cluster, e.g. in tests)."""
+    _CONFIG.clear()
+
+
+def max_array_size(default):
+    """The cluster's MaxArraySize (array indices must stay below it): $RECSYS_MAX_ARRAY_SIZE,
+    else `scontrol show config`, else the profile's value."""
+    override = os.environ.get("RECSYS_MAX_ARRAY_SIZE", "")
+    if override.isdigit() and int(override) > 0:
+        return int(override)
+    value = show_config().get("MaxArraySize", "")
+    return int(value) if value.isdigit() else int(default)
+
+
+def accounting_enabled():
+    """True when slurmdbd accounting is configured (so sacct can answer)."""
+    storage = show_config().get("AccountingStorageType", "")
+    return bool(storage) and not storage.endswith("/none")

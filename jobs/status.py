@@ -1,0 +1,176 @@
+"""Status of every job of a run with ONE Slurm call per poll.
+
+Source per poll: `sacct` for all unfinished jobs when the cluster has accounting (recorded at
+submission from `scontrol show config`), else one `squeue` call; a job that squeue no longer
+knows is settled from the exit record its batch script wrote (logs/<key>-<id>.info), and only
+when that is missing too from `scontrol show job`. Terminal states are cached in status.json,
+so finished jobs are never asked about again. Parsing of sacct output and of array job ids
+(`123_[4-9%2]`) is submitit's (SlurmInfoWatcher.read_info, read_job_id).
+"""
+
+import glob
+import os
+import time
+
+from . import runs as runs_mod
+from . import slurmcli
+from .slurmcli import TERMINAL
+
+CALLS = {"count": 0}    # Slurm commands issued by this module (the benchmark reads it)
+
+
+def _call(args):
+    CALLS["count"] += 1
+    return slurmcli.run(args, timeout=60)
+
+
+def _base_state(state):
+    return (state or "UNKNOWN").split()[0].rstrip("+").upper()
+
+
+def _expected_tasks(job):
+    if job.get("array_size"):
+        return [f"{job['job_id']}_{i}" for i in range(job["array_size"])]
+    return [job["job_id"]]
+
+
+def _expand(job_id):
+    from submitit.slurm.slurm import read_job_id
+
+    out = []
+    for parts in read_job_id(job_id):
+        if len(parts) == 3:
+            out += [f"{parts[0]}_{i}" for i in range(int(parts[1]), int(parts[2]) + 1)]
+        else:
+            out.append("_".join(parts))
+    return out
+
+
+def query_sacct(ids):
+    """{task id: state} from one sacct call; None when sacct cannot answer."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    proc = _call(["sacct", "-X", "--parsable2", "-o", "JobID,State,ExitCode,NodeList",
+                  "-j", ",".join(ids)])
+    if proc.returncode != 0:
+        return None
+    info = SlurmInfoWatcher().read_info(proc.stdout)
+    return {task: _base_state(stats.get("State")) for task, stats in info.items()}
+
+
+def query_squeue(ids):
+    """{task id: state} from one squeue call (jobs it no longer knows are absent)."""
+    proc = _call(["squeue", "-h", "-r", "--states=all", "-o", "%i|%T", "-j", ",".join(ids)])
+    if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
+        raise slurmcli.SlurmCommandError(f"squeue: {slurmcli.first_line(proc.stderr)}")
+    states = {}
+    for line in proc.stdout.splitlines():
+        job_id, _, state = line.strip().partition("|")
+        if job_id:
+            for task in _expand(job_id):
+                states[task] = _base_state(state)
+    return states
+
+
+def _from_info(run_dir, job, task):
+    """State from the batch script's own record (exit_code=... at the end)."""
+    key = job["key"]
+    path = os.path.join(run_dir, "logs", f"{key}-{task}.info")
+    try:
+        with open(path) as handle:
+            values = dict(line.rstrip("\n").split("=", 1) for line in handle if "=" in line)
+    except OSError:
+        return None
+    if "exit_code" in values:
+        return "COMPLETED" if values["exit_code"].strip() == "0" else "FAILED"
+    return None
+
+
+def _from_scontrol(task):
+    proc = _call(["scontrol", "show", "job", task])
+    for word in proc.stdout.split():
+        if word.startswith("JobState="):
+            return _base_state(word.split("=", 1)[1])
+    return None
+
+
+def poll(run_dir, source=None):
+    """One status poll of a run. Returns {"jobs": [...], "done": bool, "calls": n, "source": s}."""
+    record = runs_mod.load_run(run_dir)
+    if record.get("scheduler") == "local":
+        from .local import local_status
+
+        return local_status(run_dir, record)
+    cache_path = os.path.join(run_dir, "status.json")
+    try:
+        cache = runs_mod.read_json(cache_path)
+    except (OSError, ValueError):
+        cache = {}
+    before = CALLS["count"]
+    jobs = record.get("jobs", [])
+    pending = [j for j in jobs if not all(cache.get(t) in TERMINAL for t in _expected_tasks(j))]
+    states = dict(cache)
+    used = "cache"
+    if pending:
+        ids = [j["job_id"] for j in pending]
+        source = source or os.environ.get("RECSYS_STATUS_SOURCE") or \
+            ("sacct" if record.get("accounting") else "squeue")
+        answer = query_sacct(ids) if source == "sacct" else None
+        used = "sacct"
+        if answer is None:
+            answer, used = query_squeue(ids), "squeue"
+        for job in pending:
+            for task in _expected_tasks(job):
+                state = answer.get(task)
+                if state is None and used == "squeue":
+                    state = _from_info(run_dir, job, task) or _from_scontrol(task)
+                states[task] = state or "UNKNOWN"
+    runs_mod.write_json(cache_path, {t: s for t, s in states.items() if s in TERMINAL})
+    out = []
+    for job in jobs:
+        tasks = {t: states.get(t, "UNKNOWN") for t in _expected_tasks(job)}
+        out.append({"key": job["key"], "job_id": job["job_id"], "name": job.get("name"),
+                    "state": summarize(list(tasks.values())), "tasks": tasks})
+    done = all(all(s in TERMINAL for s in j["tasks"].values()) for j in out)
+    return {"run_dir": run_dir, "jobs": out, "done": done, "calls": CALLS["count"] - before,
+            "source": used, "submission": record.get("state")}
+
+
+def summarize(states):
+    """One word for a job, or counts for an array: 'COMPLETED', '3 RUNNING, 5 PENDING'."""
+    if len(states) == 1:
+        return states[0]
+    counts = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    if len(counts) == 1:
+        return f"{len(states)} {states[0]}"
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None):
+    """Poll until every job is terminal, backing off from `first` to `ceiling` seconds."""
+    first = float(first or os.environ.get("RECSYS_POLL_FIRST", "2"))
+    ceiling = float(ceiling or os.environ.get("RECSYS_POLL_MAX", "60"))
+    delay, start = first, time.monotonic()
+    while True:
+        result = poll(run_dir)
+        if on_poll:
+            on_poll(result)
+        if result["done"]:
+            return result
+        if timeout is not None and time.monotonic() - start > timeout:
+            return result
+        time.sleep(delay)
+        delay = min(ceiling, delay * factor)
+
+
+def run_failed(result):
+    return any(s not in ("COMPLETED",) for j in result["jobs"] for s in j["tasks"].values())
+
+
+def log_files(run_dir, key=None, rank=None):
+    """Log files of a run: batch outputs, or per-rank outputs when `rank` is given."""
+    pattern = f"{key or '*'}-*"
+    pattern += f".rank{rank}.log" if rank is not None else ".out"
+    return sorted(glob.glob(os.path.join(run_dir, "logs", pattern)), key=os.path.getmtime)

@@ -1,0 +1,6 @@
+"""``python -m preproc <dataset> <stage> [flags]`` (see preproc.cli)."""
+import sys
+
+from preproc.cli import main
+
+sys.exit(main())

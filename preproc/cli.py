@@ -1,0 +1,97 @@
+"""``python -m preproc <dataset> <stage> [flags]``: dispatch to the dataset modules.
+
+Dataset protocol (how a dataset plugs in)
+-----------------------------------------
+``DATASETS`` maps a dataset name to the dotted path of its module. The module is
+imported only when that dataset is named on the command line (so a broken or
+missing dataset never hurts the others, and nothing imports pyspark until a
+stage really runs). The module provides:
+
+``add_arguments(stages)``
+    ``stages`` is the ``argparse`` sub-parsers action of the dataset; add one
+    sub-parser per stage (``generate``, ``run``, and for Criteo ``dictionary``,
+    ``transform``, ``finalize``) and give each ``set_defaults(func=<callable>)``.
+    The callable takes the parsed ``argparse.Namespace`` and returns an exit
+    status (``None`` means 0).
+``DESCRIPTION`` (optional)
+    One line shown by ``python -m preproc --help``.
+
+Stage functions raise ``preproc.errors.PreprocError`` for anything the user can
+fix; ``main`` prints it as ONE line and exits 2. Shared flag groups live next to
+the code they configure: ``preproc.spark.add_spark_arguments`` (cluster shape,
+``--dry-run``), ``preproc.output.add_output_arguments`` (``--output``,
+``--overwrite``) and ``preproc.bad_rows.add_bad_rows_argument``. Check inputs
+and outputs (``preproc.output.input_files`` / ``check_output_free``) before
+calling ``preproc.spark.get_session`` so bad input fails before Spark starts.
+
+To add a dataset: write ``preproc/<name>.py`` with ``add_arguments`` and add one
+line to ``DATASETS``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from preproc.errors import PreprocError
+
+DATASETS: dict[str, str] = {
+    "criteo": "preproc.criteo",
+    "movielens": "preproc.movielens",
+    "outbrain": "preproc.outbrain",
+}
+
+log = logging.getLogger("preproc")
+
+
+def _load(dataset: str):
+    if dataset not in DATASETS:
+        raise PreprocError(f"unknown dataset {dataset!r}: choose one of {', '.join(sorted(DATASETS))}")
+    try:
+        return importlib.import_module(DATASETS[dataset])
+    except ModuleNotFoundError as exc:
+        if exc.name == DATASETS[dataset]:
+            raise PreprocError(f"dataset {dataset!r} is not available in this installation "
+                               f"(module {DATASETS[dataset]} missing)") from None
+        raise
+
+
+def build_parser(dataset: str) -> argparse.ArgumentParser:
+    """The parser of one dataset: ``python -m preproc <dataset> <stage> ...``."""
+    module = _load(dataset)
+    parser = argparse.ArgumentParser(prog=f"python -m preproc {dataset}",
+                                     description=getattr(module, "DESCRIPTION", None))
+    stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True)
+    module.add_arguments(stages)
+    return parser
+
+
+def _usage() -> str:
+    lines = ["usage: python -m preproc DATASET STAGE [flags]   (python -m preproc DATASET --help)",
+             "datasets: " + ", ".join(sorted(DATASETS))]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    try:
+        parser = build_parser(argv[0])
+        args = parser.parse_args(argv[1:])
+        status = args.func(args)
+    except PreprocError as exc:
+        print(f"preproc: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("preproc: interrupted", file=sys.stderr)
+        return 130
+    return 0 if status is None else int(status)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

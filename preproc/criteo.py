@@ -1,0 +1,232 @@
+"""Criteo 1TB click logs -> DLRM split-binary dataset (command-line stages).
+
+``python -m preproc criteo <stage>``:
+
+``generate --out DIR [--rows N] [--days D] [--seed S]``
+    small raw day files in the real layout (preproc.criteo_generate).
+``dictionary --input IN --output OUT [--threshold T|col:T,...] [--days D]``
+    value -> id tables over the training days (preproc.criteo_dictionary).
+``transform --output OUT [--shard I --num-shards N]``
+    one array task: the day files of shard I (preproc.criteo_transform). I
+    defaults to $RECSYS_TASK_INDEX, else $SLURM_ARRAY_TASK_ID; N to
+    $RECSYS_TASK_COUNT, else $SLURM_ARRAY_TASK_COUNT, else 1.
+``finalize --output OUT``
+    assemble + verify + feature_spec.yaml + size report (preproc.criteo_finalize);
+    needs no Spark.
+``run --input IN --output OUT``
+    the three stages in one Spark application.
+
+Intermediate results live in ``OUT.stages/`` (next to OUT) and are removed by
+finalize. Every stage writes to a temporary directory, verifies it and renames
+it, so re-running any stage (a failed or requeued array task) is safe. The
+semantics (split, dictionary order, numerical formula, dtypes) are in
+preproc.criteo_layout.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from preproc import criteo_layout as layout
+from preproc.bad_rows import add_bad_rows_argument
+from preproc.errors import PreprocError
+from preproc.output import add_output_arguments, check_output_free, input_files
+from preproc.spark import add_spark_arguments, settings_from_args
+
+DESCRIPTION = "Criteo 1TB click logs -> DLRM split-binary (stages: generate, dictionary, transform, finalize, run)"
+log = logging.getLogger("preproc.criteo")
+
+
+def add_arguments(stages: argparse._SubParsersAction) -> None:
+    gen = stages.add_parser("generate", help="write small Criteo-like raw day files")
+    gen.add_argument("--out", required=True, help="directory for day_0 .. day_<D-1>")
+    gen.add_argument("--rows", type=int, default=100_000, help="rows over all days (default 100000)")
+    gen.add_argument("--days", type=int, default=24, help="day files (default 24, as the real set)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--overwrite", action="store_true")
+    gen.set_defaults(func=cmd_generate)
+
+    dictionary = stages.add_parser("dictionary", help="build the per-column dictionaries (array stage 1)")
+    _input_arguments(dictionary)
+    add_output_arguments(dictionary)
+    _dictionary_arguments(dictionary)
+    add_bad_rows_argument(dictionary)
+    add_spark_arguments(dictionary)
+    dictionary.set_defaults(func=cmd_dictionary)
+
+    transform = stages.add_parser("transform", help="transform one shard of day files (array stage 2)")
+    transform.add_argument("--input", default=None, help="optional: must be the dictionary stage's input")
+    add_output_arguments(transform)
+    transform.add_argument("--shard", type=int, default=None,
+                           help="shard index (default $RECSYS_TASK_INDEX, else $SLURM_ARRAY_TASK_ID)")
+    transform.add_argument("--num-shards", type=int, default=None,
+                           help="shard count (default $RECSYS_TASK_COUNT, else $SLURM_ARRAY_TASK_COUNT, else 1)")
+    add_bad_rows_argument(transform)
+    add_spark_arguments(transform)
+    transform.set_defaults(func=cmd_transform)
+
+    finalize = stages.add_parser("finalize", help="assemble, verify and publish the dataset (array stage 3)")
+    add_output_arguments(finalize)
+    finalize.add_argument("--keep-stages", action="store_true", help="keep OUT.stages/ after publishing")
+    finalize.set_defaults(func=cmd_finalize)
+
+    run = stages.add_parser("run", help="dictionary + transform + finalize in one Spark application")
+    _input_arguments(run)
+    add_output_arguments(run)
+    _dictionary_arguments(run)
+    run.add_argument("--keep-stages", action="store_true", help="keep OUT.stages/ after publishing")
+    add_bad_rows_argument(run)
+    add_spark_arguments(run)
+    run.set_defaults(func=cmd_run)
+
+
+def _input_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, help="directory of day_<d> files")
+    parser.add_argument("--days", type=int, default=None,
+                        help="use days 0..D-1 (default: every day file); the last one is split test/validation")
+
+
+def _dictionary_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threshold", default=str(layout.DEFAULT_THRESHOLD),
+                        help="frequency threshold: values seen fewer than T times map to 0; global T and/or "
+                             "per column col:T (cat_<i> or C<k>), e.g. '15,C3:2' (default 15)")
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise PreprocError(f"${name}: {value!r} is not an integer") from None
+    return None
+
+
+def _shard_arguments(args) -> tuple[int, int]:
+    shard = args.shard if args.shard is not None else _env_int("RECSYS_TASK_INDEX", "SLURM_ARRAY_TASK_ID")
+    count = args.num_shards if args.num_shards is not None else _env_int("RECSYS_TASK_COUNT",
+                                                                          "SLURM_ARRAY_TASK_COUNT")
+    shard = 0 if shard is None else shard
+    count = 1 if count is None else count
+    if count < 1:
+        raise PreprocError(f"--num-shards: must be >= 1, got {count}")
+    if not 0 <= shard < count:
+        raise PreprocError(f"--shard: {shard} is not in 0..{count - 1} (--num-shards {count})")
+    return shard, count
+
+
+def _plan(args) -> tuple[list[tuple[int, int, Path]], int, list[int]]:
+    """Checks that need no Spark: input days, thresholds, output. Returns (files, last day, thresholds)."""
+    thresholds = layout.parse_thresholds(args.threshold)
+    days = layout.day_files(input_files(args.input), args.days)
+    check_output_free(args.output, args.overwrite)
+    files = [(idx, day, path) for idx, (day, path) in enumerate(days)]
+    return files, days[-1][0], thresholds
+
+
+def _print_plan(settings, lines: list[str]) -> None:
+    print(settings.describe())
+    for line in lines:
+        print(f"# {line}")
+
+
+def _describe_files(files, last_day) -> list[str]:
+    train = [p.name for _, d, p in files if d < last_day]
+    return [f"train days 0..{last_day - 1}: {', '.join(train)}",
+            f"last day {last_day} ({files[-1][2].name}): first half test, second half validation"]
+
+
+def cmd_generate(args) -> int:
+    from preproc.criteo_generate import generate
+
+    if args.rows < args.days:
+        raise PreprocError(f"--rows: {args.rows} rows cannot fill {args.days} days")
+    if args.days < 1:
+        raise PreprocError(f"--days: must be >= 1, got {args.days}")
+    paths = generate(args.out, args.rows, args.days, args.seed, args.overwrite)
+    print(f"wrote {len(paths)} day files, {args.rows} rows, to {args.out}")
+    return 0
+
+
+def cmd_dictionary(args) -> int:
+    from preproc.criteo_dictionary import build_dictionary
+    from preproc.spark import get_session
+
+    files, last_day, thresholds = _plan(args)
+    settings = settings_from_args(args)
+    if args.dry_run:
+        _print_plan(settings, ["stage dictionary", f"thresholds {thresholds}"] + _describe_files(files, last_day))
+        return 0
+    spark = get_session(settings, "criteo-dictionary")
+    build_dictionary(spark, layout.Staging(args.output), files, last_day, thresholds, args.bad_rows)
+    return 0
+
+
+def cmd_transform(args) -> int:
+    from preproc.criteo_dictionary import load_dictionary_meta
+    from preproc.criteo_transform import transform_shard
+    from preproc.spark import get_session
+
+    shard, count = _shard_arguments(args)
+    staging = layout.Staging(args.output)
+    meta = load_dictionary_meta(staging)
+    if args.input is not None:
+        inputs = {str(Path(f["path"]).parent.resolve()) for f in meta["files"]}
+        if str(Path(args.input).resolve()) not in inputs:
+            raise PreprocError(f"--input: {args.input}: the dictionary in {staging.dictionary} was built from "
+                               f"{', '.join(sorted(inputs))}")
+    settings = settings_from_args(args)
+    if args.dry_run:
+        mine = [f["path"] for f in meta["files"] if layout.shard_of(f["file_idx"], count) == shard]
+        _print_plan(settings, [f"stage transform shard {shard} of {count}: {', '.join(mine) or 'no files'}"])
+        return 0
+    spark = get_session(settings, f"criteo-transform-{shard}-of-{count}")
+    transform_shard(spark, staging, meta, shard, count, args.bad_rows)
+    return 0
+
+
+def cmd_finalize(args) -> int:
+    from preproc.criteo_finalize import finalize, format_report
+
+    report = finalize(layout.Staging(args.output), args.overwrite, args.keep_stages)
+    print(format_report(report))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from preproc.criteo_finalize import format_report
+    from preproc.spark import get_session
+
+    files, last_day, thresholds = _plan(args)
+    settings = settings_from_args(args)
+    if args.dry_run:
+        _print_plan(settings, ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}"]
+                    + _describe_files(files, last_day))
+        return 0
+    report = run(get_session(settings, "criteo-run"), files, last_day, thresholds, args.output,
+                 overwrite=args.overwrite, bad_row_policy=args.bad_rows, keep_stages=args.keep_stages)
+    print(format_report(report))
+    return 0
+
+
+def run(spark, files, last_day: int, thresholds: list[int], output: str, overwrite: bool = False,
+        bad_row_policy: str = "skip", keep_stages: bool = False) -> dict:
+    """The whole pipeline in one Spark application (also the API the tests and the benchmark use)."""
+    from preproc.criteo_dictionary import build_dictionary
+    from preproc.criteo_finalize import finalize
+    from preproc.criteo_transform import transform_shard
+
+    staging = layout.Staging(output)
+    meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy)
+    transform_shard(spark, staging, meta, 0, 1, bad_row_policy)
+    return finalize(staging, overwrite, keep_stages)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from preproc.cli import main
+
+    sys.exit(main(["criteo", *sys.argv[1:]]))

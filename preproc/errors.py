@@ -1,0 +1,11 @@
+"""The one exception type the preprocessing CLI turns into a one-line error.
+
+Raise ``PreprocError("<file|flag>: <problem>")`` for anything the user can fix
+(bad flags, missing input, an existing output, bad rows under ``--bad-rows
+fatal``); ``preproc.cli.main`` prints it as ``preproc: error: <message>`` and
+exits with status 2, before Spark starts whenever the check does not need data.
+"""
+
+
+class PreprocError(ValueError):
+    """A user-facing problem, reported as one line naming the file, key or flag."""

@@ -1,0 +1,301 @@
+"""MovieLens (ml-1m, ml-20m) -> NCF training data, with PySpark.
+
+Input: ml-1m ``ratings.dat`` (``UserID::MovieID::Rating::Timestamp``, no header)
+or ml-20m ``ratings.csv`` (header ``userId,movieId,rating,timestamp``); the
+format is taken from the file name unless ``--format`` says otherwise.
+
+Pipeline, in this order (implicit feedback: every rating is a positive):
+
+1. Parse; rows with the wrong field count or unparsable numbers are counted per
+   file and skipped (``--bad-rows skip``, default) or fatal (``--bad-rows fatal``).
+2. De-duplicate (user, item): keep the latest rating (largest timestamp; among
+   equal timestamps the highest rating).
+3. Drop users with fewer than ``--min-ratings`` (default 20) distinct items after
+   de-duplication; a user with exactly ``min_ratings`` is kept.
+4. Re-index densely, 0-based: users in ascending original user id, items in
+   ascending original item id, over the users and items that survive step 3.
+5. Leave-last-out: each user's latest interaction is the test positive; ties on
+   the timestamp are broken by the larger original item id. Everything else is
+   training.
+6. Optional test negatives (``--test-negatives N``, default 0, because
+   recsys.data.ncf samples the evaluation negatives itself): per test user, N
+   distinct items the user never interacted with, drawn uniformly with a
+   per-user seeded generator (reproducible for a given ``--seed``); written after
+   the positive so every user owns ``1 + negatives`` consecutive test rows. A
+   user with fewer unseen items than that is left out of the test set (logged).
+
+Output (``OUT/``, written to a temporary sibling and renamed after
+verification against the spec): ``--num-files`` parquet files per mapping ``train/part_NNNNN.parquet`` (columns ``user``
+int32, ``item`` int32, ``label`` float32 = 1) and ``test/part_NNNNN.parquet``
+(same columns: one row per user, label 1, the held-out positive; with test
+negatives also their label-0 rows, a user's rows consecutive in one file), plus ``feature_spec.yaml`` with the user/item
+cardinalities, channels ``user_ch``/``item_ch``/``label_ch`` and metadata
+``test_samples_per_series`` = 1 + negatives.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from preproc import movielens_outbrain_io as textio
+from preproc.errors import PreprocError
+
+DESCRIPTION = "MovieLens ml-1m / ml-20m ratings -> NCF (user, item) parquet + feature_spec.yaml"
+log = logging.getLogger("preproc.movielens")
+
+RATING_COLUMNS = [("user", "bigint", True), ("item", "bigint", True),
+                  ("rating", "double", True), ("timestamp", "bigint", True)]
+LAYOUTS = {  # format: (file name, separator, header line)
+    "ml-1m": ("ratings.dat", "::", None),
+    "ml-20m": ("ratings.csv", ",", "userId,movieId,rating,timestamp"),
+}
+
+
+def locate_ratings(input_path: str, fmt: str | None = None) -> tuple[str, str]:
+    """Return (ratings file, format) for a file or a directory holding one; no Spark, one-line errors."""
+    from preproc.output import input_files
+
+    if fmt is not None and fmt not in LAYOUTS:
+        raise PreprocError(f"--format: unknown MovieLens format {fmt!r} (ml-1m or ml-20m)")
+    if os.path.isdir(input_path):
+        names = [LAYOUTS[fmt][0]] if fmt else [layout[0] for layout in LAYOUTS.values()]
+        found = [os.path.join(input_path, n) for n in names if os.path.isfile(os.path.join(input_path, n))]
+        if not found:
+            raise PreprocError(f"--input: {input_path}: no {' or '.join(names)} in the directory")
+        if len(found) > 1:
+            raise PreprocError(f"--input: {input_path}: holds both ratings.dat and ratings.csv; pass --format")
+        path = found[0]
+    else:
+        path = input_path
+    path = str(input_files(path)[0])  # exists and is not empty
+    if fmt is None:
+        fmt = "ml-20m" if path.endswith((".csv", ".csv.gz")) else "ml-1m"
+    header = LAYOUTS[fmt][2]
+    first = textio.first_line(path)
+    if header is not None and first != header:
+        raise PreprocError(f"--input: {path}: first line is {first[:60]!r}, expected the {fmt} header {header!r}")
+    if textio.line_count_at_most(path, 2 if header else 1) < (2 if header else 1):
+        raise PreprocError(f"--input: {path}: no ratings in the file")
+    return path, fmt
+
+
+def read_ratings(spark, path: str, fmt: str, bad_rows: str = "skip"):
+    """(ratings DataFrame (user, item, rating, timestamp) without bad rows, bad-row report)."""
+    _, sep, header = LAYOUTS[fmt]
+    parsed = textio.parse_delimited(spark, path, RATING_COLUMNS, sep, header=header)
+    return textio.drop_bad_rows(parsed, bad_rows, what=f"MovieLens {fmt}")
+
+
+def split_leave_last_out(ratings, min_ratings: int = 20):
+    """Steps 2-5 of the module docstring: returns (train, test, n_users, n_items).
+
+    ``train`` and ``test`` have dense 0-based ``user``/``item`` columns and the
+    original ``timestamp``; ``test`` has exactly one row per kept user.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    latest = Window.partitionBy("user", "item").orderBy(F.desc("timestamp"), F.desc("rating"))
+    dedup = (ratings.withColumn("_r", F.row_number().over(latest)).filter("_r = 1").drop("_r"))
+    per_user = dedup.groupBy("user").agg(F.count("*").alias("_n"))
+    kept = dedup.join(per_user.filter(F.col("_n") >= min_ratings).select("user"), "user")
+    users = _dense_index(kept, "user")
+    items = _dense_index(kept, "item")
+    n_users, n_items = users.count(), items.count()
+    dense = (kept.join(F.broadcast(users) if n_users < 5_000_000 else users, "user")
+             .join(F.broadcast(items) if n_items < 5_000_000 else items, "item")
+             .select(F.col("user_idx").cast("int").alias("user"), F.col("item_idx").cast("int").alias("item"),
+                     "timestamp", F.col("item").alias("_orig_item")))
+    last = Window.partitionBy("user").orderBy(F.desc("timestamp"), F.desc("_orig_item"))
+    ranked = dense.withColumn("_r", F.row_number().over(last))
+    test = ranked.filter("_r = 1").select("user", "item", "timestamp")
+    train = ranked.filter("_r > 1").select("user", "item", "timestamp")
+    return train, test, n_users, n_items
+
+
+def _dense_index(df, column: str):
+    """(column, column_idx): 0-based ids in ascending order of the original value."""
+    from pyspark.sql import functions as F
+
+    distinct = df.select(column).distinct().orderBy(column)
+    indexed = distinct.rdd.zipWithIndex().map(lambda pair: (pair[0][0], pair[1]))
+    return indexed.toDF([column, f"{column}_idx"]).select(F.col(column), F.col(f"{column}_idx").cast("long"))
+
+
+def sample_test_negatives(train, test, n_items: int, negatives: int, seed: int):
+    """Test series: per test user the positive (label 1, ``_pos`` 0) then ``negatives`` items (label 0).
+
+    Negatives are distinct items the user never interacted with, drawn with a
+    generator seeded by (seed, user), so the test set is reproducible. A user
+    with fewer than ``negatives`` unseen items cannot form a full series and is
+    left out of the test set (counted in the log); their training rows stay.
+    """
+    import numpy as np
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if negatives <= 0:
+        return test.select("user", "item", F.lit(1.0).cast("float").alias("label"), F.lit(0).alias("_pos"))
+    if negatives > n_items - 1:
+        raise PreprocError(f"--test-negatives {negatives}: only {n_items} items in the data")
+    seen = (train.select("user", "item").unionByName(test.select("user", "item"))
+            .groupBy("user").agg(F.collect_set("item").alias("_seen")))
+    series = test.select("user", "item").join(seen, "user")
+    short_users = spark_of(train).sparkContext.accumulator(0)
+
+    def draw(rows):
+        for row in rows:
+            seen_items = set(row._seen)
+            if n_items - len(seen_items) < negatives:
+                short_users.add(1)
+                continue
+            rng = np.random.default_rng([seed, row.user])
+            chosen, picked = [], set()
+            while len(chosen) < negatives:
+                for cand in rng.integers(0, n_items, size=2 * negatives).tolist():
+                    if cand not in seen_items and cand not in picked:
+                        picked.add(cand)
+                        chosen.append(cand)
+                        if len(chosen) == negatives:
+                            break
+            yield (row.user, row.item, 1.0, 0)
+            for pos, item in enumerate(chosen, start=1):
+                yield (row.user, int(item), 0.0, pos)
+
+    schema = T.StructType([T.StructField("user", T.IntegerType()), T.StructField("item", T.IntegerType()),
+                           T.StructField("label", T.FloatType()), T.StructField("_pos", T.IntegerType())])
+    result = spark_of(train).createDataFrame(series.rdd.mapPartitions(draw), schema)
+    result.short_users = short_users
+    return result
+
+
+def spark_of(df):
+    return df.sparkSession
+
+
+def feature_spec_dict(n_users: int, n_items: int, train_files, test_files, negatives: int, extra: dict) -> dict:
+    """The feature specification (hpc-facts §4 layout) of the written dataset."""
+    features = ["user", "item", "label"]
+    return {
+        "feature_spec": {
+            "user": {"dtype": "int32", "cardinality": int(n_users)},
+            "item": {"dtype": "int32", "cardinality": int(n_items)},
+            "label": {"dtype": "float32"},
+        },
+        "channel_spec": {"user_ch": ["user"], "item_ch": ["item"], "label_ch": ["label"]},
+        "source_spec": {
+            "train": [{"type": "parquet", "features": features, "files": list(train_files)}],
+            "test": [{"type": "parquet", "features": features, "files": list(test_files)}],
+        },
+        "metadata": {"dataset": "movielens", "test_samples_per_series": 1 + max(0, negatives), **extra},
+    }
+
+
+def run(spark, input_path: str, output: str, fmt: str | None = None, min_ratings: int = 20,
+        test_negatives: int = 0, num_files: int = 1, seed: int = 0, bad_rows: str = "skip",
+        overwrite: bool = False) -> dict:
+    """The whole pipeline; returns the feature-spec dict written to ``output``."""
+    from pyspark.sql import functions as F
+
+    from preproc.output import atomic_dir, verify_against_spec
+
+    path, fmt = locate_ratings(input_path, fmt)
+    ratings, report = read_ratings(spark, path, fmt, bad_rows)
+    train, test, n_users, n_items = split_leave_last_out(ratings, min_ratings)
+    if n_users == 0:
+        raise PreprocError(f"--min-ratings: no user of {path} has {min_ratings} or more ratings")
+    log.info("movielens: %d users, %d items after --min-ratings %d", n_users, n_items, min_ratings)
+    test_rows = sample_test_negatives(train, test, n_items, test_negatives, seed)
+    train_rows = train.select("user", "item", F.lit(1.0).cast("float").alias("label"))
+    rows = {}
+
+    def verify(stage):
+        verify_against_spec(stage, rows)
+
+    with atomic_dir(output, overwrite, verify=verify) as stage:
+        train_files, train_counts = textio.write_parquet_files(
+            train_rows, stage, "train", num_files, by=None, sort_by=["user", "item"])
+        test_files, test_counts = textio.write_parquet_files(
+            test_rows.withColumn("_f", F.col("user") % num_files), stage, "test", num_files,
+            by="_f", sort_by=["user", "_pos"], drop=["_pos"])
+        rows.update(train=sum(train_counts), test=sum(test_counts))
+        spec = feature_spec_dict(n_users, n_items, train_files, test_files, test_negatives,
+                                 {"format": fmt, "min_ratings": min_ratings, "seed": seed, "rows": dict(rows),
+                                  "bad_rows": report, "users_without_full_test_series": _short(test_rows)})
+        textio.write_feature_spec(spec, stage)
+    log.info("movielens: wrote %d train and %d test rows to %s", rows["train"], rows["test"], output)
+    return spec
+
+
+def _short(test_rows) -> int:
+    acc = getattr(test_rows, "short_users", None)
+    if acc is not None and acc.value:
+        log.warning("movielens: %d users with too few unseen items for a full test series left out of the test set",
+                    acc.value)
+    return int(acc.value) if acc is not None else 0
+
+
+# ---------------------------------------------------------------- command line
+def add_arguments(stages) -> None:
+    from preproc.bad_rows import add_bad_rows_argument
+    from preproc.output import add_output_arguments
+    from preproc.spark import add_spark_arguments
+
+    gen = stages.add_parser("generate", help="write a small synthetic ratings file in the ml-1m or ml-20m layout")
+    gen.add_argument("--out", required=True, help="directory to write ratings.dat / ratings.csv into")
+    gen.add_argument("--users", type=int, default=1000)
+    gen.add_argument("--items", type=int, default=500)
+    gen.add_argument("--format", choices=sorted(LAYOUTS), default="ml-1m")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_generate)
+
+    run_p = stages.add_parser("run", help="ratings -> NCF train/test parquet + feature_spec.yaml")
+    run_p.add_argument("--input", required=True, help="ratings.dat / ratings.csv or a directory holding one")
+    add_output_arguments(run_p)
+    run_p.add_argument("--format", choices=sorted(LAYOUTS), default=None,
+                       help="input layout (default: from the file name, .csv -> ml-20m)")
+    run_p.add_argument("--min-ratings", type=int, default=20, help="drop users with fewer ratings (default 20)")
+    run_p.add_argument("--test-negatives", type=int, default=0,
+                       help="also write N sampled negatives per test user (default 0: recsys samples its own)")
+    run_p.add_argument("--num-files", type=int, default=1,
+                       help="parquet files per mapping; at least the number of training ranks (default 1)")
+    run_p.add_argument("--seed", type=int, default=0, help="seed of the test negatives")
+    add_bad_rows_argument(run_p)
+    add_spark_arguments(run_p)
+    run_p.set_defaults(func=_run)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from preproc.generate_movielens import generate
+
+    try:
+        path = generate(args.out, users=args.users, items=args.items, fmt=args.format, seed=args.seed)
+    except ValueError as exc:
+        raise PreprocError(str(exc)) from None
+    print(path)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from preproc.output import check_output_free
+    from preproc.spark import get_session, settings_from_args
+
+    if args.min_ratings < 1:
+        raise PreprocError(f"--min-ratings: must be >= 1, got {args.min_ratings}")
+    if args.num_files < 1:
+        raise PreprocError(f"--num-files: must be >= 1, got {args.num_files}")
+    if args.test_negatives < 0:
+        raise PreprocError(f"--test-negatives: must be >= 0, got {args.test_negatives}")
+    path, fmt = locate_ratings(args.input, args.format)
+    check_output_free(args.output, args.overwrite)
+    settings = settings_from_args(args)
+    if args.dry_run:
+        print(settings.describe())
+        print(f"# plan: movielens {fmt} {path} -> {args.output} (min_ratings={args.min_ratings}, "
+              f"num_files={args.num_files}, test_negatives={args.test_negatives})")
+        return 0
+    spark = get_session(settings, "preproc-movielens")
+    run(spark, path, args.output, fmt, args.min_ratings, args.test_negatives, args.num_files, args.seed,
+        args.bad_rows, args.overwrite)
+    return 0

@@ -1,0 +1,500 @@
+"""Outbrain Click Prediction (Kaggle tables) -> Wide & Deep parquet, with PySpark.
+
+Input: a directory holding the Kaggle CSVs (``<table>.csv`` or ``.csv.gz``;
+``page_views_sample.csv`` is accepted for ``page_views``): clicks_train,
+events, promoted_content, documents_meta, documents_categories,
+documents_topics, documents_entities, page_views. Rows with a wrong field
+count, an unparsable number or a missing id are counted per file and skipped or
+fatal (``--bad-rows``).
+
+Split (the reference's rule): an event's day is ``floor(timestamp / 86400000)``
+(timestamps are ms since the Outbrain epoch 1465876799998, so day 0 starts
+2016-06-14 04:00 UTC). Displays of days ``< --split-days`` (default 11, i.e.
+``day <= 10`` as in the reference) are split per day: the
+``round(0.8 x displays of that day)`` displays with the smallest
+``xxhash64(display_id, --seed)`` train, the rest evaluate (an exact, reproducible
+80 %, where the reference draws a uniform number per display). Every display of
+a later day (the last two days of clicks_train) evaluates. A display's ads never
+straddle the split.
+
+Joins: clicks_train -> events (display_id; clicks without an event are
+dropped) -> promoted_content (ad_id) -> documents_meta for the page document
+(``document_id`` of the event) and for the ad's document (``ad_document_id``).
+
+Features (all null-free, so the parquet reader needs no masks):
+
+* CTR per context, from the training split only: for each of ad_id,
+  ad_document_id, campaign_id, advertiser_id, ad_source_id, ad_publisher_id,
+  ``views`` = training impressions and ``clicks`` = training clicks of the
+  context value; ``ctr = (clicks + a * p) / (views + a)`` when
+  ``views >= --ctr-min-views`` (default 5), else ``p``; ``p`` = global training
+  CTR, ``a`` = ``--ctr-smoothing`` (default 10; 0 gives the raw ratio). A null
+  context gets ``p`` and 0 views. Features ``<context>_ctr`` and
+  ``<context>_views``.
+* Page/ad similarity: for categories, topics and entities, the cosine of the
+  two documents' confidence vectors, ``sum_k c_page,k c_ad,k / (|c_page| |c_ad|)``
+  (0 when either document has none): ``sim_categories``, ``sim_topics``,
+  ``sim_entities``.
+* Popularity from page_views: ``page_doc_pageviews``, ``ad_doc_pageviews``,
+  ``user_pageviews``; and ``ad_doc_age_days`` (event time minus the ad document's
+  publish time, clamped at 0; 0 when unknown).
+* Numerical transform: counts (``*_views``, ``*_pageviews``, age) go through
+  ``log1p``; then every numerical feature is standardized with the training
+  split's mean and population standard deviation (``(x - mean) / std``, std 0
+  -> 1), float32.
+* One-hot categoricals, hash-bucketed: id ``1 + pmod(xxhash64(str(value), seed),
+  B - 1)`` with ``B`` the feature's bucket count (``--buckets name=B,...``),
+  id 0 for a missing value, cardinality ``B``. ``platform`` (1-3) keeps its
+  value (cardinality 4, unknown -> 0). ``geo_country`` / ``geo_state`` are the
+  first one / two ``>``-separated parts of geo_location.
+* Multi-hot categoricals: the categories, topics and entities of the page and
+  of the ad document, ordered by decreasing confidence (ties: smaller raw id),
+  at most ``max_hotness`` (``--hotness name=H,...``) values, each hashed as
+  above; a document with none gets ``[0]``. Parquet list<int32> columns of
+  variable length <= max_hotness (the reader pads with -1).
+
+Output (``OUT/``, written to a temporary sibling, verified against the spec,
+then renamed): ``train/part_NNNNN.parquet`` and ``test/part_NNNNN.parquet``,
+exactly ``--num-files`` each (at least the number of training ranks); train
+rows spread round-robin, test rows placed by ``display_id mod num_files`` so a
+display's ads share a file, sorted by display id. Columns: label ``clicked``
+(float32), the numerical, one-hot and multi-hot features, and in test only
+``display_id`` (int64, channel ``map`` for MAP@12). ``feature_spec.yaml`` holds
+channels ``label``, ``numerical``, ``onehot_categorical``,
+``multihot_categorical``, ``map`` and the cardinalities.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from preproc import movielens_outbrain_io as textio
+from preproc.errors import PreprocError
+
+DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"
+log = logging.getLogger("preproc.outbrain")
+
+OUTBRAIN_EPOCH_MS = 1465876799998
+DAY_MS = 86_400_000
+
+# table -> [(column, spark type, required)]; the header line is the column names joined by ','.
+TABLES = {
+    "clicks_train": [("display_id", "bigint", True), ("ad_id", "bigint", True), ("clicked", "int", True)],
+    "events": [("display_id", "bigint", True), ("uuid", "string", True), ("document_id", "bigint", True),
+               ("timestamp", "bigint", True), ("platform", "string", False), ("geo_location", "string", False)],
+    "promoted_content": [("ad_id", "bigint", True), ("document_id", "bigint", True),
+                         ("campaign_id", "bigint", False), ("advertiser_id", "bigint", False)],
+    "documents_meta": [("document_id", "bigint", True), ("source_id", "bigint", False),
+                       ("publisher_id", "bigint", False), ("publish_time", "string", False)],
+    "documents_categories": [("document_id", "bigint", True), ("category_id", "bigint", True),
+                             ("confidence_level", "double", True)],
+    "documents_topics": [("document_id", "bigint", True), ("topic_id", "bigint", True),
+                         ("confidence_level", "double", True)],
+    "documents_entities": [("document_id", "bigint", True), ("entity_id", "string", True),
+                           ("confidence_level", "double", True)],
+    "page_views": [("uuid", "string", True), ("document_id", "bigint", True), ("timestamp", "bigint", True),
+                   ("platform", "string", False), ("geo_location", "string", False),
+                   ("traffic_source", "string", False)],
+}
+TABLE_FILE_ALIASES = {"page_views": ["page_views", "page_views_sample"]}
+
+CTR_CONTEXTS = ["ad_id", "ad_document_id", "campaign_id", "advertiser_id", "ad_source_id", "ad_publisher_id"]
+DOC_ATTRIBUTES = {"categories": ("documents_categories", "category_id"),
+                  "topics": ("documents_topics", "topic_id"),
+                  "entities": ("documents_entities", "entity_id")}
+ONEHOT_BUCKETS = {  # hashed one-hot features and their default bucket counts
+    "ad_id": 250_000, "ad_document_id": 200_000, "campaign_id": 40_000, "advertiser_id": 5_000,
+    "ad_source_id": 10_000, "ad_publisher_id": 2_000, "document_id": 300_000, "page_source_id": 10_000,
+    "page_publisher_id": 2_000, "geo_location": 4_000, "geo_country": 300, "geo_state": 2_000,
+}
+IDENTITY_ONEHOT = {"platform": 4}
+MULTIHOT = {  # multi-hot feature: (buckets, max_hotness)
+    "page_categories": (2_000, 3), "page_topics": (1_000, 10), "page_entities": (100_000, 10),
+    "ad_categories": (2_000, 3), "ad_topics": (1_000, 10), "ad_entities": (100_000, 10),
+}
+LOG_FEATURES = [f"{c}_views" for c in CTR_CONTEXTS] + ["page_doc_pageviews", "ad_doc_pageviews",
+                                                      "user_pageviews", "ad_doc_age_days"]
+NUMERICAL = ([f"{c}_ctr" for c in CTR_CONTEXTS] + [f"{c}_views" for c in CTR_CONTEXTS]
+             + [f"sim_{a}" for a in DOC_ATTRIBUTES] + ["page_doc_pageviews", "ad_doc_pageviews",
+                                                      "user_pageviews", "ad_doc_age_days"])
+ONEHOT = list(ONEHOT_BUCKETS) + list(IDENTITY_ONEHOT)
+LABEL, MAP = "clicked", "display_id"
+
+
+# ---------------------------------------------------------------- input checks (no Spark)
+def header_of(table: str) -> str:
+    return ",".join(name for name, _, _ in TABLES[table])
+
+
+def locate_tables(input_dir: str) -> dict[str, str]:
+    """{table: csv path} of the eight tables; one-line error for a missing, empty or mis-headed one."""
+    from preproc.output import input_files
+
+    if not os.path.isdir(input_dir):
+        raise PreprocError(f"--input: {input_dir}: not a directory holding the Outbrain CSV tables")
+    paths = {}
+    for table in TABLES:
+        candidates = [os.path.join(input_dir, f"{name}{ext}") for name in TABLE_FILE_ALIASES.get(table, [table])
+                      for ext in (".csv", ".csv.gz")]
+        found = [p for p in candidates if os.path.isfile(p)]
+        if not found:
+            raise PreprocError(f"--input: {os.path.join(input_dir, table + '.csv')}: missing Outbrain table {table}")
+        path = str(input_files(found[0])[0])
+        first = textio.first_line(path)
+        if first != header_of(table):
+            raise PreprocError(f"--input: {path}: header is {(first or '')[:60]!r}, expected {header_of(table)!r}")
+        if textio.line_count_at_most(path, 2) < 2:
+            raise PreprocError(f"--input: {path}: table {table} has a header but no rows")
+        paths[table] = path
+    return paths
+
+
+def parse_sizes(text: str | None, defaults: dict, flag: str) -> dict:
+    """'name=N,name=N' -> defaults updated; one-line error naming the flag."""
+    sizes = dict(defaults)
+    for item in filter(None, (text or "").split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or name.strip() not in defaults or not value.strip().isdigit() or int(value) < 2:
+            raise PreprocError(f"{flag}: bad entry {item!r} (expected name=N with N >= 2, names: "
+                               f"{', '.join(sorted(defaults))})")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
+# ---------------------------------------------------------------- Spark stages
+def load_tables(spark, paths: dict, bad_rows: str = "skip"):
+    """{table: DataFrame} without bad rows, and the per-file bad-row report."""
+    tables, report = {}, {}
+    for table, path in paths.items():
+        parsed = textio.parse_delimited(spark, path, TABLES[table], ",", header=header_of(table))
+        tables[table], rep = textio.drop_bad_rows(parsed, bad_rows, what=f"outbrain {table}")
+        report.update(rep)
+    return tables, report
+
+
+def split_displays(events, split_days: int = 11, train_fraction: float = 0.8, seed: int = 0):
+    """(display_id, day, is_train) for every event, by the rule of the module docstring."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    days = events.select("display_id", F.floor(F.col("timestamp") / DAY_MS).cast("int").alias("day"))
+    by_day = Window.partitionBy("day")
+    ranked = (days.withColumn("_rank", F.row_number().over(
+                  by_day.orderBy(F.xxhash64(F.col("display_id"), F.lit(seed)), "display_id")))
+              .withColumn("_n", F.count("*").over(by_day)))
+    is_train = (F.col("day") < split_days) & (F.col("_rank") <= F.round(F.col("_n") * float(train_fraction)))
+    return ranked.select("display_id", "day", is_train.alias("is_train"))
+
+
+def join_tables(tables, split):
+    """One row per (display, ad) with the event, ad and both documents' metadata."""
+    from pyspark.sql import functions as F
+
+    meta = tables["documents_meta"]
+    page_meta = meta.select("document_id", F.col("source_id").alias("page_source_id"),
+                            F.col("publisher_id").alias("page_publisher_id"))
+    ad_meta = meta.select(F.col("document_id").alias("ad_document_id"), F.col("source_id").alias("ad_source_id"),
+                          F.col("publisher_id").alias("ad_publisher_id"),
+                          F.unix_timestamp(F.to_timestamp("publish_time")).alias("_ad_publish_s"))
+    promoted = tables["promoted_content"].select(
+        "ad_id", F.col("document_id").alias("ad_document_id"), "campaign_id", "advertiser_id")
+    events = tables["events"].join(split, "display_id")
+    return (tables["clicks_train"].join(events, "display_id")
+            .join(promoted, "ad_id", "left")
+            .join(page_meta, "document_id", "left")
+            .join(ad_meta, "ad_document_id", "left"))
+
+
+def ctr_features(rows, min_views: int = 5, smoothing: float = 10.0):
+    """Add ``<context>_ctr`` and ``<context>_views`` from the training rows (see module docstring)."""
+    from pyspark.sql import functions as F
+
+    train = rows.filter("is_train")
+    prior = train.agg(F.avg(LABEL)).first()[0] or 0.0
+    for ctx in CTR_CONTEXTS:
+        stats = (train.filter(F.col(ctx).isNotNull()).groupBy(ctx)
+                 .agg(F.count("*").alias("_views"), F.sum(LABEL).alias("_clicks")))
+        views = F.coalesce(F.col("_views"), F.lit(0))
+        ctr = F.when(views >= min_views, (F.col("_clicks") + smoothing * prior) / (views + smoothing)) \
+            .otherwise(F.lit(prior))
+        rows = (rows.join(stats, ctx, "left")
+                .withColumn(f"{ctx}_ctr", ctr.cast("double"))
+                .withColumn(f"{ctx}_views", views.cast("double"))
+                .drop("_views", "_clicks"))
+    return rows, float(prior)
+
+
+def _doc_attribute(tables, attribute: str):
+    """(document_id, key string, confidence) with one row per (document, key): the highest confidence."""
+    from pyspark.sql import functions as F
+
+    table, key = DOC_ATTRIBUTES[attribute]
+    return (tables[table].groupBy("document_id", F.col(key).cast("string").alias("key"))
+            .agg(F.max("confidence_level").alias("conf")))
+
+
+def similarity_features(rows, tables):
+    """Add ``sim_<attribute>``: confidence-weighted cosine between the page and the ad document."""
+    from pyspark.sql import functions as F
+
+    pairs = rows.select("document_id", "ad_document_id").distinct().filter(F.col("ad_document_id").isNotNull())
+    for attribute in DOC_ATTRIBUTES:
+        attr = _doc_attribute(tables, attribute)
+        norms = attr.groupBy("document_id").agg(F.sqrt(F.sum(F.col("conf") ** 2)).alias("norm"))
+        page = attr.select("document_id", "key", F.col("conf").alias("c_page"))
+        ad = attr.select(F.col("document_id").alias("ad_document_id"), "key", F.col("conf").alias("c_ad"))
+        dots = (pairs.join(page, "document_id").join(ad, ["ad_document_id", "key"])
+                .groupBy("document_id", "ad_document_id").agg(F.sum(F.col("c_page") * F.col("c_ad")).alias("dot")))
+        sims = (dots.join(norms, "document_id")
+                .join(norms.select(F.col("document_id").alias("ad_document_id"), F.col("norm").alias("ad_norm")),
+                      "ad_document_id")
+                .select("document_id", "ad_document_id",
+                        (F.col("dot") / (F.col("norm") * F.col("ad_norm"))).alias(f"sim_{attribute}")))
+        rows = (rows.join(sims, ["document_id", "ad_document_id"], "left")
+                .withColumn(f"sim_{attribute}", F.coalesce(F.col(f"sim_{attribute}"), F.lit(0.0))))
+    return rows
+
+
+def popularity_features(rows, tables):
+    """Add page-view counts of the page document, the ad document and the user, and the ad document's age."""
+    from pyspark.sql import functions as F
+
+    views = tables["page_views"]
+    doc_views = views.groupBy("document_id").agg(F.count("*").cast("double").alias("page_doc_pageviews"))
+    user_views = views.groupBy("uuid").agg(F.count("*").cast("double").alias("user_pageviews"))
+    event_s = (F.col("timestamp") + F.lit(OUTBRAIN_EPOCH_MS)) / 1000.0
+    age = F.greatest((event_s - F.col("_ad_publish_s")) / 86400.0, F.lit(0.0))
+    return (rows.join(doc_views, "document_id", "left")
+            .join(doc_views.select(F.col("document_id").alias("ad_document_id"),
+                                   F.col("page_doc_pageviews").alias("ad_doc_pageviews")), "ad_document_id", "left")
+            .join(user_views, "uuid", "left")
+            .withColumn("ad_doc_age_days", F.coalesce(age, F.lit(0.0)))
+            .fillna(0.0, ["page_doc_pageviews", "ad_doc_pageviews", "user_pageviews"]))
+
+
+def hash_bucket(column, buckets: int, seed: int = 0):
+    """Hash-bucketed id in [1, buckets), 0 for null (see module docstring)."""
+    from pyspark.sql import functions as F
+
+    hashed = F.pmod(F.xxhash64(column.cast("string"), F.lit(seed)), F.lit(buckets - 1)) + 1
+    return F.when(column.isNull(), F.lit(0)).otherwise(hashed).cast("int")
+
+
+def multihot_features(rows, tables, multihot: dict, seed: int = 0):
+    """Add the page/ad document attribute lists (hashed ids, by decreasing confidence, at most max_hotness)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    for attribute in DOC_ATTRIBUTES:
+        attr = _doc_attribute(tables, attribute)
+        for side, doc_col in (("page", "document_id"), ("ad", "ad_document_id")):
+            name = f"{side}_{attribute}"
+            buckets, hotness = multihot[name]
+            order = Window.partitionBy("document_id").orderBy(F.desc("conf"), "key")
+            lists = (attr.withColumn("_r", F.row_number().over(order)).filter(F.col("_r") <= hotness)
+                     .groupBy("document_id")
+                     .agg(F.sort_array(F.collect_list(F.struct("_r", hash_bucket(F.col("key"), buckets, seed)
+                                                                .alias("id")))).alias("_l"))
+                     .select(F.col("document_id").alias(doc_col), F.col("_l.id").alias(name)))
+            rows = (rows.join(lists, doc_col, "left")
+                    .withColumn(name, F.coalesce(F.col(name), F.array(F.lit(0))).cast("array<int>")))
+    return rows
+
+
+def categorical_features(rows, buckets: dict, seed: int = 0):
+    """Add the hashed one-hot ids (overwriting the raw columns) and the identity-mapped platform."""
+    from pyspark.sql import functions as F
+
+    geo_parts = F.split(F.col("geo_location"), ">")
+    rows = (rows.withColumn("geo_country", F.when(F.col("geo_location").isNotNull(), geo_parts.getItem(0)))
+            .withColumn("geo_state", F.when(F.size(geo_parts) >= 2,
+                                            F.concat_ws(">", geo_parts.getItem(0), geo_parts.getItem(1)))))
+    for name, size in buckets.items():
+        rows = rows.withColumn(name, hash_bucket(F.col(name), size, seed))
+    platform = F.col("platform").cast("int")
+    return rows.withColumn("platform", F.when(platform.between(1, 3), platform).otherwise(0).cast("int"))
+
+
+def standardize(rows, columns):
+    """log1p on LOG_FEATURES, then (x - mean) / std with the training split's statistics; float32."""
+    from pyspark.sql import functions as F
+
+    for c in columns:
+        if c in LOG_FEATURES:
+            rows = rows.withColumn(c, F.log1p(F.col(c)))
+    train = rows.filter("is_train")
+    aggs = [F.avg(c).alias(f"m_{c}") for c in columns] + [F.stddev_pop(c).alias(f"s_{c}") for c in columns]
+    stats = train.agg(*aggs).first().asDict()
+    moments = {}
+    for c in columns:
+        mean = float(stats[f"m_{c}"] or 0.0)
+        std = float(stats[f"s_{c}"] or 0.0) or 1.0
+        moments[c] = {"mean": mean, "std": std}
+        rows = rows.withColumn(c, ((F.col(c) - F.lit(mean)) / F.lit(std)).cast("float"))
+    return rows, moments
+
+
+def build_features(tables, split_days=11, train_fraction=0.8, seed=0, min_views=5, smoothing=10.0,
+                   buckets=None, multihot=None):
+    """(rows with label, features, display_id, is_train; the persisted frame to unpersist; statistics)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    buckets = buckets or ONEHOT_BUCKETS
+    multihot = multihot or MULTIHOT
+    split = split_displays(tables["events"], split_days, train_fraction, seed)
+    # The join feeds six CTR aggregations and the features: materialize it once.
+    joined = join_tables(tables, split).persist(StorageLevel.MEMORY_AND_DISK)
+    rows, prior = ctr_features(joined, min_views, smoothing)
+    rows = similarity_features(rows, tables)
+    rows = popularity_features(rows, tables)
+    rows = multihot_features(rows, tables, multihot, seed)
+    rows = categorical_features(rows, buckets, seed)
+    rows = rows.withColumn(LABEL, F.col(LABEL).cast("float"))
+    columns = [LABEL] + NUMERICAL + list(buckets) + list(IDENTITY_ONEHOT) + list(multihot) + [MAP, "is_train"]
+    # Materialized once: the statistics, the row counts and both writes all read it.
+    cached = rows.select(*columns).persist(StorageLevel.MEMORY_AND_DISK)
+    rows, moments = standardize(cached, NUMERICAL)
+    joined.unpersist()
+    return rows, cached, {"global_ctr": prior, "numerical_moments": moments}
+
+
+def feature_spec_dict(buckets, multihot, train_files, test_files, metadata) -> dict:
+    features = {LABEL: {"dtype": "float32"}}
+    features.update({n: {"dtype": "float32"} for n in NUMERICAL})
+    features.update({n: {"dtype": "int32", "cardinality": int(b)} for n, b in buckets.items()})
+    features.update({n: {"dtype": "int32", "cardinality": int(c)} for n, c in IDENTITY_ONEHOT.items()})
+    features.update({n: {"dtype": "int32", "cardinality": int(b), "max_hotness": int(h)}
+                     for n, (b, h) in multihot.items()})
+    features[MAP] = {"dtype": "int64"}
+    stored = [LABEL] + NUMERICAL + list(buckets) + list(IDENTITY_ONEHOT) + list(multihot)
+    return {
+        "feature_spec": features,
+        "source_spec": {"train": [{"type": "parquet", "features": stored, "files": list(train_files)}],
+                        "test": [{"type": "parquet", "features": stored + [MAP], "files": list(test_files)}]},
+        "channel_spec": {"label": [LABEL], "numerical": list(NUMERICAL),
+                         "onehot_categorical": list(buckets) + list(IDENTITY_ONEHOT),
+                         "multihot_categorical": list(multihot), "map": [MAP]},
+        "metadata": metadata,
+    }
+
+
+def run(spark, input_dir: str, output: str, num_files: int = 1, split_days: int = 11, train_fraction: float = 0.8,
+        seed: int = 0, min_views: int = 5, smoothing: float = 10.0, buckets=None, multihot=None,
+        bad_rows: str = "skip", overwrite: bool = False) -> dict:
+    """The whole pipeline; returns the feature-spec dict written to ``output``."""
+    from pyspark.sql import functions as F
+
+    from preproc.output import atomic_dir, verify_against_spec
+
+    buckets = dict(buckets or ONEHOT_BUCKETS)
+    multihot = dict(multihot or MULTIHOT)
+    paths = locate_tables(input_dir)
+    tables, report = load_tables(spark, paths, bad_rows)
+    rows, cached, stats = build_features(tables, split_days, train_fraction, seed, min_views, smoothing,
+                                         buckets, multihot)
+    counts = {r["is_train"]: r["count"] for r in rows.groupBy("is_train").count().collect()}
+    expected = {"train": counts.get(True, 0), "test": counts.get(False, 0)}
+    log.info("outbrain: %d train and %d test rows", expected["train"], expected["test"])
+    train = rows.filter("is_train").drop("is_train", MAP)
+    test = rows.filter(~F.col("is_train")).drop("is_train")
+    try:
+        if 0 in expected.values():
+            raise PreprocError(f"--input: {input_dir}: the {'train' if not expected['train'] else 'test'} split is "
+                               "empty (check --split-days / --train-fraction)")
+        with atomic_dir(output, overwrite, verify=lambda stage: verify_against_spec(stage, expected)) as stage:
+            train_files, _ = textio.write_parquet_files(train, stage, "train", num_files)
+            test_files, _ = textio.write_parquet_files(
+                test.withColumn("_f", F.pmod(F.col(MAP), F.lit(num_files))), stage, "test", num_files,
+                by="_f", sort_by=[MAP])
+            metadata = {"dataset": "outbrain", "rows": expected, "split_days": split_days,
+                        "train_fraction": train_fraction, "seed": seed, "ctr_min_views": min_views,
+                        "ctr_smoothing": smoothing, "numerical_transform": "log1p on counts, then standardization",
+                        "log1p_features": LOG_FEATURES, **stats, "bad_rows": report}
+            spec = feature_spec_dict(buckets, multihot, train_files, test_files, metadata)
+            textio.write_feature_spec(spec, stage)
+    finally:
+        cached.unpersist()
+    log.info("outbrain: wrote %s", output)
+    return spec
+
+
+# ---------------------------------------------------------------- command line
+def add_arguments(stages) -> None:
+    from preproc.bad_rows import add_bad_rows_argument
+    from preproc.output import add_output_arguments
+    from preproc.spark import add_spark_arguments
+
+    gen = stages.add_parser("generate", help="write small synthetic Kaggle tables (all eight CSVs)")
+    gen.add_argument("--out", required=True, help="directory for the CSV tables")
+    gen.add_argument("--displays", type=int, default=2000, help="number of displays (default 2000)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_generate)
+
+    run_p = stages.add_parser("run", help="Kaggle tables -> Wide & Deep train/test parquet + feature_spec.yaml")
+    run_p.add_argument("--input", required=True, help="directory holding the Kaggle CSV tables")
+    add_output_arguments(run_p)
+    run_p.add_argument("--num-files", type=int, default=8,
+                       help="parquet files per mapping, at least the number of training ranks (default 8)")
+    run_p.add_argument("--split-days", type=int, default=11,
+                       help="days before this one are split train/eval, later days all eval (default 11)")
+    run_p.add_argument("--train-fraction", type=float, default=0.8, help="train share of early days (default 0.8)")
+    run_p.add_argument("--seed", type=int, default=0, help="seed of the split and the feature hashing")
+    run_p.add_argument("--ctr-min-views", type=int, default=5, help="views below which CTR is the prior (default 5)")
+    run_p.add_argument("--ctr-smoothing", type=float, default=10.0, help="prior pseudo-views of the CTR (default 10)")
+    run_p.add_argument("--buckets", default=None, metavar="NAME=N,...",
+                       help="hash buckets per one-hot feature (defaults: " +
+                            ", ".join(f"{k}={v}" for k, v in ONEHOT_BUCKETS.items()) + ")")
+    run_p.add_argument("--hotness", default=None, metavar="NAME=H,...",
+                       help="max_hotness per multi-hot feature (defaults: " +
+                            ", ".join(f"{k}={v[1]}" for k, v in MULTIHOT.items()) + ")")
+    run_p.add_argument("--multihot-buckets", default=None, metavar="NAME=N,...",
+                       help="hash buckets per multi-hot feature (defaults: " +
+                            ", ".join(f"{k}={v[0]}" for k, v in MULTIHOT.items()) + ")")
+    add_bad_rows_argument(run_p)
+    add_spark_arguments(run_p)
+    run_p.set_defaults(func=_run)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from preproc.generate_outbrain import generate
+
+    try:
+        generate(args.out, displays=args.displays, seed=args.seed)
+    except ValueError as exc:
+        raise PreprocError(str(exc)) from None
+    print(args.out)
+    return 0
+
+
+def multihot_from_args(hotness: str | None, mh_buckets: str | None) -> dict:
+    h = parse_sizes(hotness, {k: v[1] for k, v in MULTIHOT.items()}, "--hotness")
+    b = parse_sizes(mh_buckets, {k: v[0] for k, v in MULTIHOT.items()}, "--multihot-buckets")
+    return {k: (b[k], h[k]) for k in MULTIHOT}
+
+
+def _run(args: argparse.Namespace) -> int:
+    from preproc.output import check_output_free
+    from preproc.spark import get_session, settings_from_args
+
+    if args.num_files < 1:
+        raise PreprocError(f"--num-files: must be >= 1, got {args.num_files}")
+    if not 0.0 < args.train_fraction < 1.0:
+        raise PreprocError(f"--train-fraction: must be in (0, 1), got {args.train_fraction}")
+    if args.ctr_min_views < 0 or args.ctr_smoothing < 0:
+        raise PreprocError("--ctr-min-views / --ctr-smoothing: must be >= 0")
+    buckets = parse_sizes(args.buckets, ONEHOT_BUCKETS, "--buckets")
+    multihot = multihot_from_args(args.hotness, args.multihot_buckets)
+    paths = locate_tables(args.input)
+    check_output_free(args.output, args.overwrite)
+    settings = settings_from_args(args)
+    if args.dry_run:
+        print(settings.describe())
+        print(f"# plan: outbrain {args.input} -> {args.output} ({len(paths)} tables, num_files={args.num_files}, "
+              f"split_days={args.split_days}, train_fraction={args.train_fraction})")
+        return 0
+    spark = get_session(settings, "preproc-outbrain")
+    run(spark, args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
+        args.ctr_min_views, args.ctr_smoothing, buckets, multihot, args.bad_rows, args.overwrite)
+    return 0

@@ -1,0 +1,67 @@
+"""Datasets described by a feature spec: readers, transcoder, synthetic generator, NCF sampling.
+
+Entry point for the engine::
+
+    from recsys.data import make_dataset
+    ds = make_dataset(spec, "train", batch_size=65536, rank=r, world_size=w, shuffle=True, seed=s)
+    for inputs, labels in ds: ...
+
+The reader is chosen by the mapping's chunk type (``split_binary`` ->
+:mod:`recsys.data.split_binary`, ``parquet`` -> :mod:`recsys.data.parquet`);
+the input structure per model is documented in :mod:`recsys.data.layout`.
+Each rank reads only its shard, reads run in tf.data's thread pool and the
+pipeline ends in ``prefetch`` so that input overlaps with the training step.
+
+Channel names: DLRM ``label``, ``numerical``, ``categorical``; Wide & Deep
+``label``, ``numerical``, ``onehot_categorical``, ``multihot_categorical``,
+``map`` (display id, test only); NCF ``user_ch``, ``item_ch``, ``label_ch``
+as in NVIDIA's NCF (``user``/``item`` are accepted aliases). NCF's train
+mapping holds the positive (user, item) pairs, its test mapping one positive
+per user; negatives come from :mod:`recsys.data.ncf`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from recsys.feature_spec import FeatureSpec, FeatureSpecError
+
+__all__ = ["make_dataset", "make_reader", "FeatureSpec", "FeatureSpecError"]
+
+
+def _as_spec(spec: Union[FeatureSpec, str]) -> FeatureSpec:
+    return spec if isinstance(spec, FeatureSpec) else FeatureSpec.from_yaml(spec)
+
+
+def make_reader(spec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
+                drop_remainder: Optional[bool] = None):
+    """The numpy-side reader of a mapping (``.numpy_batches()``, ``.num_batches``, ``.dataset()``).
+
+    ``drop_remainder`` defaults to True for ``train`` (full batches, the same
+    number on every rank) and False for other mappings (every row read once
+    over all ranks, last batch short; reduce metric sums at the end).
+    """
+    spec = _as_spec(spec)
+    kind = spec.chunk_type(mapping)
+    if drop_remainder is None:
+        drop_remainder = mapping == "train"
+    if kind == "split_binary":
+        from recsys.data.split_binary import SplitBinaryReader
+        return SplitBinaryReader(spec, mapping, batch_size, rank, world_size, drop_remainder)
+    if kind == "parquet":
+        from recsys.data.parquet import ParquetReader
+        return ParquetReader(spec, mapping, batch_size, rank, world_size, drop_remainder)
+    raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}",
+                           f"chunk type {kind} is not a training format: transcode it first "
+                           f"(python -m recsys.data.transcode)")
+
+
+def make_dataset(spec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = False, seed: int = 0, repeat: bool = False,
+                 drop_remainder: Optional[bool] = None):
+    """tf.data.Dataset of ``(inputs, labels float32 [B, 1])`` for this rank's shard, prefetching.
+
+    Without ``repeat`` the dataset has a known cardinality (``num_batches``
+    of the reader; identical on all ranks for training mappings).
+    """
+    reader = make_reader(spec, mapping, batch_size, rank, world_size, drop_remainder)
+    return reader.dataset(shuffle=shuffle, seed=seed, repeat=repeat)

@@ -1,0 +1,140 @@
+"""How stored features become model inputs: the channel -> tensor packing shared by all readers.
+
+Readers yield a flat dict of arrays keyed by *source*: a split-binary chunk
+(``chunk<i>``, shape [B, n_features_of_chunk]) or a parquet column (the
+feature name, shape [B] or [B, max_hotness]). :class:`Layout` knows where
+every channel feature lives and packs a flat batch into the model's inputs:
+
+=====================  ===========================================================
+model (channels)       inputs
+=====================  ===========================================================
+DLRM                   ``numerical`` f32 [B, n_num]; ``categorical`` int32 [B, n_cat]
+(label, numerical,
+categorical)
+Wide & Deep            ``numerical`` f32 [B, n_num]; ``onehot_categorical``
+(label, numerical,     {name: int32 [B]}; ``multihot_categorical`` {name: int32
+onehot_categorical,    [B, max_hotness], padded with -1}; ``map`` int64 [B] (only when
+multihot_categorical,  the mapping stores it, i.e. test)
+map)
+NCF (user_ch, item_ch,  ``user`` int32 [B]; ``item`` int32 [B]
+label_ch)
+=====================  ===========================================================
+
+Labels are always float32 [B, 1] (channel ``label``, or ``label_ch`` for NCF).
+The same packing runs on numpy arrays (tests, metrics) and TF tensors
+(``tf.data`` map), selected by the ``ops`` argument.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from recsys.feature_spec import FeatureSpec, FeatureSpecError
+
+LABEL_CHANNELS = ("label", "label_ch")
+MATRIX_CHANNELS = {"numerical": "float32", "categorical": "int32"}
+DICT_CHANNELS = {"onehot_categorical": "int32", "multihot_categorical": "int32"}
+VECTOR_CHANNELS = {"map": ("map", "int64"), "user_ch": ("user", "int32"), "item_ch": ("item", "int32")}
+KNOWN_CHANNELS = set(LABEL_CHANNELS) | set(MATRIX_CHANNELS) | set(DICT_CHANNELS) | set(VECTOR_CHANNELS)
+#: NCF also accepts the short channel names.
+CHANNEL_ALIASES = {"user": "user_ch", "item": "item_ch"}
+
+
+def model_kind(spec: FeatureSpec) -> str:
+    """'dlrm', 'wide_deep' or 'ncf', from the channel names."""
+    ch = set(spec.channel_spec)
+    if "categorical" in ch:
+        return "dlrm"
+    if ch & {"onehot_categorical", "multihot_categorical"}:
+        return "wide_deep"
+    if ch & {"user_ch", "item_ch", "user", "item"}:
+        return "ncf"
+    raise FeatureSpecError(f"{spec.origin}: channel_spec", "no categorical, onehot_categorical/multihot_categorical "
+                                                          "or user_ch/item_ch channel: unknown model layout")
+
+
+class NumpyOps:
+    cast = staticmethod(lambda x, dtype: np.asarray(x).astype(dtype, copy=False))
+    concat = staticmethod(lambda xs: np.concatenate(xs, axis=1))
+    reshape = staticmethod(lambda x, shape: np.reshape(x, shape))
+
+
+class TFOps:
+    def __init__(self):
+        import tensorflow as tf
+        self.cast = lambda x, dtype: tf.cast(x, dtype)
+        self.concat = lambda xs: tf.concat(xs, axis=1)
+        self.reshape = lambda x, shape: tf.reshape(x, shape)
+
+
+class Layout:
+    """Where each channel feature lives in a reader's flat batch, and how to pack it."""
+
+    def __init__(self, spec: FeatureSpec, mapping: str, source_of: Dict[str, Tuple[str, Optional[int]]]):
+        self.spec = spec
+        self.mapping = mapping
+        self.source_of = source_of  # feature -> (flat key, column index or None)
+        unknown = [c for c in spec.channel_spec if CHANNEL_ALIASES.get(c, c) not in KNOWN_CHANNELS]
+        if unknown:
+            raise FeatureSpecError(f"{spec.origin}: channel_spec.{unknown[0]}",
+                                   f"unknown channel (known: {', '.join(sorted(KNOWN_CHANNELS))})")
+        self.channels = {CHANNEL_ALIASES.get(c, c): [f for f in feats if f in source_of]
+                         for c, feats in spec.channel_spec.items()}
+        labels = [c for c in LABEL_CHANNELS if self.channels.get(c)]
+        if not labels:
+            raise FeatureSpecError(f"{spec.origin}: channel_spec", "no label channel (label or label_ch)")
+        self.label_channel = labels[0]
+
+    def _columns(self, flat, feats, dtype, ops):
+        """[B, len(feats)] from columns, slicing whole runs of one chunk instead of gathering."""
+        pieces, i = [], 0
+        while i < len(feats):
+            key, col = self.source_of[feats[i]]
+            if col is None:
+                pieces.append(ops.reshape(ops.cast(flat[key], dtype), [-1, 1]))
+                i += 1
+                continue
+            j = i + 1
+            while j < len(feats) and self.source_of[feats[j]] == (key, col + (j - i)):
+                j += 1
+            pieces.append(ops.cast(flat[key][:, col:col + (j - i)], dtype))
+            i = j
+        return pieces[0] if len(pieces) == 1 else ops.concat(pieces)
+
+    def _vector(self, flat, feat, dtype, ops):
+        key, col = self.source_of[feat]
+        x = flat[key] if col is None else flat[key][:, col]
+        return ops.cast(x, dtype)
+
+    def pack(self, flat: dict, ops=NumpyOps):
+        """(inputs, labels) in the structure of the module docstring."""
+        inputs = {}
+        for channel, feats in self.channels.items():
+            if channel in LABEL_CHANNELS:
+                continue
+            if channel in MATRIX_CHANNELS:
+                if feats:
+                    inputs[channel] = self._columns(flat, feats, MATRIX_CHANNELS[channel], ops)
+            elif channel in DICT_CHANNELS:
+                out = {}
+                for f in feats:
+                    key, col = self.source_of[f]
+                    x = flat[key] if col is None else flat[key][:, col]
+                    out[f] = ops.cast(x, DICT_CHANNELS[channel])
+                inputs[channel] = out
+            elif feats:
+                name, dtype = VECTOR_CHANNELS[channel]
+                inputs[name] = self._vector(flat, feats[0], dtype, ops)
+        label_feats = self.channels[self.label_channel]
+        labels = ops.reshape(self._vector(flat, label_feats[0], "float32", ops), [-1, 1])
+        return inputs, labels
+
+
+def channel_features(spec: FeatureSpec, mapping: str) -> List[str]:
+    """Channel features present in the mapping (validated), in channel order."""
+    spec.check_channels(mapping)
+    out = []
+    for feats in spec.channel_spec.values():
+        out += [f for f in feats if spec.chunk_of(mapping, f) is not None and f not in out]
+    return out

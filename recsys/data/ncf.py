@@ -1,0 +1,102 @@
+"""NCF data helpers: positives from a feature spec, per-epoch training negatives, the 100-negative eval set.
+
+The NCF dataset stores only positives: ``train`` holds every (user, item)
+interaction but each user's last, ``test`` holds that last one (one row per
+user). As in the reference:
+
+* training: every positive is followed by ``num_negatives`` (4) items drawn
+  uniformly at random, resampled each epoch (:class:`TrainSampler`);
+  negatives that happen to be a known positive of the user are redrawn;
+* evaluation: each test positive is ranked against ``num_negatives`` (100)
+  items the user never interacted with, drawn once with a fixed seed
+  (:func:`eval_set`); the metric is HR@10/NDCG@10 from recsys.metrics.
+
+Everything is numpy and vectorised; ranks shard users/rows themselves
+(``shard``) so that evaluation sums can be allreduced.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from recsys.feature_spec import FeatureSpec
+
+
+def load_pairs(spec: FeatureSpec, mapping: str) -> Tuple[np.ndarray, np.ndarray]:
+    """All (users, items) int64 arrays of a mapping, read in one batch."""
+    from recsys.data import make_reader
+    rows = spec.num_rows(mapping)
+    reader = make_reader(spec, mapping, batch_size=rows, drop_remainder=False)
+    inputs, _ = next(iter(reader.numpy_batches()))
+    return inputs["user"].astype(np.int64), inputs["item"].astype(np.int64)
+
+
+def _known(users, items, num_items):
+    return np.unique(users.astype(np.int64) * num_items + items.astype(np.int64))
+
+
+def _draw_negatives(rng, users, num_items, known, count):
+    """Items uniform in [0, num_items) that are not a known positive of the user, per user in ``users``."""
+    users = np.repeat(users, count)
+    items = rng.integers(0, num_items, size=users.size)
+    for _ in range(100):
+        bad = np.flatnonzero(np.isin(users * num_items + items, known, assume_unique=False))
+        if not bad.size:
+            return users, items
+        items[bad] = rng.integers(0, num_items, size=bad.size)
+    raise ValueError("could not draw negatives: some users interacted with (almost) every item")
+
+
+class TrainSampler:
+    """Positives + ``num_negatives`` fresh negatives per positive for each epoch, shuffled, deterministic by (seed, epoch)."""
+
+    def __init__(self, users, items, num_items: int, num_negatives: int = 4, seed: int = 0):
+        self.users = np.asarray(users, dtype=np.int64)
+        self.items = np.asarray(items, dtype=np.int64)
+        self.num_items, self.num_negatives, self.seed = int(num_items), int(num_negatives), seed
+        self.known = _known(self.users, self.items, self.num_items)
+
+    def __len__(self):
+        return self.users.size * (1 + self.num_negatives)
+
+    def epoch(self, epoch: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(users int32, items int32, labels float32) of one epoch, shuffled."""
+        rng = np.random.default_rng([self.seed, epoch])
+        nu, ni = _draw_negatives(rng, self.users, self.num_items, self.known, self.num_negatives)
+        users = np.concatenate([self.users, nu])
+        items = np.concatenate([self.items, ni])
+        labels = np.concatenate([np.ones(self.users.size, np.float32), np.zeros(nu.size, np.float32)])
+        perm = rng.permutation(users.size)
+        return users[perm].astype(np.int32), items[perm].astype(np.int32), labels[perm]
+
+
+def eval_set(test_users, test_items, train_users, train_items, num_items: int, num_negatives: int = 100,
+             seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(users [U], items [U, 1 + num_negatives], labels) with the positive in column 0.
+
+    Negatives exclude the user's train and test positives. Score the items
+    matrix row-wise and pass ``scores[:, 0]`` and ``scores[:, 1:]`` to
+    ``recsys.metrics.hit_rate_and_ndcg``.
+    """
+    tu = np.asarray(test_users, dtype=np.int64)
+    ti = np.asarray(test_items, dtype=np.int64)
+    known = _known(np.concatenate([np.asarray(train_users), tu]), np.concatenate([np.asarray(train_items), ti]), num_items)
+    rng = np.random.default_rng([seed, 101])
+    _, neg = _draw_negatives(rng, tu, num_items, known, num_negatives)
+    items = np.concatenate([ti[:, None], neg.reshape(tu.size, num_negatives)], axis=1)
+    labels = np.zeros(items.shape, np.float32)
+    labels[:, 0] = 1.0
+    return tu.astype(np.int32), items.astype(np.int32), labels
+
+
+def shard(arrays, rank: int, world_size: int, equal: bool = True):
+    """Contiguous slice of each array for this rank; ``equal`` truncates to the same length on every rank."""
+    n = len(arrays[0])
+    if equal:
+        per = n // world_size
+        lo, hi = rank * per, (rank + 1) * per
+    else:
+        bounds = np.linspace(0, n, world_size + 1).astype(np.int64)
+        lo, hi = bounds[rank], bounds[rank + 1]
+    return tuple(a[lo:hi] for a in arrays)

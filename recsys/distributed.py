@@ -1,0 +1,136 @@
+"""Data-parallel plumbing: one object that hides whether Horovod is in use.
+
+A single process never imports Horovod; when the launcher (srun --mpi=pmix,
+mpirun, or a wrapper that exports WORLD_SIZE) says there is more than one rank,
+``hvd.init()`` joins the job and gradients, metrics and the initial state go
+through Horovod collectives.
+"""
+from __future__ import annotations
+
+import os
+
+_WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "PMI_SIZE")
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK")
+
+
+def launcher_world_size(env=None) -> int:
+    """World size the launcher announces, without importing MPI (1 when none).
+
+    SLURM_NTASKS is only trusted inside a job step (SLURM_STEP_ID set): in the
+    batch script itself it describes the allocation, not this process.
+    """
+    env = os.environ if env is None else env
+    for name in _WORLD_VARS:
+        if name == "SLURM_NTASKS" and "SLURM_STEP_ID" not in env:
+            continue
+        value = env.get(name)
+        if value:
+            try:
+                return max(1, int(value))
+            except ValueError:
+                continue
+    return 1
+
+
+def launcher_rank(env=None) -> int:
+    env = os.environ if env is None else env
+    for name in _RANK_VARS:
+        value = env.get(name)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return 0
+
+
+class Distributed:
+    """Rank/size plus the collectives the engine needs (identity when size == 1)."""
+
+    def __init__(self, use_horovod: bool | None = None):
+        if use_horovod is None:
+            use_horovod = launcher_world_size() > 1
+        self.hvd = None
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        if use_horovod:
+            import horovod.tensorflow as hvd  # only imported for multi-rank jobs
+            hvd.init()
+            self.hvd = hvd
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    # --- collectives (called inside or outside tf.function) ---------------
+    def allreduce_gradients(self, grads, sparse_as_dense: bool = False):
+        """Average gradients across ranks; IndexedSlices are allgathered."""
+        if self.hvd is None:
+            return grads
+        import tensorflow as tf
+        hvd = self.hvd
+        dense_idx, dense = [], []
+        out = list(grads)
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if sparse_as_dense:
+                    dense_idx.append(i)
+                    dense.append(tf.convert_to_tensor(g))
+                else:
+                    out[i] = hvd.allreduce(g, op=hvd.Average)
+            else:
+                dense_idx.append(i)
+                dense.append(g)
+        if dense:
+            reduced = hvd.grouped_allreduce(dense, op=hvd.Average)
+            for i, g in zip(dense_idx, reduced):
+                out[i] = g
+        return out
+
+    def allreduce_sum(self, value):
+        """Sum a tensor/ndarray across ranks (returns numpy when given numpy)."""
+        if self.hvd is None:
+            return value
+        import numpy as np
+        import tensorflow as tf
+        as_numpy = isinstance(value, (np.ndarray, np.generic, float, int))
+        t = tf.convert_to_tensor(value)
+        dtype = t.dtype
+        if dtype in (tf.float16, tf.bfloat16):
+            t = tf.cast(t, tf.float32)
+        r = self.hvd.allreduce(t, op=self.hvd.Sum)
+        r = tf.cast(r, dtype)
+        return r.numpy() if as_numpy else r
+
+    def allgather(self, value):
+        if self.hvd is None:
+            return value
+        import numpy as np
+        import tensorflow as tf
+        as_numpy = isinstance(value, np.ndarray)
+        r = self.hvd.allgather(tf.convert_to_tensor(value))
+        return r.numpy() if as_numpy else r
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when any rank says True (e.g. a signal arrived)."""
+        if self.hvd is None:
+            return bool(flag)
+        import numpy as np
+        return bool(self.allreduce_sum(np.array(1 if flag else 0, dtype=np.int32)) > 0)
+
+    def broadcast_variables(self, variables, root_rank: int = 0):
+        if self.hvd is not None and variables:
+            self.hvd.broadcast_variables(list(variables), root_rank=root_rank)
+
+    def barrier(self):
+        """Wait for every rank (a scalar allreduce: this Horovod has no barrier op)."""
+        if self.hvd is not None:
+            import numpy as np
+            self.allreduce_sum(np.zeros((), np.int32))
+
+    def shutdown(self):
+        if self.hvd is not None:
+            self.hvd.shutdown()

@@ -1,0 +1,297 @@
+"""The training loop shared by all models: custom train step, evaluation, benchmark, checkpoints.
+
+One :class:`Engine` drives a :class:`recsys.models.tasks.Task` (which knows its model,
+data and metric). The train step is ``loss -> gradients`` (XLA-compiled with
+``--xla``), then a Horovod allreduce of the gradients (outside XLA: Horovod ops
+are not XLA ops), then one ``apply_gradients`` per optimizer group (W&D has
+two). Under ``--amp`` the first optimizer is a LossScaleOptimizer whose
+dynamic scale is used for the whole loss; other groups are applied only when
+the unscaled gradients are finite, i.e. exactly when the scaled optimizer
+applies its own.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from recsys.checkpoint import AtomicCheckpointer, StopRequest
+
+
+# Weight digests (replica consistency check in the summary) only for models up to this size.
+DIGEST_MAX_PARAMS = 50_000_000
+
+
+class StopTraining(Exception):
+    pass
+
+
+class Engine:
+    def __init__(self, args, task, dist, logger):
+        self.args, self.task, self.dist, self.log = args, task, dist, logger
+        self.model = task.build_model()
+        self.groups = task.optimizer_groups(self.model)          # [(name, optimizer, variables)]
+        if args.amp:
+            name, opt, var_fn = self.groups[0]
+            self.groups[0] = (name, tf.keras.mixed_precision.LossScaleOptimizer(opt), var_fn)
+        self.loss_scaler = self.groups[0][1] if args.amp else None
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
+        self._build()
+        ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
+                                   step_in_epoch=self.step_in_epoch,
+                                   **{f"optimizer_{n}": o for n, o, _ in self.groups})
+        self.checkpointer = None
+        if args.checkpoint_dir:
+            # Replicated weights: rank 0 writes. Model-parallel tables would need every rank's shard.
+            self.checkpointer = AtomicCheckpointer(args.checkpoint_dir, ckpt, keep=args.keep_checkpoints,
+                                                   writer=dist.is_chief or task.model_parallel)
+            if task.model_parallel and dist.size > 1:
+                self.checkpointer.directory = f"{args.checkpoint_dir}/rank{dist.rank}"
+        self._grad_fn = tf.function(self._gradients, jit_compile=bool(args.xla), reduce_retracing=True)
+        self._train_step = tf.function(self._train_step_impl, reduce_retracing=True)
+        self._predict = tf.function(self._predict_impl, jit_compile=bool(args.xla), reduce_retracing=True)
+
+    # --- building ----------------------------------------------------------
+    def _build(self):
+        inputs, _ = self.task.sample_batch()
+        self.model(inputs, training=False)
+        for _, opt, var_fn in self.groups:
+            inner = opt.inner_optimizer if isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) else opt
+            inner.build(var_fn())
+
+    def state_variables(self):
+        out = list(self.model.variables)
+        for _, opt, _ in self.groups:
+            out += list(opt.variables)
+        return out
+
+    def broadcast_initial_state(self):
+        """Every rank starts from rank 0's weights and optimizer state (after init or restore)."""
+        if self.dist.size > 1:
+            self.dist.broadcast_variables(self.task.replicated_variables(self.state_variables()), root_rank=0)
+
+    # --- steps -------------------------------------------------------------
+    def _variables(self):
+        return [v for _, _, var_fn in self.groups for v in var_fn()]
+
+    def _gradients(self, inputs, labels):
+        variables = self._variables()
+        with tf.GradientTape() as tape:
+            logits = self.model(inputs, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            scaled = self.loss_scaler.get_scaled_loss(loss) if self.loss_scaler is not None else loss
+        grads = tape.gradient(scaled, variables)
+        if self.loss_scaler is not None:
+            grads = self.loss_scaler.get_unscaled_gradients(grads)
+        return loss, grads
+
+    def _train_step_impl(self, inputs, labels):
+        loss, grads = self._grad_fn(inputs, labels)
+        grads = self.dist.allreduce_gradients(list(grads) , sparse_as_dense=self.args.sparse_as_dense)
+        if self.dist.size > 1:
+            loss = self.dist.hvd.allreduce(loss, op=self.dist.hvd.Average)
+        i = 0
+        finite = None
+        for k, (_, opt, var_fn) in enumerate(self.groups):
+            variables = var_fn()
+            g = grads[i:i + len(variables)]
+            i += len(variables)
+            pairs = [(gg, v) for gg, v in zip(g, variables) if gg is not None]
+            if self.loss_scaler is None or k == 0:
+                opt.apply_gradients(pairs)
+            else:
+                if finite is None:
+                    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(
+                        gg.values if isinstance(gg, tf.IndexedSlices) else gg)) for gg in grads if gg is not None])
+
+                def apply(opt=opt, pairs=pairs):
+                    opt.apply_gradients(pairs)
+                    return tf.constant(True)
+                tf.cond(finite, apply, lambda: tf.constant(False))
+        self.global_step.assign_add(1)
+        self.step_in_epoch.assign_add(1)
+        return loss
+
+    def _predict_impl(self, inputs):
+        return tf.sigmoid(self.model(inputs, training=False))
+
+    def predict(self, inputs):
+        return self._predict(inputs)
+
+    def weights_digest(self):
+        """SHA-1 of all model weights (bitwise), to compare replicas or runs."""
+        h = hashlib.sha1()
+        for v in self.model.weights:
+            h.update(np.ascontiguousarray(v.numpy()).tobytes())
+        return h.hexdigest()
+
+    # --- checkpoints ----------------------------------------------------------
+    def restore(self, path=None):
+        meta = self.checkpointer.restore(path)
+        self.broadcast_initial_state()
+        self.log.info(f"restored {meta['path']} at step {int(self.global_step.numpy())} "
+                      f"epoch {int(self.epoch.numpy())}", checkpoint=meta["path"])
+        return meta
+
+    def save(self, reason):
+        if self.checkpointer is None:
+            return None
+        path = self.checkpointer.save(int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
+                                      step_in_epoch=int(self.step_in_epoch.numpy()), reason=reason)
+        self.dist.barrier()
+        if self.dist.is_chief:
+            self.log.record("checkpoint", path=path, step=int(self.global_step.numpy()), reason=reason)
+        return path
+
+    # --- loops -----------------------------------------------------------------
+    def train(self):
+        """Epoch loop with evaluation and a checkpoint after each epoch; returns the summary dict."""
+        a, dist = self.args, self.dist
+        stop = StopRequest()
+        max_steps = a.max_steps or None
+        steps_per_epoch = self.task.steps_per_epoch()
+        total = max_steps or steps_per_epoch * a.epochs
+        global_batch = self.task.global_batch
+        self.broadcast_initial_state()
+        metrics, timed_steps, timed_seconds = {}, 0, 0.0
+        losses = []
+        interrupted = False
+        try:
+            while int(self.epoch.numpy()) < a.epochs:
+                epoch = int(self.epoch.numpy())
+                skip = int(self.step_in_epoch.numpy())
+                ds = self.task.train_dataset(epoch)
+                if skip:
+                    ds = ds.skip(skip)
+                t_last, n_last = time.perf_counter(), 0
+                for inputs, labels in ds:
+                    if max_steps and int(self.global_step.numpy()) >= max_steps:
+                        break
+                    t0 = time.perf_counter()
+                    loss = self._train_step(inputs, labels)
+                    step = int(self.global_step.numpy())
+                    n_last += 1
+                    if step % a.log_every == 0 or (max_steps and step >= max_steps):
+                        loss_v = float(loss.numpy())
+                        now = time.perf_counter()
+                        losses.append((step, loss_v))
+                        self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
+                                      total_steps=total, lr=self._current_lr())
+                        t_last, n_last = now, 0
+                    if step > a.benchmark_warmup_steps:
+                        timed_steps += 1
+                        timed_seconds += time.perf_counter() - t0
+                    if dist.any(stop.requested):
+                        interrupted = True
+                        raise StopTraining
+                if max_steps and int(self.global_step.numpy()) >= max_steps:
+                    if int(self.step_in_epoch.numpy()) >= steps_per_epoch:
+                        self._end_epoch()
+                    break
+                self._end_epoch()
+                metrics = self.evaluate(log=True)
+                self.save("epoch")
+            if not metrics or int(self.step_in_epoch.numpy()) != 0:
+                metrics = self.evaluate(log=True)
+                self.save("end")
+        except StopTraining:
+            self.save("signal")
+            if dist.is_chief:
+                self.log.info("checkpoint saved on signal")
+        finally:
+            stop.restore_handlers()
+        return self._summary("train", timed_steps, timed_seconds, metrics, losses, interrupted)
+
+    def _end_epoch(self):
+        self.epoch.assign_add(1)
+        self.step_in_epoch.assign(0)
+
+    def _current_lr(self):
+        _, opt, _ = self.groups[0]
+        lr = opt.learning_rate
+        try:
+            return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+        except Exception:
+            return None
+
+    def evaluate(self, log=False):
+        t0 = time.perf_counter()
+        metrics = self.task.evaluate(self)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        if log:
+            self.log.eval(int(self.global_step.numpy()), int(self.epoch.numpy()), metrics)
+            self.log.record("eval_time", seconds=time.perf_counter() - t0)
+        return metrics
+
+    def benchmark(self):
+        """Warm-up steps, then timed training steps on a repeating dataset (warm-up excluded)."""
+        a = self.args
+        self.broadcast_initial_state()
+        it = iter(self.task.benchmark_dataset())
+        warm, steps = a.benchmark_warmup_steps, a.benchmark_steps
+        times = []
+        loss = None
+        for i in range(warm + steps):
+            inputs, labels = next(it)
+            t0 = time.perf_counter()
+            loss = self._train_step(inputs, labels)
+            loss.numpy()                      # step boundary: wait for the device
+            if i >= warm:
+                times.append(time.perf_counter() - t0)
+            if (i + 1) % a.log_every == 0:
+                self.log.step(i + 1, 0, float(loss.numpy()),
+                              self.task.global_batch / max(times[-1] if times else 1e-9, 1e-9),
+                              total_steps=warm + steps)
+        return self._summary("benchmark", len(times), float(np.sum(times)), {},
+                             [(warm + steps, float(loss.numpy()))], False, step_times=times)
+
+    def inference(self):
+        """Timed forward passes over the test data (warm-up batches excluded)."""
+        a = self.args
+        times, n = [], 0
+        for i, (inputs, _) in enumerate(self.task.eval_dataset()):
+            t0 = time.perf_counter()
+            self.predict(inputs).numpy()
+            if i >= a.benchmark_warmup_steps:
+                times.append(time.perf_counter() - t0)
+                n += 1
+            if a.benchmark_steps and n >= a.benchmark_steps:
+                break
+        batch = self.task.global_eval_batch
+        summary = self._summary("inference", len(times), float(np.sum(times)), {}, [], False,
+                                step_times=times, batch=batch)
+        return summary
+
+    def _summary(self, mode, timed_steps, timed_seconds, metrics, losses, interrupted, step_times=None,
+                 batch=None):
+        batch = batch or self.task.global_batch
+        # Per-rank times differ a little; report the slowest rank (what the job experiences).
+        timed_seconds = float(self.dist.allreduce_sum(np.array([timed_seconds]))[0]) / self.dist.size \
+            if self.dist.size > 1 else timed_seconds
+        out = dict(mode=mode, model=self.args.model, world_size=self.dist.size, global_batch_size=batch,
+                   step=int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
+                   timed_steps=timed_steps, excluded_warmup_steps=self.args.benchmark_warmup_steps,
+                   throughput_samples_per_s=(timed_steps * batch / timed_seconds) if timed_seconds > 0 else None,
+                   mean_step_time_ms=(1000.0 * timed_seconds / timed_steps) if timed_steps else None,
+                   interrupted=interrupted)
+        if sum(int(np.prod(v.shape)) for v in self.model.weights) <= DIGEST_MAX_PARAMS:
+            out["weights_digest"] = self.weights_digest()
+            if self.dist.size > 1:
+                # Data parallelism must keep replicas identical: record every rank's digest.
+                out["replica_weight_digests"] = self.dist.hvd.allgather_object(out["weights_digest"])
+        if step_times:
+            out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
+        if losses:
+            out["first_loss"], out["final_loss"] = losses[0][1], losses[-1][1]
+        out.update(metrics)
+        self.log.summary(**out)
+        return out
+
+
+def nan_to_none(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x

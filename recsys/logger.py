@@ -1,0 +1,87 @@
+"""JSON-lines run log (dllogger-like) plus a console progress line, rank 0 only.
+
+Every record is one JSON object per line with a ``type`` key:
+``params`` (the run configuration), ``info`` (one-off notes such as the
+embedding placement), ``step`` (step, epoch, loss, samples_per_s, lr),
+``eval`` (epoch, step, metrics) and ``summary`` (throughput, mean step time,
+final metrics). Lines are flushed as written so a killed job keeps its log.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+
+def _plain(value):
+    """Make numpy/TF scalars JSON-friendly; non-finite floats become strings."""
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class RunLogger:
+    """Writes records to ``log_path`` (if given) and progress to stderr; silent off rank 0."""
+
+    def __init__(self, log_path=None, enabled=True, console=sys.stderr, progress_every=10):
+        self.enabled = enabled
+        self.console = console
+        self.progress_every = max(1, int(progress_every))
+        self._file = None
+        if enabled and log_path:
+            self._file = open(log_path, "a", buffering=1, encoding="utf-8")
+        self._last_progress = 0.0
+
+    def record(self, kind, **fields):
+        if not self.enabled:
+            return
+        rec = {"type": kind, "time": round(time.time(), 3)}
+        rec.update(_plain(fields))
+        if self._file is not None:
+            self._file.write(json.dumps(rec, sort_keys=False) + "\n")
+
+    def info(self, message, **fields):
+        """A note for humans (console) that is also kept in the JSON log."""
+        if not self.enabled:
+            return
+        print(f"[recsys] {message}", file=self.console, flush=True)
+        self.record("info", message=message, **fields)
+
+    def step(self, step, epoch, loss, samples_per_s, total_steps=None, **extra):
+        self.record("step", step=step, epoch=epoch, loss=loss, samples_per_s=samples_per_s, **extra)
+        if not self.enabled:
+            return
+        if step % self.progress_every == 0 or (total_steps and step >= total_steps):
+            total = f"/{total_steps}" if total_steps else ""
+            print(f"[recsys] epoch {epoch} step {step}{total} loss {float(loss):.5f} "
+                  f"{samples_per_s:,.0f} samples/s", file=self.console, flush=True)
+
+    def eval(self, step, epoch, metrics):
+        self.record("eval", step=step, epoch=epoch, **metrics)
+        if self.enabled:
+            text = " ".join(f"{k} {float(v):.5f}" for k, v in metrics.items())
+            print(f"[recsys] eval epoch {epoch} step {step}: {text}", file=self.console, flush=True)
+
+    def summary(self, **fields):
+        self.record("summary", **fields)
+        if self.enabled:
+            text = " ".join(f"{k}={_fmt(v)}" for k, v in _plain(fields).items())
+            print(f"[recsys] summary: {text}", file=self.console, flush=True)
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _fmt(v):
+    return f"{v:.6g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,90 @@
+"""Reference hyper-parameters of each model and the small sizes used with --synthetic.
+
+Pure Python (no TensorFlow): the CLI resolves its defaults and the placement
+planner counts parameters from here before anything heavy is imported.
+
+Reference values follow NVIDIA's DeepLearningExamples recipes for each model
+(DLRM on Criteo 1TB, Wide & Deep on Outbrain, NCF on MovieLens-20M).
+"""
+from __future__ import annotations
+
+# Channels of each model (see recsys.feature_spec / recsys.data).
+CATEGORICAL_CHANNELS = {
+    "dlrm": ("categorical",),
+    "wide_deep": ("onehot_categorical", "multihot_categorical"),
+    "ncf": ("user_ch", "item_ch"),
+}
+
+MODEL_DEFAULTS = {
+    "dlrm": dict(
+        batch_size=65536, eval_batch_size=65536, epochs=1, optimizer="sgd", lr=24.0,
+        warmup_steps=8000, decay_start_step=48000, decay_steps=24000, decay_power=2.0,
+        embedding_dim=128, bottom_mlp=[512, 256, 128], top_mlp=[1024, 1024, 512, 256, 1],
+        embedding_optimizer="sgd"),
+    "wide_deep": dict(
+        batch_size=131072, eval_batch_size=131072, epochs=20, optimizer="rmsprop",
+        lr=0.00012, linear_lr=0.02, deep_warmup_epochs=6.0, warmup_steps=None,
+        embedding_dim=64, deep_hidden_units=[1024] * 5, deep_dropout=0.1, combiner="sum",
+        embedding_optimizer="rmsprop"),
+    "ncf": dict(
+        batch_size=1048576, eval_batch_size=1048576, epochs=30, optimizer="adam", lr=0.0045,
+        beta1=0.25, beta2=0.5, adam_eps=1e-8, warmup_steps=0, factors=64,
+        layers=[256, 256, 128, 64], dropout=0.5, negative_samples=4, valid_negative=100, topk=10,
+        embedding_optimizer="adam"),
+}
+
+# Small model and data sizes for `--synthetic` (a laptop/CI-sized run).
+SYNTHETIC_DEFAULTS = {
+    "dlrm": dict(batch_size=512, eval_batch_size=2048, epochs=2, lr=0.5, warmup_steps=10,
+                 decay_start_step=60, decay_steps=40, embedding_dim=16, bottom_mlp=[32, 16],
+                 top_mlp=[64, 32, 1], synthetic_rows=16384),
+    "wide_deep": dict(batch_size=512, eval_batch_size=2048, epochs=2, lr=0.003, linear_lr=0.1,
+                      deep_warmup_epochs=0.5, embedding_dim=16, deep_hidden_units=[64, 64, 64],
+                      deep_dropout=0.1, synthetic_rows=16384),
+    "ncf": dict(batch_size=1024, eval_batch_size=8192, epochs=3, lr=0.01, beta1=0.9, beta2=0.999,
+                factors=8, layers=[32, 16, 8], dropout=0.0, synthetic_rows=8000),
+}
+
+
+def resolved(model: str, synthetic: bool) -> dict:
+    """The defaults that apply to a run: reference values, small ones for --synthetic."""
+    out = dict(MODEL_DEFAULTS[model])
+    if synthetic:
+        out.update(SYNTHETIC_DEFAULTS[model])
+    return out
+
+
+def embedding_tables(model: str, feature_spec_path: str):
+    """``[(feature name, cardinality)]`` of the embedding tables a model builds from a spec."""
+    from recsys.feature_spec import FeatureSpec
+    spec = FeatureSpec.from_yaml(feature_spec_path)
+    tables = []
+    for channel in CATEGORICAL_CHANNELS[model]:
+        if channel not in spec.channel_spec:
+            continue
+        for name in spec.features(channel):
+            tables.append((name, spec.cardinality(name)))
+    if not tables:
+        raise ValueError(f"{feature_spec_path}: no categorical channel of model {model} "
+                         f"({', '.join(CATEGORICAL_CHANNELS[model])})")
+    return tables
+
+
+def _mlp_params(sizes):
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def dense_param_count(model: str, n_tables: int, embedding_dim: int, n_numerical: int = 13,
+                      **overrides) -> int:
+    """Replicated (non-embedding) parameters, for the per-rank memory estimate."""
+    d = dict(MODEL_DEFAULTS[model])
+    d.update(overrides)
+    if model == "dlrm":
+        bottom = [n_numerical] + list(d["bottom_mlp"])
+        n = n_tables + 1
+        top_in = n * (n - 1) // 2 + bottom[-1]
+        return _mlp_params(bottom) + _mlp_params([top_in] + list(d["top_mlp"]))
+    if model == "wide_deep":
+        return _mlp_params([n_tables * embedding_dim + n_numerical] + list(d["deep_hidden_units"]) + [1])
+    layers = list(d["layers"])
+    return _mlp_params(layers) + layers[-1] + d["factors"] + 1

@@ -1,0 +1,35 @@
+"""NCF NeuMF: a GMF tower (elementwise product of user/item factors) and an MLP tower
+(concatenated user/item embeddings), joined by one linear output."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from recsys.models.embeddings import EmbeddingGroup
+from recsys.models.mlp import mlp
+
+
+class NeuMF(tf.keras.Model):
+    """inputs: {'user': [B] int, 'item': [B] int}; returns logits [B, 1] f32."""
+
+    def __init__(self, num_users, num_items, factors=64, layers=(256, 256, 128, 64), dropout=0.5,
+                 name="neumf"):
+        super().__init__(name=name)
+        if layers[0] % 2:
+            raise ValueError(f"the first NCF MLP layer ({layers[0]}) must be even (user+item halves)")
+        half = layers[0] // 2
+        self.embeddings = EmbeddingGroup([num_users, num_items, num_users, num_items],
+                                         [factors, factors, half, half])
+        self.mlp = mlp(list(layers[1:]), "mlp_tower", dropout=dropout) if len(layers) > 1 else None
+        self.drop = tf.keras.layers.Dropout(dropout)
+        self.out = tf.keras.layers.Dense(1, name="neumf_out", dtype="float32")
+
+    def call(self, inputs, training=False):
+        user, item = inputs["user"], inputs["item"]
+        gu, gi, mu, mi = self.embeddings([user, item, user, item])
+        gmf = gu * gi
+        x = tf.concat([mu, mi], axis=1)
+        x = self.drop(x, training=training)
+        if self.mlp is not None:
+            x = self.mlp(x, training=training)
+        return tf.cast(self.out(tf.concat([tf.cast(gmf, tf.float32), tf.cast(x, tf.float32)], axis=1)),
+                       tf.float32)

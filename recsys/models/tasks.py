@@ -1,0 +1,240 @@
+"""Per-model glue between a feature spec, a Keras model, its optimizers, its data and its metric.
+
+A Task gives the engine: the model, optimizer groups ``[(name, optimizer,
+variables_fn)]``, this rank's training dataset for an epoch (per-rank batch =
+global batch / world size), and ``evaluate(engine)`` returning metrics that
+are the same whatever the number of ranks (sums from recsys.metrics,
+allreduced).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from recsys import metrics as M
+from recsys.data import make_dataset, make_reader
+from recsys.models.embeddings import distributed_embeddings_module
+from recsys.optim import WarmupPolyDecay, make_optimizer
+
+
+class Task:
+    name = None
+
+    def __init__(self, args, spec, dist, logger):
+        self.args, self.spec, self.dist, self.log = args, spec, dist, logger
+        self.global_batch = args.batch_size
+        self.local_batch = args.batch_size // dist.size
+        self.global_eval_batch = args.eval_batch_size
+        self.local_eval_batch = max(1, args.eval_batch_size // dist.size)
+        self.model_parallel = self._choose_placement()
+        self._steps = None
+
+    # --- embeddings placement ------------------------------------------------
+    def _choose_placement(self):
+        mode = self.args.embedding_placement
+        if mode == "replicated" or self.dist.size == 1 or self.name == "ncf":
+            if self.dist.size > 1 and mode != "replicated":
+                self.log.info("embedding tables replicated on every rank (NCF tables are small)")
+            return False
+        available = distributed_embeddings_module() is not None
+        if not available:
+            if mode == "model_parallel":
+                raise SystemExit("recsys.train: error: --embedding-placement model_parallel needs NVIDIA "
+                                 "distributed-embeddings, which is not importable here")
+            self.log.info("distributed-embeddings not importable: embedding tables replicated on every rank "
+                          "(gradients allreduced)")
+            return False
+        return True
+
+    def replicated_variables(self, variables):
+        """Variables to broadcast from rank 0: all, or all but the model-parallel table shards."""
+        if not self.model_parallel:
+            return variables
+        dmp = distributed_embeddings_module()
+        return [v for v in variables if not getattr(dmp, "is_model_parallel_variable", lambda v: "embeddings" in v.name)(v)]
+
+    # --- data -------------------------------------------------------------------
+    def train_dataset(self, epoch):
+        return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
+                            shuffle=True, seed=self.args.seed * 1000 + epoch)
+
+    def benchmark_dataset(self):
+        return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
+                            shuffle=False, repeat=True)
+
+    def eval_dataset(self):
+        return make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
+                            drop_remainder=False)
+
+    def steps_per_epoch(self):
+        if self._steps is None:
+            self._steps = make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size).num_batches
+        return self._steps
+
+    def sample_batch(self):
+        return next(iter(self.benchmark_dataset().take(1)))
+
+    def _sum(self, arr):
+        return self.dist.allreduce_sum(np.asarray(arr, dtype=np.float64))
+
+    def _bce(self, labels, probs):
+        total, n = M.binary_cross_entropy_sums(labels, probs)
+        total, n = self._sum([total, n])
+        return total / max(n, 1)
+
+
+class DLRMTask(Task):
+    name = "dlrm"
+
+    def build_model(self):
+        from recsys.models.dlrm import DLRM
+        a = self.args
+        return DLRM(self.spec.cardinalities("categorical"), embedding_dim=a.embedding_dim,
+                    bottom_mlp=a.bottom_mlp, top_mlp=a.top_mlp, interaction=a.interaction,
+                    model_parallel=self.model_parallel, column_slice_threshold=a.column_slice_threshold)
+
+    def optimizer_groups(self, model):
+        a = self.args
+        schedule = WarmupPolyDecay(a.lr, a.warmup_steps, a.decay_start_step, a.decay_steps, a.decay_power)
+        opt = make_optimizer(a.optimizer, schedule)
+        return [("main", opt, lambda: model.trainable_variables)]
+
+    def evaluate(self, engine):
+        hist = M.AucHistogram()
+        bce = 0.0
+        n = 0
+        for inputs, labels in self.eval_dataset():
+            probs = engine.predict(inputs).numpy()
+            y = labels.numpy()
+            hist.update(y, probs)
+            s, k = M.binary_cross_entropy_sums(y, probs)
+            bce += s
+            n += k
+        sums = self.dist.allreduce_sum(hist.sums())
+        bce, n = self._sum([bce, n])
+        return {"auc": M.auc_from_histograms(sums[0], sums[1]), "bce": bce / max(n, 1)}
+
+
+class WideDeepTask(Task):
+    name = "wide_deep"
+
+    def _tables(self, channel):
+        if channel not in self.spec.channel_spec:
+            return []
+        return [(f, self.spec.cardinality(f)) for f in self.spec.features(channel)]
+
+    def build_model(self):
+        from recsys.models.wide_deep import WideDeep
+        a = self.args
+        return WideDeep(self._tables("onehot_categorical"), self._tables("multihot_categorical"),
+                        embedding_dim=a.embedding_dim, deep_hidden_units=a.deep_hidden_units,
+                        deep_dropout=a.deep_dropout, combiner=a.combiner, model_parallel=self.model_parallel,
+                        column_slice_threshold=a.column_slice_threshold)
+
+    def optimizer_groups(self, model):
+        a = self.args
+        warmup = a.warmup_steps if a.warmup_steps is not None else int(a.deep_warmup_epochs * self.steps_per_epoch())
+        deep = make_optimizer(a.optimizer, WarmupPolyDecay(a.lr, warmup))
+        wide = make_optimizer("ftrl", a.linear_lr)
+        return [("deep", deep, lambda: model.deep_variables), ("wide", wide, lambda: model.wide_variables)]
+
+    def evaluate(self, engine):
+        probs, labels, groups = [], [], []
+        for inputs, y in self.eval_dataset():
+            probs.append(engine.predict(inputs).numpy().reshape(-1))
+            labels.append(y.numpy().reshape(-1))
+            groups.append(inputs["map"].numpy().reshape(-1))
+        probs = np.concatenate(probs) if probs else np.zeros(0)
+        labels = np.concatenate(labels) if labels else np.zeros(0)
+        groups = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        # A display id lives in one file, files are split by rank: per-rank sums add up exactly.
+        ap, count = M.map_at_k_sums(probs, labels, groups, k=12)
+        ap, count = self._sum([ap, count])
+        hist = M.AucHistogram()
+        hist.update(labels, probs)
+        sums = self.dist.allreduce_sum(hist.sums())
+        return {"map_at_12": ap / max(count, 1), "auc": M.auc_from_histograms(sums[0], sums[1]),
+                "bce": self._bce(labels, probs)}
+
+
+class NCFTask(Task):
+    """NeuMF on positives-only data: 4 negatives per positive resampled each epoch; eval vs 100 negatives."""
+    name = "ncf"
+
+    def __init__(self, args, spec, dist, logger):
+        super().__init__(args, spec, dist, logger)
+        from recsys.data import ncf
+        self.ncf = ncf
+        self.num_users = spec.cardinality(spec.features("user_ch")[0])
+        self.num_items = spec.cardinality(spec.features("item_ch")[0])
+        users, items = ncf.load_pairs(spec, "train")
+        # Every rank knows every positive (to reject false negatives), trains on its slice.
+        self.sampler = ncf.TrainSampler(users, items, self.num_items, args.negative_samples, seed=args.seed)
+        self._train_users, self._train_items = users, items
+        self._eval = None
+
+    def build_model(self):
+        from recsys.models.ncf import NeuMF
+        a = self.args
+        return NeuMF(self.num_users, self.num_items, factors=a.factors, layers=a.layers, dropout=a.dropout)
+
+    def optimizer_groups(self, model):
+        a = self.args
+        opt = make_optimizer(a.optimizer, WarmupPolyDecay(a.lr, a.warmup_steps or 0), beta1=a.beta1,
+                             beta2=a.beta2, eps=a.adam_eps)
+        return [("main", opt, lambda: model.trainable_variables)]
+
+    def _epoch_arrays(self, epoch):
+        users, items, labels = self.sampler.epoch(epoch)
+        # Global batch g of the epoch is rows [g*B, (g+1)*B); rank r takes its 1/size slice of each.
+        steps = len(users) // self.global_batch
+        n = steps * self.global_batch
+        def mine(a):
+            a = a[:n].reshape(steps, self.dist.size, self.local_batch)[:, self.dist.rank]
+            return a.reshape(-1)
+        return mine(users), mine(items), mine(labels)
+
+    def train_dataset(self, epoch):
+        u, i, y = self._epoch_arrays(epoch)
+        ds = tf.data.Dataset.from_tensor_slices(({"user": u, "item": i}, y[:, None]))
+        return ds.batch(self.local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    def benchmark_dataset(self):
+        return self.train_dataset(0).repeat()
+
+    def steps_per_epoch(self):
+        if len(self.sampler) < self.global_batch:
+            raise SystemExit(f"recsys.train: error: --batch-size {self.global_batch} is larger than an NCF "
+                             f"epoch ({len(self.sampler)} samples with negatives)")
+        return len(self.sampler) // self.global_batch
+
+    def _eval_arrays(self):
+        if self._eval is None:
+            tu, ti = self.ncf.load_pairs(self.spec, "test")
+            users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items, self.num_items,
+                                                self.args.valid_negative, seed=self.args.seed)
+            # Uneven shards are fine: only sums are reduced.
+            self._eval = self.ncf.shard((users, items), self.dist.rank, self.dist.size, equal=False)
+        return self._eval
+
+    def eval_dataset(self):
+        users, items = self._eval_arrays()
+        per_user = items.shape[1]
+        u = np.repeat(users, per_user)
+        ds = tf.data.Dataset.from_tensor_slices(({"user": u, "item": items.reshape(-1)},
+                                                 np.zeros((u.size, 1), np.float32)))
+        return ds.batch(self.local_eval_batch).prefetch(tf.data.AUTOTUNE)
+
+    def evaluate(self, engine):
+        users, items = self._eval_arrays()
+        scores = [engine.predict(x).numpy().reshape(-1) for x, _ in self.eval_dataset()]
+        scores = np.concatenate(scores).reshape(items.shape) if scores else np.zeros(items.shape)
+        hits, ndcg, n = M.hit_rate_and_ndcg_sums(scores[:, 0], scores[:, 1:], k=self.args.topk)
+        labels = np.zeros(scores.shape, np.float32)
+        labels[:, 0] = 1.0
+        hits, ndcg, n = self._sum([hits, ndcg, n])
+        return {f"hr_at_{self.args.topk}": hits / max(n, 1), f"ndcg_at_{self.args.topk}": ndcg / max(n, 1),
+                "bce": self._bce(labels, scores)}
+
+
+TASKS = {"dlrm": DLRMTask, "wide_deep": WideDeepTask, "ncf": NCFTask}

@@ -1,0 +1,58 @@
+"""Learning-rate schedules and optimizer construction (with loss scaling under AMP)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+class WarmupPolyDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to ``base_lr`` over ``warmup_steps``, constant until ``decay_start_step``,
+    then polynomial decay of power ``power`` to ``end_lr`` over ``decay_steps`` (DLRM's schedule;
+    with ``decay_steps=0`` it is warm-up then constant, as W&D's deep part uses)."""
+
+    def __init__(self, base_lr, warmup_steps=0, decay_start_step=None, decay_steps=0, power=2.0, end_lr=0.0):
+        super().__init__()
+        self.base_lr = float(base_lr)
+        self.warmup_steps = int(warmup_steps or 0)
+        self.decay_start_step = int(decay_start_step if decay_start_step is not None else 0)
+        self.decay_steps = int(decay_steps or 0)
+        self.power = float(power)
+        self.end_lr = float(end_lr)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        lr = tf.constant(self.base_lr, tf.float32)
+        if self.warmup_steps > 0:
+            lr = tf.where(step < self.warmup_steps, self.base_lr * (step + 1.0) / self.warmup_steps, lr)
+        if self.decay_steps > 0:
+            start = float(max(self.decay_start_step, self.warmup_steps))
+            frac = tf.clip_by_value((step - start) / self.decay_steps, 0.0, 1.0)
+            decayed = (self.base_lr - self.end_lr) * (1.0 - frac) ** self.power + self.end_lr
+            lr = tf.where(step >= start, decayed, lr)
+        return lr
+
+    def get_config(self):
+        return dict(base_lr=self.base_lr, warmup_steps=self.warmup_steps,
+                    decay_start_step=self.decay_start_step, decay_steps=self.decay_steps,
+                    power=self.power, end_lr=self.end_lr)
+
+
+def make_optimizer(name, learning_rate, **kw):
+    """A Keras (2.15, non-legacy) optimizer by name: sgd, adagrad, adam, rmsprop, ftrl."""
+    name = name.lower()
+    if name == "sgd":
+        return tf.keras.optimizers.SGD(learning_rate, momentum=kw.get("momentum", 0.0))
+    if name == "adagrad":
+        return tf.keras.optimizers.Adagrad(learning_rate, initial_accumulator_value=kw.get("initial_accumulator", 0.0) or 1e-8)
+    if name == "adam":
+        return tf.keras.optimizers.Adam(learning_rate, beta_1=kw.get("beta1", 0.9), beta_2=kw.get("beta2", 0.999),
+                                        epsilon=kw.get("eps", 1e-8))
+    if name == "rmsprop":
+        # W&D reference: rho 0.5, no momentum.
+        return tf.keras.optimizers.RMSprop(learning_rate, rho=kw.get("rho", 0.5), momentum=0.0,
+                                           epsilon=kw.get("eps", 1e-7))
+    if name == "ftrl":
+        return tf.keras.optimizers.Ftrl(learning_rate)
+    raise ValueError(f"--optimizer: unknown optimizer {name!r} (sgd, adagrad, adam, rmsprop, ftrl)")
+
+
+OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop", "ftrl")

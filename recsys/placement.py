@@ -1,0 +1,214 @@
+"""Embedding-table placement across ranks: which table (or column slice) lives where.
+
+A pure function (no TensorFlow) so a user can check, before asking for GPUs,
+whether a model fits:
+
+    python -m recsys.placement --model dlrm --feature-spec F --gpus 8 --gpu-memory-gb 80
+
+Strategy (the memory-balanced one NVIDIA's distributed-embeddings uses):
+tables larger than ``column_slice_threshold`` bytes are split by columns into
+at most ``world_size`` slices, then slices are placed largest first on the
+least-loaded rank that does not already hold a slice of the same table.
+Memory per rank counts the embedding weights, their optimizer slots and the
+replicated dense part (MLPs) with its slots.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+
+# Optimizer state kept per parameter, in copies of the weights.
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "rmsprop": 1, "ftrl": 2, "adam": 2, "lazy_adam": 2}
+
+
+class PlacementError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TableSlice:
+    table: int          # index in the input table list
+    name: str
+    rank: int
+    col_start: int
+    col_end: int        # exclusive
+    rows: int
+    nbytes: int         # weights + optimizer slots of this slice
+
+
+@dataclass
+class Plan:
+    world_size: int
+    model_parallel: bool
+    slices: list = field(default_factory=list)
+    embedding_bytes: list = field(default_factory=list)   # per rank
+    dense_bytes: int = 0                                   # replicated on every rank
+    capacity_bytes: int | None = None
+
+    @property
+    def rank_bytes(self):
+        return [e + self.dense_bytes for e in self.embedding_bytes]
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes is None or max(self.rank_bytes) <= self.capacity_bytes
+
+    def tables_on(self, rank):
+        return [s for s in self.slices if s.rank == rank]
+
+    def as_dict(self):
+        return {
+            "world_size": self.world_size,
+            "model_parallel": self.model_parallel,
+            "fits": self.fits,
+            "capacity_bytes": self.capacity_bytes,
+            "rank_bytes": self.rank_bytes,
+            "dense_bytes": self.dense_bytes,
+            "slices": [[s.name, s.rank, s.col_start, s.col_end, s.rows, s.nbytes] for s in self.slices],
+        }
+
+
+def _split_columns(dim, parts):
+    base, extra = divmod(dim, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        width = base + (1 if i < extra else 0)
+        bounds.append((start, start + width))
+        start += width
+    return bounds
+
+
+def plan_placement(tables, world_size, *, bytes_per_param=4, optimizer_slots=0,
+                   dense_params=0, column_slice_threshold=None, capacity_bytes=None,
+                   model_parallel=True):
+    """Place embedding tables on ``world_size`` ranks.
+
+    tables: sequence of ``(name, rows, dim)``. ``model_parallel=False`` gives the
+    replicated plan (every rank holds every table), which is what the engine
+    runs without distributed-embeddings.
+    """
+    if world_size < 1:
+        raise PlacementError(f"world size must be >= 1, got {world_size}")
+    per_param = bytes_per_param * (1 + optimizer_slots)
+    tables = [(str(n), int(r), int(d)) for n, r, d in tables]
+    for name, rows, dim in tables:
+        if rows < 1 or dim < 1:
+            raise PlacementError(f"table {name}: rows and dim must be positive, got {rows}x{dim}")
+    plan = Plan(world_size=world_size, model_parallel=model_parallel and world_size > 1,
+                dense_bytes=int(dense_params) * per_param, capacity_bytes=capacity_bytes)
+    if not plan.model_parallel:
+        total = 0
+        for i, (name, rows, dim) in enumerate(tables):
+            nbytes = rows * dim * per_param
+            total += nbytes
+            for r in range(world_size):
+                plan.slices.append(TableSlice(i, name, r, 0, dim, rows, nbytes))
+        plan.embedding_bytes = [total] * world_size
+        return plan
+
+    pieces = []
+    for i, (name, rows, dim) in enumerate(tables):
+        nbytes = rows * dim * per_param
+        parts = 1
+        if column_slice_threshold and nbytes > column_slice_threshold:
+            parts = min(world_size, dim, math.ceil(nbytes / column_slice_threshold))
+        for c0, c1 in _split_columns(dim, parts):
+            pieces.append((i, name, rows, c0, c1, rows * (c1 - c0) * per_param))
+    # Largest first; ties broken by table order so the plan is deterministic.
+    pieces.sort(key=lambda p: (-p[5], p[0], p[3]))
+    load = [0] * world_size
+    holds = [set() for _ in range(world_size)]
+    for i, name, rows, c0, c1, nbytes in pieces:
+        candidates = [r for r in range(world_size) if i not in holds[r]] or list(range(world_size))
+        rank = min(candidates, key=lambda r: (load[r], r))
+        load[rank] += nbytes
+        holds[rank].add(i)
+        plan.slices.append(TableSlice(i, name, rank, c0, c1, rows, nbytes))
+    plan.slices.sort(key=lambda s: (s.table, s.col_start))
+    plan.embedding_bytes = load
+    return plan
+
+
+def _gib(n):
+    return f"{n / 2**30:.3f} GiB"
+
+
+def format_plan(plan: Plan) -> str:
+    """Human-readable plan: one line per rank, then the verdict."""
+    mode = "model-parallel" if plan.model_parallel else "replicated"
+    lines = [f"embedding placement ({mode}) on {plan.world_size} rank(s):"]
+    for r in range(plan.world_size):
+        parts = []
+        for s in plan.tables_on(r):
+            cols = "" if (s.col_start == 0 and not _is_sliced(plan, s)) else f"[{s.col_start}:{s.col_end}]"
+            parts.append(f"{s.name}{cols}")
+        shown = ", ".join(parts[:12]) + (f", ... (+{len(parts) - 12})" if len(parts) > 12 else "")
+        lines.append(f"  rank {r}: {_gib(plan.rank_bytes[r])} "
+                     f"(embeddings {_gib(plan.embedding_bytes[r])}) tables: {shown or '-'}")
+    if plan.capacity_bytes is not None:
+        verdict = "fits" if plan.fits else "DOES NOT FIT"
+        lines.append(f"  max per rank {_gib(max(plan.rank_bytes))} of {_gib(plan.capacity_bytes)}: {verdict}")
+    return "\n".join(lines)
+
+
+def _is_sliced(plan, s):
+    return sum(1 for t in plan.slices if t.table == s.table and t.rank != s.rank) > 0 and plan.model_parallel
+
+
+# --- CLI -------------------------------------------------------------------
+
+def _parse(argv):
+    p = argparse.ArgumentParser(
+        prog="python -m recsys.placement",
+        description="Show where the embedding tables of a model would live and whether they fit the GPUs.")
+    p.add_argument("--model", choices=["dlrm", "wide_deep", "ncf"], default="dlrm")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--feature-spec", help="feature_spec.yaml giving the categorical cardinalities")
+    src.add_argument("--cardinalities", help="comma-separated table sizes instead of a feature spec")
+    p.add_argument("--gpus", type=int, default=8, help="total ranks (GPUs) in the job (default 8)")
+    p.add_argument("--gpu-memory-gb", type=float, default=80.0,
+                   help="usable memory per GPU in GB (default 80)")
+    p.add_argument("--memory-fraction", type=float, default=0.9,
+                   help="fraction of GPU memory the plan may use (default 0.9, rest for activations)")
+    p.add_argument("--embedding-dim", type=int, default=None,
+                   help="embedding width (default: the model's reference default)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default=None,
+                   help="optimizer of the embeddings (sets the slot count; default: the model's)")
+    p.add_argument("--amp", action="store_true", help="fp16 weights (2 bytes per parameter)")
+    p.add_argument("--column-slice-threshold-mb", type=float, default=None,
+                   help="split tables larger than this (MB) by columns (default: none)")
+    p.add_argument("--replicated", action="store_true",
+                   help="plan without distributed-embeddings (every rank holds every table)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = _parse(argv)
+    from recsys.models.defaults import MODEL_DEFAULTS, dense_param_count, embedding_tables
+    defaults = MODEL_DEFAULTS[args.model]
+    dim = args.embedding_dim or defaults["embedding_dim"]
+    try:
+        if args.feature_spec:
+            tables = [(n, c, dim) for n, c in embedding_tables(args.model, args.feature_spec)]
+        else:
+            cards = [int(x) for x in args.cardinalities.split(",") if x.strip()]
+            tables = [(f"cat_{i}", c, dim) for i, c in enumerate(cards)]
+    except (OSError, ValueError) as e:
+        print(f"recsys.placement: error: {e}", file=sys.stderr)
+        return 2
+    opt = args.optimizer or defaults["embedding_optimizer"]
+    capacity = int(args.gpu_memory_gb * 1e9 * args.memory_fraction)
+    dense = dense_param_count(args.model, n_tables=len(tables), embedding_dim=dim)
+    plan = plan_placement(
+        tables, args.gpus, bytes_per_param=2 if args.amp else 4, optimizer_slots=OPTIMIZER_SLOTS[opt],
+        dense_params=dense, capacity_bytes=capacity, model_parallel=not args.replicated,
+        column_slice_threshold=(int(args.column_slice_threshold_mb * 1e6)
+                                if args.column_slice_threshold_mb else None))
+    print(format_plan(plan))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

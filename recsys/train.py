@@ -1,0 +1,350 @@
+"""``python -m recsys.train`` / ``recsys-train``: train, evaluate, benchmark or run inference.
+
+One process per rank. With more than one rank (srun --mpi=pmix, mpirun) the
+engine joins Horovod; a single process never imports it. Every flag is checked
+(paths, feature spec, batch divisibility) before TensorFlow is imported, so a
+typo costs a one-line error, not a minute of start-up.
+
+Examples::
+
+    recsys-train --model dlrm --synthetic
+    recsys-train --model wide_deep --data-path /data/outbrain --amp --xla --log-path run.jsonl
+    srun --mpi=pmix -N2 --ntasks-per-node=8 python -m recsys.train --model dlrm --data-path /data/criteo
+    mpirun -np 2 -x PATH python -m recsys.train --model ncf --synthetic --checkpoint-dir ck
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from recsys.distributed import launcher_rank, launcher_world_size
+from recsys.models.defaults import MODEL_DEFAULTS, resolved
+
+MODELS = ("dlrm", "wide_deep", "ncf")
+MODES = ("train", "evaluate", "benchmark", "inference")
+AFFINITY = ("off", "all", "exclusive", "unique_contiguous", "unique_interleaved", "numa")
+PROG = "recsys-train"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + line
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _ints(text):
+    try:
+        out = [int(x) for x in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}")
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _ref(key, fmt=None):
+    vals = []
+    for m in MODELS:
+        v = MODEL_DEFAULTS[m].get(key)
+        if v is not None:
+            vals.append(f"{m} {','.join(map(str, v)) if isinstance(v, list) else v}")
+    return "reference default: " + "; ".join(vals) if vals else ""
+
+
+def build_parser():
+    p = _Parser(prog=PROG, description="Train, evaluate or benchmark DLRM, Wide & Deep or NCF (NeuMF) on a "
+                "feature-spec dataset, one process per rank (Horovod when several ranks). Defaults left "
+                "unset take the model's reference value, or a small value with --synthetic.",
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("run")
+    g.add_argument("--model", required=True, choices=MODELS, help="model to build")
+    g.add_argument("--mode", choices=MODES, default="train",
+                   help="train (epochs, eval and checkpoint per epoch); evaluate (metrics of a checkpoint); "
+                        "benchmark (timed training steps after warm-up); inference (timed forward passes)")
+    g.add_argument("--seed", type=int, default=12345, help="seed of weights, shuffling and negatives")
+    g.add_argument("--log-path", help="append JSON-lines records (params, steps, eval, summary) to this file")
+    g.add_argument("--log-every", type=int, default=10, help="write a step record every N steps")
+    d = p.add_argument_group("data")
+    d.add_argument("--data-path", help="directory holding feature_spec.yaml and the data it lists")
+    d.add_argument("--feature-spec", help="feature spec YAML (default: DATA_PATH/feature_spec.yaml)")
+    d.add_argument("--synthetic", action="store_true",
+                   help="generate a small synthetic dataset for the model (under --checkpoint-dir, next to "
+                        "--log-path, or in a temporary directory) when no --data-path is given; small model sizes")
+    d.add_argument("--synthetic-rows", type=int, help="training rows of the synthetic dataset (test: a quarter)")
+    t = p.add_argument_group("training")
+    t.add_argument("--batch-size", type=int, help="GLOBAL batch size (split evenly over ranks); " + _ref("batch_size"))
+    t.add_argument("--eval-batch-size", type=int, help="global evaluation batch size; " + _ref("eval_batch_size"))
+    t.add_argument("--epochs", type=int, help="training epochs; " + _ref("epochs"))
+    t.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps (0: no limit)")
+    t.add_argument("--lr", type=float, help="learning rate (W&D: the deep part); " + _ref("lr"))
+    t.add_argument("--warmup-steps", type=int,
+                   help="linear LR warm-up steps (W&D default: --deep-warmup-epochs); " + _ref("warmup_steps"))
+    t.add_argument("--optimizer", choices=("sgd", "adagrad", "adam", "rmsprop"),
+                   help="optimizer (W&D: the deep part; the wide part is FTRL); " + _ref("optimizer"))
+    p_d = p.add_argument_group("DLRM")
+    p_d.add_argument("--embedding-dim", type=int, help="embedding width; " + _ref("embedding_dim"))
+    p_d.add_argument("--bottom-mlp", type=_ints, help="bottom MLP widths, last = embedding dim; " + _ref("bottom_mlp"))
+    p_d.add_argument("--top-mlp", type=_ints, help="top MLP widths, last = 1; " + _ref("top_mlp"))
+    p_d.add_argument("--interaction", choices=("dot", "cat"), default="dot", help="feature interaction")
+    p_d.add_argument("--decay-start-step", type=int, help="step where polynomial LR decay starts; " + _ref("decay_start_step"))
+    p_d.add_argument("--decay-steps", type=int, help="length of the LR decay (0: none); " + _ref("decay_steps"))
+    p_d.add_argument("--decay-power", type=float, help="power of the polynomial decay; " + _ref("decay_power"))
+    w = p.add_argument_group("Wide & Deep")
+    w.add_argument("--linear-lr", type=float, help="FTRL learning rate of the wide part; " + _ref("linear_lr"))
+    w.add_argument("--deep-hidden-units", type=_ints, help="deep MLP widths; " + _ref("deep_hidden_units"))
+    w.add_argument("--deep-dropout", type=float, help="dropout in the deep MLP; " + _ref("deep_dropout"))
+    w.add_argument("--deep-warmup-epochs", type=float, help="deep LR warm-up in epochs; " + _ref("deep_warmup_epochs"))
+    w.add_argument("--combiner", choices=("sum", "mean"), help="multi-hot combiner; " + _ref("combiner"))
+    n = p.add_argument_group("NCF")
+    n.add_argument("--factors", type=int, help="GMF factors; " + _ref("factors"))
+    n.add_argument("--layers", type=_ints, help="MLP tower widths (first = user+item embeddings); " + _ref("layers"))
+    n.add_argument("--dropout", type=float, help="MLP tower dropout; " + _ref("dropout"))
+    n.add_argument("--negative-samples", type=int, help="training negatives per positive; " + _ref("negative_samples"))
+    n.add_argument("--valid-negative", type=int, help="evaluation negatives per user; " + _ref("valid_negative"))
+    n.add_argument("--topk", type=int, help="k of HR@k and NDCG@k; " + _ref("topk"))
+    n.add_argument("--beta1", type=float, help="Adam beta1; " + _ref("beta1"))
+    n.add_argument("--beta2", type=float, help="Adam beta2; " + _ref("beta2"))
+    n.add_argument("--adam-eps", type=float, help="Adam epsilon; " + _ref("adam_eps"))
+    pf = p.add_argument_group("performance and parallelism")
+    pf.add_argument("--amp", action="store_true", help="mixed precision (mixed_float16 + dynamic loss scaling)")
+    pf.add_argument("--xla", action="store_true", help="XLA-compile the forward/backward pass (jit_compile)")
+    pf.add_argument("--no-tf32", action="store_true", help="disable TF32 matmuls on Ampere+ (on by default)")
+    pf.add_argument("--benchmark-warmup-steps", type=int, default=20,
+                    help="steps excluded from throughput figures (benchmark/inference, and train summaries)")
+    pf.add_argument("--benchmark-steps", type=int, default=100, help="timed steps in benchmark/inference mode")
+    pf.add_argument("--embedding-placement", choices=("auto", "replicated", "model_parallel"), default="auto",
+                    help="auto: model-parallel tables when NVIDIA distributed-embeddings is importable, else replicated")
+    pf.add_argument("--column-slice-threshold", type=int, default=None,
+                    help="model-parallel: split tables with more elements than this by columns")
+    pf.add_argument("--sparse-as-dense", action="store_true",
+                    help="allreduce embedding gradients densely instead of allgathering IndexedSlices")
+    pf.add_argument("--affinity", choices=AFFINITY, default="off",
+                    help="CPU affinity of this rank when the launcher did not bind it (slurm/bind.sh does): "
+                         "exclusive/unique_contiguous = contiguous equal share of the allowed CPUs per local rank, "
+                         "unique_interleaved = round-robin share, numa = the NUMA node of the local rank, all/off = unchanged")
+    pf.add_argument("--intra-op-threads", type=int, default=0, help="TF intra-op threads (0: TF default)")
+    pf.add_argument("--inter-op-threads", type=int, default=0, help="TF inter-op threads (0: TF default)")
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-dir", help="save a checkpoint here after every epoch and on SIGUSR2 (then exit 0)")
+    c.add_argument("--restore", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir (exact step); a fresh start if none")
+    c.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept")
+    return p
+
+
+def _fail(message):
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def resolve(args):
+    """Fill unset flags from the model's defaults and check everything that needs no TensorFlow."""
+    defaults = resolved(args.model, args.synthetic and not args.data_path and not args.feature_spec)
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    world = launcher_world_size()
+    for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints"):
+        if getattr(args, flag) < 1:
+            _fail(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps"):
+        if getattr(args, flag) < 0:
+            _fail(f"--{flag.replace('_', '-')} must be >= 0")
+    if args.batch_size % world:
+        _fail(f"--batch-size {args.batch_size} is not divisible by the {world} ranks")
+    if args.lr <= 0:
+        _fail(f"--lr must be > 0, got {args.lr}")
+    if args.model == "dlrm" and args.interaction == "dot" and args.bottom_mlp[-1] != args.embedding_dim:
+        _fail(f"--bottom-mlp last width {args.bottom_mlp[-1]} must equal --embedding-dim {args.embedding_dim}")
+    if args.model == "dlrm" and args.top_mlp[-1] != 1:
+        _fail(f"--top-mlp must end with 1, got {args.top_mlp}")
+    if args.model == "ncf" and args.layers[0] % 2:
+        _fail(f"--layers first width must be even, got {args.layers[0]}")
+    for flag in ("deep_dropout", "dropout"):
+        v = getattr(args, flag, None)
+        if v is not None and not 0 <= v < 1:
+            _fail(f"--{flag.replace('_', '-')} must be in [0, 1), got {v}")
+    # data
+    if args.feature_spec:
+        if not os.path.isfile(args.feature_spec):
+            _fail(f"--feature-spec {args.feature_spec}: no such file")
+    elif args.data_path:
+        if not os.path.isdir(args.data_path):
+            _fail(f"--data-path {args.data_path}: no such directory")
+        args.feature_spec = os.path.join(args.data_path, "feature_spec.yaml")
+        if not os.path.isfile(args.feature_spec):
+            _fail(f"--data-path {args.data_path}: no feature_spec.yaml in it")
+    elif not args.synthetic:
+        _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
+    if args.feature_spec:
+        from recsys.feature_spec import FeatureSpec, FeatureSpecError
+        try:
+            spec = FeatureSpec.from_yaml(args.feature_spec)
+            spec.validate()
+            from recsys.data.layout import model_kind
+            kind = model_kind(spec)
+        except (FeatureSpecError, OSError, ValueError) as e:
+            _fail(str(e))
+        if kind != args.model:
+            _fail(f"{args.feature_spec}: a {kind} dataset, not for --model {args.model}")
+    # checkpoints
+    if args.restore and not args.checkpoint_dir:
+        _fail("--restore needs --checkpoint-dir")
+    if args.mode == "evaluate":
+        from recsys.checkpoint import AtomicCheckpointer
+        if not args.checkpoint_dir or AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest() is None:
+            _fail(f"--mode evaluate needs a checkpoint in --checkpoint-dir ({args.checkpoint_dir or 'not given'})")
+    if args.checkpoint_dir:
+        parent = os.path.dirname(os.path.abspath(args.checkpoint_dir))
+        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+            _fail(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
+        if not os.path.isdir(args.checkpoint_dir) and not os.access(parent, os.W_OK):
+            _fail(f"--checkpoint-dir {args.checkpoint_dir}: parent directory missing or not writable")
+    if args.log_path:
+        parent = os.path.dirname(os.path.abspath(args.log_path))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            _fail(f"--log-path {args.log_path}: directory {parent} missing or not writable")
+    args.world_size = world
+    return args
+
+
+def _synthetic_dir(args):
+    if args.checkpoint_dir:
+        return os.path.join(args.checkpoint_dir, "synthetic-data")
+    if args.log_path:
+        return os.path.join(os.path.dirname(os.path.abspath(args.log_path)), f"synthetic-{args.model}")
+    return tempfile.mkdtemp(prefix=f"recsys-synthetic-{args.model}-")
+
+
+def prepare_synthetic(args, dist, log):
+    """Rank 0 writes the dataset (atomically, spec last); every rank then reads it."""
+    from recsys.data import synthetic
+    out = _synthetic_dir(args)
+    if dist.size > 1 and not (args.checkpoint_dir or args.log_path):
+        out = os.path.join(tempfile.gettempdir(), f"recsys-synthetic-{args.model}-{args.seed}-{os.getppid()}")
+    spec_path = os.path.join(out, "feature_spec.yaml")
+    if dist.is_chief and not os.path.isfile(spec_path):
+        rows = args.synthetic_rows
+        spec = synthetic.default_spec(args.model, num_files=max(2, dist.size))
+        test_rows = max(rows // 4, args.eval_batch_size)
+        synthetic.generate(spec, out, {"train": rows, "test": test_rows}, seed=args.seed)
+        log.info(f"synthetic {args.model} dataset: {spec_path} ({rows} train rows)")
+    dist.barrier()
+    args.feature_spec = spec_path
+    args.data_path = out
+
+
+def apply_affinity(mode, local_rank, local_size):
+    """Pin this process when the launcher did not; returns the CPU list or None."""
+    if mode in ("off", "all") or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode == "numa":
+        nodes = sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n.startswith("node")
+                       and n[4:].isdigit()) if os.path.isdir("/sys/devices/system/node") else [0]
+        node = nodes[local_rank % len(nodes)]
+        try:
+            with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
+                mine = _parse_cpulist(f.read())
+        except OSError:
+            return None
+        mine = [c for c in mine if c in cpus] or cpus
+    elif mode == "unique_interleaved":
+        mine = cpus[local_rank::local_size] or cpus
+    else:
+        per = max(1, len(cpus) // local_size)
+        mine = cpus[local_rank * per:(local_rank + 1) * per] or cpus
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def _parse_cpulist(text):
+    out = []
+    for part in text.strip().split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out += list(range(int(a), int(b) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def run(args):
+    """Everything after argument checks: TF set-up, Horovod, data, model, the chosen mode."""
+    from recsys.distributed import Distributed
+    from recsys.logger import RunLogger
+    cpus = None
+    if args.affinity != "off":
+        local_rank = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
+        local_size = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)) or 1)
+        cpus = apply_affinity(args.affinity, local_rank, local_size)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    tf.config.experimental.enable_tensor_float_32_execution(not args.no_tf32)
+    dist = Distributed(use_horovod=args.world_size > 1)
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
+        tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
+    log = RunLogger(args.log_path, enabled=dist.is_chief, progress_every=args.log_every)
+    try:
+        if args.amp:
+            tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        tf.keras.utils.set_random_seed(args.seed)
+        if not args.feature_spec:
+            prepare_synthetic(args, dist, log)
+        from recsys.feature_spec import FeatureSpec
+        spec = FeatureSpec.from_yaml(args.feature_spec)
+        params = {k: v for k, v in vars(args).items()}
+        log.record("params", **params, horovod=dist.hvd is not None, gpus=len(gpus), affinity_cpus=cpus)
+        from recsys.engine import Engine
+        from recsys.models.tasks import TASKS
+        task = TASKS[args.model](args, spec, dist, log)
+        _log_placement(args, spec, task, dist, log)
+        engine = Engine(args, task, dist, log)
+        if args.restore or args.mode in ("evaluate", "inference"):
+            if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
+                engine.restore()
+            elif args.restore:
+                log.info(f"--restore: no checkpoint in {args.checkpoint_dir}, starting from scratch")
+        if args.mode == "train":
+            engine.train()
+        elif args.mode == "evaluate":
+            metrics = engine.evaluate(log=True)
+            log.summary(mode="evaluate", model=args.model, step=int(engine.global_step.numpy()), **metrics)
+        elif args.mode == "benchmark":
+            engine.benchmark()
+        else:
+            engine.inference()
+    finally:
+        log.close()
+    dist.shutdown()
+    return 0
+
+
+def _log_placement(args, spec, task, dist, log):
+    from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count
+    from recsys.placement import format_plan, plan_placement
+    dim = args.factors if args.model == "ncf" else args.embedding_dim
+    tables = [(f, spec.cardinality(f), dim) for ch in CATEGORICAL_CHANNELS[args.model]
+              if ch in spec.channel_spec for f in spec.features(ch)]
+    plan = plan_placement(tables, dist.size, bytes_per_param=4, model_parallel=task.model_parallel,
+                          dense_params=0, column_slice_threshold=args.column_slice_threshold and args.column_slice_threshold * 4)
+    if dist.is_chief:
+        log.record("placement", **plan.as_dict())
+        for line in format_plan(plan).splitlines()[:1 + min(dist.size, 8)]:
+            log.info(line)
+
+
+def main(argv=None):
+    args = resolve(build_parser().parse_args(argv))
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

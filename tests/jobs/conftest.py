@@ -1,0 +1,25 @@
+"""Fixtures of the submission-layer tests: the CLI and the API against the local Slurm cluster."""
+
+import os
+
+import pytest
+
+from submit_helpers import Cli
+
+
+@pytest.fixture
+def cli(slurm_cluster, tmp_path):
+    return Cli(slurm_cluster.env, tmp_path / "runs")
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster, monkeypatch):
+    """In-process API calls talk to the test cluster."""
+    from jobs import slurmcli
+
+    for key, value in slurm_cluster.env.items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+    slurmcli.reset_cache()
+    yield slurm_cluster
+    slurmcli.reset_cache()

@@ -1,0 +1,101 @@
+"""Dependencies, chains, cancel, requeue and the USR2 -> requeue path on the local cluster."""
+
+import json
+import os
+import time
+
+import pytest
+
+from submit_helpers import hello_lines
+
+pytestmark = pytest.mark.slurm
+
+HELLO = ["--profile", "ci", "--model", "hello", "--nodes", "1", "--gpus-per-node", "1", "--time", "5"]
+
+
+def _wait_for(predicate, timeout=90, what="condition"):
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _reason(cluster, job_id):
+    return cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"]).stdout.strip()
+
+
+def test_afterok_second_starts_after_first_ends(cli, slurm_cluster):
+    first_dir, first = cli.submit("benchmark", *HELLO, "--name", "first", "--", "--sleep", "2")
+    first_id = first["jobs"][0]["job_id"]
+    second_dir, second = cli.submit("benchmark", *HELLO, "--name", "second", "--after", first_id)
+    with open(os.path.join(second_dir, "main.sbatch")) as handle:
+        assert f"#SBATCH --dependency=afterok:{first_id}" in handle.read()
+    assert slurm_cluster.wait_job(second["jobs"][0]["job_id"]) == "COMPLETED"
+    first_end = max(float(line.split("end=")[1]) for line in
+                    open(_rank0(first_dir)).read().splitlines() if line.startswith("BYE"))
+    second_start = hello_lines(second_dir)[0]["start"]
+    assert second_start >= first_end
+
+
+def _rank0(run_dir):
+    logs = os.path.join(run_dir, "logs")
+    return os.path.join(logs, next(f for f in os.listdir(logs) if f.endswith(".rank0.log")))
+
+
+def test_failed_first_job_never_runs_the_second_then_cancel(cli, slurm_cluster):
+    first_dir, first = cli.submit("benchmark", *HELLO, "--name", "fails", "--", "--fail")
+    first_id = first["jobs"][0]["job_id"]
+    second_dir, second = cli.submit("benchmark", *HELLO, "--name", "never", "--after", first_id)
+    second_id = second["jobs"][0]["job_id"]
+    assert slurm_cluster.wait_job(first_id) == "FAILED"
+    reason = _wait_for(lambda: "DependencyNeverSatisfied" in _reason(slurm_cluster, second_id)
+                       and _reason(slurm_cluster, second_id), what="dependency never satisfied")
+    assert reason.startswith("PENDING")
+    status = cli("status", second_dir, "--json", check=True)
+    assert json.loads(status.stdout)["jobs"][0]["state"] == "PENDING"
+    cli("cancel", second_dir, check=True)
+    assert slurm_cluster.wait_job(second_id) == "CANCELLED"
+    assert hello_lines(second_dir) == []
+
+
+def test_chain_in_one_command_train_then_evaluate(cli, slurm_cluster):
+    run_dir, record = cli.submit("train", *HELLO, "--then-evaluate", "--", "--sleep", "1")
+    keys = [j["key"] for j in record["jobs"]]
+    assert keys == ["train", "evaluate"]
+    train_id = record["jobs"][0]["job_id"]
+    assert record["jobs"][1]["after_ok"] == [train_id]
+    result = cli("status", run_dir, "--watch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    kinds = [r["kind"] for r in sorted(hello_lines(run_dir), key=lambda r: r["start"])]
+    assert kinds == ["train", "evaluate"]
+
+
+def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
+    run_dir, record = cli.submit("benchmark", *HELLO, "--", "--sleep", "60")
+    job_id = record["jobs"][0]["job_id"]
+    _wait_for(lambda: hello_lines(run_dir), what="the step to start")
+    slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+    info = os.path.join(run_dir, "logs", f"main-{job_id}.info")
+    _wait_for(lambda: "requeued=" in open(info).read(), what="the batch script to requeue")
+    _wait_for(lambda: "restart_count=1" in open(info).read(), timeout=180, what="the requeued run")
+    log = open(_rank0(run_dir)).read()
+    assert "checkpoint saved on signal" in log
+    cli("cancel", run_dir, check=True)
+    assert slurm_cluster.wait_job(job_id) == "CANCELLED"
+
+
+def test_requeue_command(cli, slurm_cluster):
+    run_dir, record = cli.submit("benchmark", *HELLO, "--", "--sleep", "60")
+    job_id = record["jobs"][0]["job_id"]
+    _wait_for(lambda: hello_lines(run_dir), what="the step to start")
+    out = cli("requeue", run_dir, check=True)
+    assert job_id in out.stdout
+    info = os.path.join(run_dir, "logs", f"main-{job_id}.info")
+    _wait_for(lambda: "restart_count=1" in open(info).read(), timeout=180, what="the requeued run")
+    cli("cancel", run_dir, check=True)
+    assert slurm_cluster.wait_job(job_id) == "CANCELLED"
