@@ -12,7 +12,7 @@ from . import slurmcli
 from .errors import RequestError, SlurmCommandError, SubmitError
 from .request import JobRequest
 from .status import log_files, poll, watch
-from .submit import load, render_plan, submit
+from .submit import load, render_plan, render_text, submit
 
 __all__ = ["JobRequest", "RequestError", "SubmitError", "SlurmCommandError", "render", "render_plan",
            "submit", "status", "watch", "logs", "cancel", "requeue", "find_run", "load_profile"]
@@ -28,10 +28,7 @@ def render(requests, profile):
     """The script(s) a submission would write, as one text (scripts separated by a header)."""
     if isinstance(requests, JobRequest):
         requests = [requests]
-    parts = render_plan(requests, profile)
-    if len(parts) == 1:
-        return parts[0][1]
-    return "\n".join(f"# ===== job {spec.key} ({spec.key}.sbatch) =====\n{text}" for spec, text in parts)
+    return render_text(requests, profile)
 
 
 def status(run_dir):

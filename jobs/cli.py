@@ -196,12 +196,14 @@ def _cmd_profiles(args):
 
 
 def _cmd_job(args, engine_args):
-    from . import api
-
     requests = requests_from_args(args, engine_args)
     if args.command == "render" or args.dry_run:
-        print(api.render(requests, args.profile), end="")
+        from .submit import render_text
+
+        print(render_text(requests, args.profile), end="")
         return 0
+    from . import api
+
     record = api.submit(requests, args.profile, runs_dir=args.runs_dir, keep_partial=args.keep_partial,
                         wait_local=not args.no_wait)
     for job in record["jobs"]:

@@ -12,14 +12,13 @@ another; a failure stops the chain (afterok).
 """
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import time
 
 from . import runs as runs_mod
-from .errors import RequestError, SubmitError
+from .errors import RequestError
 from .plan import ENGINES, plan, slurm_dir
 from .render import rank_command
 
@@ -103,8 +102,26 @@ def launch(spec, run_dir, task_index=None):
     log_prefix = os.path.join(run_dir, "logs", f"{spec.key}-local{os.getpid()}{tag_index}")
     command = LocalJobCommand(_argv(spec, run_dir), _job_env(spec, run_dir, task_index), log_prefix,
                               mpi_ranks=ranks if mpi else 0)
-    job = executor.submit(command)
+    job = _submit_detached(executor, command, f"{log_prefix}.controller.log")
     return job, os.path.basename(log_prefix)[len(spec.key) + 1:]
+
+
+def _submit_detached(executor, command, log_path):
+    """executor.submit with fds 1 and 2 pointing at a log file while submitit starts its
+    controller, so the controller (which outlives us) never holds our stdout/stderr open."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        return executor.submit(command)
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved + [log_fd]:
+            os.close(fd)
 
 
 def _job_state(folder, job_id, ntasks):
@@ -171,6 +188,8 @@ def local_status(run_dir, record):
     out = []
     for job in record.get("jobs", []):
         state = _job_state(job["submitit_folder"], job["job_id"], job.get("ntasks", 1))
+        if state != "RUNNING" and os.path.exists(os.path.join(run_dir, f"cancelled-{job['job_id']}")):
+            state = "CANCELLED"
         out.append({"key": job["key"], "job_id": job["job_id"], "name": job.get("name"),
                     "state": state, "tasks": {job["job_id"]: state}})
     done = all(j["state"] != "RUNNING" for j in out)
@@ -179,8 +198,13 @@ def local_status(run_dir, record):
 
 
 def local_cancel(record):
+    """SIGTERM to each controller: submitit forwards it to the tasks, which pass it on to the
+    ranks' process group; a marker makes status say CANCELLED rather than FAILED."""
     for job in record.get("jobs", []):
+        if _job_state(job["submitit_folder"], job["job_id"], job.get("ntasks", 1)) != "RUNNING":
+            continue
+        open(os.path.join(record["run_dir"], f"cancelled-{job['job_id']}"), "w").close()
         try:
-            os.kill(int(job["job_id"]), signal.SIGINT)   # as submitit's LocalJob.cancel does
+            os.kill(int(job["job_id"]), signal.SIGTERM)
         except (OSError, ValueError):
             pass

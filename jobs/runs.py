@@ -1,6 +1,6 @@
 """Run directories: one per submission, holding the scripts, the request, the job ids, logs.
 
-Layout: <runs_dir>/<name>-<YYYYmmdd-HHMMSS>/ with request.json, profile.json, <key>.sbatch,
+Layout: <runs_dir>/<name>-<YYYYmmdd-HHMMSS>/ with request.json (the requests and the profile as loaded), <key>.sbatch,
 jobs.json (rewritten atomically after every sbatch, so a crash mid-chain still says what was
 submitted) and logs/ (batch output, per-rank output, <key>-<jobid>.info records).
 """

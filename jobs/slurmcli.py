@@ -8,7 +8,6 @@ retry first asks squeue whether the earlier attempt went through (every job carr
 
 import os
 import re
-import subprocess
 import time
 
 from .errors import SlurmCommandError, SubmitError
@@ -33,6 +32,8 @@ def _env():
 
 def run(args, timeout=120, check=False):
     """Run one Slurm client command; returns CompletedProcess (text)."""
+    import subprocess   # lazily: `render` never runs a Slurm command
+
     try:
         proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=_env())
     except FileNotFoundError:

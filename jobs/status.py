@@ -171,6 +171,11 @@ def run_failed(result):
 
 def log_files(run_dir, key=None, rank=None):
     """Log files of a run: batch outputs, or per-rank outputs when `rank` is given."""
-    pattern = f"{key or '*'}-*"
-    pattern += f".rank{rank}.log" if rank is not None else ".out"
-    return sorted(glob.glob(os.path.join(run_dir, "logs", pattern)), key=os.path.getmtime)
+    logs = os.path.join(run_dir, "logs")
+    prefix = f"{key or '*'}-*"
+    if rank is not None:
+        return sorted(glob.glob(os.path.join(logs, f"{prefix}.rank{rank}.log")), key=os.path.getmtime)
+    found = glob.glob(os.path.join(logs, f"{prefix}.out"))
+    if not found:     # local runs have no batch output: show the ranks'
+        found = glob.glob(os.path.join(logs, f"{prefix}.rank*.log"))
+    return sorted(found, key=os.path.getmtime)

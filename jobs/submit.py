@@ -29,13 +29,28 @@ def load(profile):
     return load_profile(profile)
 
 
-def render_plan(requests, profile, run_dir=None):
+def _max_array(requests, profile):
+    """The cluster's MaxArraySize, asked of Slurm only when the plan has an array."""
+    if profile.scheduler != "slurm" or not any(r.array or r.shards for r in requests):
+        return getattr(profile, "max_array_size", 1001)
+    return slurmcli.max_array_size(getattr(profile, "max_array_size", 1001))
+
+
+def render_plan(requests, profile, run_dir=None, max_array_size=None):
     """[(spec, script text)] without submitting; dependencies show as <key> placeholders."""
     profile = load(profile)
-    resolved, specs = plan(requests, profile)
+    resolved, specs = plan(requests, profile, max_array_size=max_array_size or _max_array(requests, profile))
     run_dir = run_dir or runs_mod.new_run_dir(runs_mod.default_runs_dir(profile), resolved[-1].name, create=False)
     return [(spec, render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token="<token>"))
             for spec in specs]
+
+
+def render_text(requests, profile):
+    """The script(s) a submission would write, as one text (scripts separated by a header)."""
+    parts = render_plan(requests, profile)
+    if len(parts) == 1:
+        return parts[0][1]
+    return "\n".join(f"# ===== job {spec.key} ({spec.key}.sbatch) =====\n{text}" for spec, text in parts)
 
 
 def _record(run_dir, profile, submitted, state, error=None):
@@ -63,15 +78,13 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait_
         from .local import submit_local
 
         return submit_local(requests, profile, runs_dir=runs_dir, log=log, wait=wait_local)
-    max_array = slurmcli.max_array_size(getattr(profile, "max_array_size", 1001))
-    resolved, specs = plan(requests, profile, max_array_size=max_array)
+    resolved, specs = plan(requests, profile, max_array_size=_max_array(requests, profile))
     run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), resolved[-1].name)
     runs_mod.write_json(os.path.join(run_dir, "request.json"),
-                        {"requests": [r.request.to_dict() for r in resolved]})
-    runs_mod.write_json(os.path.join(run_dir, "profile.json"), _profile_dict(profile))
+                        {"requests": [r.request.to_dict() for r in resolved],
+                         "profile": _profile_dict(profile)})
     submitted, ids = [], {}
-    _record(run_dir, profile, submitted, "submitting")
-    for spec in specs:
+    for index, spec in enumerate(specs):
         token = uuid.uuid4().hex[:16]
         script = os.path.join(run_dir, f"{spec.key}.sbatch")
         text = render(spec, run_dir, script, ids=ids, token=token)
@@ -87,8 +100,10 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait_
                           "script": script, "token": token,
                           "after_ok": [ids[k] for k in spec.after_ok] + list(spec.external_after),
                           "after_any": [ids[k] for k in spec.after_any]})
-        _record(run_dir, profile, submitted, "submitting")
-    return _record(run_dir, profile, submitted, "submitted")
+        # jobs.json after every sbatch: a crash mid-chain still leaves the ids on disk
+        record = _record(run_dir, profile, submitted,
+                         "submitted" if index == len(specs) - 1 else "submitting")
+    return record
 
 
 def _fail(run_dir, profile, submitted, spec, exc, keep_partial):

@@ -192,6 +192,7 @@ def cmd_transform(args) -> int:
 def cmd_finalize(args) -> int:
     from preproc.criteo_finalize import finalize, format_report
 
+    check_output_free(args.output, args.overwrite)
     report = finalize(layout.Staging(args.output), args.overwrite, args.keep_stages)
     print(format_report(report))
     return 0

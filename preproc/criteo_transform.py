@@ -100,7 +100,7 @@ def transform_shard(spark, staging: Staging, dictionary: dict, shard: int, num_s
                 frame = frame.join(table, on=f"c{i}", how="left")
             columns += [F.coalesce(F.col(f"id{i}"), F.lit(0)).cast("int").alias(f"id{i}") for i in range(NUM_CAT)]
             frame = frame.select(*columns).withColumn(
-                "piece_key", F.shiftRight(F.col("pos"), PIECE_BITS))
+                "piece_key", F.shiftright(F.col("pos"), PIECE_BITS))
             written = (frame.groupBy("file_idx", "block", "piece_key")
                        .applyInPandas(_piece_writer(str(tmp), dtypes), PIECE_SCHEMA).collect())
             pieces = sorted((r.asDict() for r in written), key=lambda r: (r["file_idx"], r["block"], r["first_pos"]))

@@ -116,11 +116,12 @@ def split_leave_last_out(ratings, min_ratings: int = 20):
 
 def _dense_index(df, column: str):
     """(column, column_idx): 0-based ids in ascending order of the original value."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     distinct = df.select(column).distinct().orderBy(column)
     indexed = distinct.rdd.zipWithIndex().map(lambda pair: (pair[0][0], pair[1]))
-    return indexed.toDF([column, f"{column}_idx"]).select(F.col(column), F.col(f"{column}_idx").cast("long"))
+    schema = T.StructType([T.StructField(column, T.LongType()), T.StructField(f"{column}_idx", T.LongType())])
+    return df.sparkSession.createDataFrame(indexed, schema)
 
 
 def sample_test_negatives(train, test, n_items: int, negatives: int, seed: int):

@@ -48,7 +48,7 @@ Features (all null-free, so the parquet reader needs no masks):
   value (cardinality 4, unknown -> 0). ``geo_country`` / ``geo_state`` are the
   first one / two ``>``-separated parts of geo_location.
 * Multi-hot categoricals: the categories, topics and entities of the page and
-  of the ad document, ordered by decreasing confidence (ties: smaller raw id),
+  of the ad document, ordered by decreasing confidence (ties: raw id in string order),
   at most ``max_hotness`` (``--hotness name=H,...``) values, each hashed as
   above; a document with none gets ``[0]``. Parquet list<int32> columns of
   variable length <= max_hotness (the reader pads with -1).
@@ -212,16 +212,16 @@ def ctr_features(rows, min_views: int = 5, smoothing: float = 10.0):
 
     train = rows.filter("is_train")
     prior = train.agg(F.avg(LABEL)).first()[0] or 0.0
+    features = []
     for ctx in CTR_CONTEXTS:
         stats = (train.filter(F.col(ctx).isNotNull()).groupBy(ctx)
-                 .agg(F.count("*").alias("_views"), F.sum(LABEL).alias("_clicks")))
-        views = F.coalesce(F.col("_views"), F.lit(0))
-        ctr = F.when(views >= min_views, (F.col("_clicks") + smoothing * prior) / (views + smoothing)) \
+                 .agg(F.count("*").alias(f"_v_{ctx}"), F.sum(LABEL).alias(f"_c_{ctx}")))
+        rows = rows.join(stats, ctx, "left")
+        views = F.coalesce(F.col(f"_v_{ctx}"), F.lit(0))
+        ctr = F.when(views >= min_views, (F.col(f"_c_{ctx}") + smoothing * prior) / (views + smoothing)) \
             .otherwise(F.lit(prior))
-        rows = (rows.join(stats, ctx, "left")
-                .withColumn(f"{ctx}_ctr", ctr.cast("double"))
-                .withColumn(f"{ctx}_views", views.cast("double"))
-                .drop("_views", "_clicks"))
+        features += [ctr.cast("double").alias(f"{ctx}_ctr"), views.cast("double").alias(f"{ctx}_views")]
+    rows = rows.select(*[c for c in rows.columns if not c.startswith(("_v_", "_c_"))], *features)
     return rows, float(prior)
 
 
@@ -251,9 +251,8 @@ def similarity_features(rows, tables):
                       "ad_document_id")
                 .select("document_id", "ad_document_id",
                         (F.col("dot") / (F.col("norm") * F.col("ad_norm"))).alias(f"sim_{attribute}")))
-        rows = (rows.join(sims, ["document_id", "ad_document_id"], "left")
-                .withColumn(f"sim_{attribute}", F.coalesce(F.col(f"sim_{attribute}"), F.lit(0.0))))
-    return rows
+        rows = rows.join(sims, ["document_id", "ad_document_id"], "left")
+    return rows.fillna(0.0, [f"sim_{a}" for a in DOC_ATTRIBUTES])
 
 
 def popularity_features(rows, tables):
@@ -297,9 +296,10 @@ def multihot_features(rows, tables, multihot: dict, seed: int = 0):
                      .agg(F.sort_array(F.collect_list(F.struct("_r", hash_bucket(F.col("key"), buckets, seed)
                                                                 .alias("id")))).alias("_l"))
                      .select(F.col("document_id").alias(doc_col), F.col("_l.id").alias(name)))
-            rows = (rows.join(lists, doc_col, "left")
-                    .withColumn(name, F.coalesce(F.col(name), F.array(F.lit(0))).cast("array<int>")))
-    return rows
+            rows = rows.join(lists, doc_col, "left")
+    names = [f"{side}_{a}" for a in DOC_ATTRIBUTES for side in ("page", "ad")]
+    filled = [F.coalesce(F.col(n), F.array(F.lit(0))).cast("array<int>").alias(n) for n in names]
+    return rows.select(*[c for c in rows.columns if c not in names], *filled)
 
 
 def categorical_features(rows, buckets: dict, seed: int = 0):
@@ -307,32 +307,31 @@ def categorical_features(rows, buckets: dict, seed: int = 0):
     from pyspark.sql import functions as F
 
     geo_parts = F.split(F.col("geo_location"), ">")
-    rows = (rows.withColumn("geo_country", F.when(F.col("geo_location").isNotNull(), geo_parts.getItem(0)))
-            .withColumn("geo_state", F.when(F.size(geo_parts) >= 2,
-                                            F.concat_ws(">", geo_parts.getItem(0), geo_parts.getItem(1)))))
-    for name, size in buckets.items():
-        rows = rows.withColumn(name, hash_bucket(F.col(name), size, seed))
+    raw = {"geo_country": F.when(F.col("geo_location").isNotNull(), geo_parts.getItem(0)),
+           "geo_state": F.when(F.size(geo_parts) >= 2, F.concat_ws(">", geo_parts.getItem(0), geo_parts.getItem(1)))}
     platform = F.col("platform").cast("int")
-    return rows.withColumn("platform", F.when(platform.between(1, 3), platform).otherwise(0).cast("int"))
+    ids = [hash_bucket(raw.get(name, F.col(name)), size, seed).alias(name) for name, size in buckets.items()]
+    ids.append(F.when(platform.between(1, 3), platform).otherwise(0).cast("int").alias("platform"))
+    replaced = set(buckets) | {"platform"}
+    return rows.select(*[c for c in rows.columns if c not in replaced], *ids)
 
 
 def standardize(rows, columns):
     """log1p on LOG_FEATURES, then (x - mean) / std with the training split's statistics; float32."""
     from pyspark.sql import functions as F
 
-    for c in columns:
-        if c in LOG_FEATURES:
-            rows = rows.withColumn(c, F.log1p(F.col(c)))
+    logged = {c: F.log1p(F.col(c)) if c in LOG_FEATURES else F.col(c) for c in columns}
     train = rows.filter("is_train")
-    aggs = [F.avg(c).alias(f"m_{c}") for c in columns] + [F.stddev_pop(c).alias(f"s_{c}") for c in columns]
+    aggs = [F.avg(x).alias(f"m_{c}") for c, x in logged.items()]
+    aggs += [F.stddev_pop(x).alias(f"s_{c}") for c, x in logged.items()]
     stats = train.agg(*aggs).first().asDict()
-    moments = {}
-    for c in columns:
+    moments, scaled = {}, []
+    for c, x in logged.items():
         mean = float(stats[f"m_{c}"] or 0.0)
         std = float(stats[f"s_{c}"] or 0.0) or 1.0
         moments[c] = {"mean": mean, "std": std}
-        rows = rows.withColumn(c, ((F.col(c) - F.lit(mean)) / F.lit(std)).cast("float"))
-    return rows, moments
+        scaled.append(((x - F.lit(mean)) / F.lit(std)).cast("float").alias(c))
+    return rows.select(*[c for c in rows.columns if c not in logged], *scaled), moments
 
 
 def build_features(tables, split_days=11, train_fraction=0.8, seed=0, min_views=5, smoothing=10.0,

@@ -114,6 +114,8 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None) -> SparkSet
         "spark.network.timeout": "1800s",
         "spark.locality.wait": "0s",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # let adaptive execution coalesce the shuffle partitions of cached plans too
+        "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
     }
     driver_gb = min(32.0, max(1.0, 0.05 * shape.node_memory_gb))
     if local:
@@ -170,7 +172,8 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None) -> SparkSet
 
 
 def detect_node() -> tuple[int, float]:
-    """(usable cores, memory GiB) of this machine: the CPU affinity mask and /proc/meminfo."""
+    """(usable cores, memory GiB) of this process: its CPU affinity mask, and the Slurm
+    allocation's memory (``SLURM_MEM_PER_NODE``, MiB) capped by /proc/meminfo."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
@@ -184,6 +187,9 @@ def detect_node() -> tuple[int, float]:
                     break
     except OSError:  # pragma: no cover
         pass
+    slurm_mb = os.environ.get("SLURM_MEM_PER_NODE", "")
+    if slurm_mb.isdigit() and int(slurm_mb) > 0:
+        memory_gb = min(memory_gb, int(slurm_mb) / 1024)
     return cores, memory_gb
 
 
@@ -195,9 +201,11 @@ def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--node-cores", type=int, default=None, help="cores per node (default: this machine's)")
     group.add_argument("--node-memory-gb", type=float, default=None,
                        help="memory per node in GiB (default: this machine's)")
-    group.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (RAPIDS only with --rapids-jar)")
+    group.add_argument("--gpus-per-node", type=int, default=None,
+                       help="GPUs per node, RAPIDS only with --rapids-jar (default: $RECSYS_SPARK_GPUS, else 0)")
     group.add_argument("--rapids-jar", default=None, help="RAPIDS accelerator jar: enables the GPU settings")
-    group.add_argument("--nodes", type=int, default=1, help="nodes of the standalone cluster")
+    group.add_argument("--nodes", type=int, default=None,
+                       help="nodes of the standalone cluster (default: $RECSYS_SPARK_NODES, else 1)")
     group.add_argument("--local-dirs", default=None, help="Spark scratch dirs (default: $SPARK_LOCAL_DIRS)")
     group.add_argument("--shuffle-partitions", type=int, default=None, help="override spark.sql.shuffle.partitions")
     group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
@@ -206,16 +214,36 @@ def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
                        help="print the effective Spark configuration and the plan, start nothing")
 
 
-def settings_from_args(args: argparse.Namespace) -> SparkSettings:
-    """SparkSettings for parsed ``add_spark_arguments`` flags (defaults from this machine)."""
+def settings_from_args(args: argparse.Namespace, environ: dict | None = None) -> SparkSettings:
+    """SparkSettings for parsed ``add_spark_arguments`` flags.
+
+    Unset flags come from what slurm/spark-standalone.sh exports (``RECSYS_SPARK_NODES``,
+    ``RECSYS_SPARK_WORKER_CORES``, ``RECSYS_SPARK_WORKER_MEMORY_GB``, ``RECSYS_SPARK_GPUS``),
+    else from this machine.
+    """
+    environ = os.environ if environ is None else environ
     cores, memory_gb = detect_node()
+
+    def pick(flag, variable, fallback, kind):
+        if flag is not None:
+            return flag
+        value = environ.get(variable)
+        if value in (None, ""):
+            return fallback
+        try:
+            return kind(value)
+        except ValueError:
+            raise PreprocError(f"${variable}: {value!r} is not a number") from None
+
     if args.rapids_jar and not os.path.isfile(args.rapids_jar):
         raise PreprocError(f"--rapids-jar: {args.rapids_jar}: no such file")
-    shape = ClusterShape(node_cores=args.node_cores or cores, node_memory_gb=args.node_memory_gb or memory_gb,
-                         nodes=args.nodes, gpus_per_node=args.gpus_per_node, rapids_jar=args.rapids_jar,
-                         local_dirs=args.local_dirs, master=args.spark_master,
+    shape = ClusterShape(node_cores=pick(args.node_cores, "RECSYS_SPARK_WORKER_CORES", cores, int),
+                         node_memory_gb=pick(args.node_memory_gb, "RECSYS_SPARK_WORKER_MEMORY_GB", memory_gb, float),
+                         nodes=pick(args.nodes, "RECSYS_SPARK_NODES", 1, int),
+                         gpus_per_node=pick(args.gpus_per_node, "RECSYS_SPARK_GPUS", 0, int),
+                         rapids_jar=args.rapids_jar, local_dirs=args.local_dirs, master=args.spark_master,
                          shuffle_partitions=args.shuffle_partitions)
-    settings = spark_settings(shape)
+    settings = spark_settings(shape, environ)
     for item in args.spark_conf:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("spark."):

@@ -52,7 +52,9 @@ class Engine:
                                                    writer=dist.is_chief or task.model_parallel)
             if task.model_parallel and dist.size > 1:
                 self.checkpointer.directory = f"{args.checkpoint_dir}/rank{dist.rank}"
-        self._grad_fn = tf.function(self._gradients, jit_compile=bool(args.xla), reduce_retracing=True)
+        # Without XLA the gradient code is traced inline into the step (one graph, no nested call).
+        self._grad_fn = (tf.function(self._gradients, jit_compile=True, reduce_retracing=True)
+                         if args.xla else self._gradients)
         self._train_step = tf.function(self._train_step_impl, reduce_retracing=True)
         self._predict = tf.function(self._predict_impl, jit_compile=bool(args.xla), reduce_retracing=True)
 
@@ -60,9 +62,12 @@ class Engine:
     def _build(self):
         inputs, _ = self.task.sample_batch()
         self.model(inputs, training=False)
-        for _, opt, var_fn in self.groups:
+        # Variable lists are fixed once the model is built: resolve them outside any tf.function.
+        self.groups = [(n, opt, list(var_fn())) for n, opt, var_fn in self.groups]
+        for _, opt, variables in self.groups:
             inner = opt.inner_optimizer if isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) else opt
-            inner.build(var_fn())
+            inner.build(variables)
+        self._local_ids = self.task.local_variable_ids(self.model)
 
     def state_variables(self):
         out = list(self.model.variables)
@@ -73,11 +78,16 @@ class Engine:
     def broadcast_initial_state(self):
         """Every rank starts from rank 0's weights and optimizer state (after init or restore)."""
         if self.dist.size > 1:
-            self.dist.broadcast_variables(self.task.replicated_variables(self.state_variables()), root_rank=0)
+            if self._local_ids:
+                # Model-parallel: shards (and their optimizer slots, zero at start) stay per rank.
+                shared = [v for v in self.model.variables if id(v) not in self._local_ids]
+            else:
+                shared = self.state_variables()
+            self.dist.broadcast_variables(shared, root_rank=0)
 
     # --- steps -------------------------------------------------------------
     def _variables(self):
-        return [v for _, _, var_fn in self.groups for v in var_fn()]
+        return [v for _, _, variables in self.groups for v in variables]
 
     def _gradients(self, inputs, labels):
         variables = self._variables()
@@ -92,13 +102,21 @@ class Engine:
 
     def _train_step_impl(self, inputs, labels):
         loss, grads = self._grad_fn(inputs, labels)
-        grads = self.dist.allreduce_gradients(list(grads) , sparse_as_dense=self.args.sparse_as_dense)
+        grads = list(grads)
+        if self._local_ids:
+            # Model-parallel table shards: their gradients come back through the alltoall of
+            # distributed-embeddings and belong to this rank only; allreduce the rest.
+            idx = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
+            reduced = self.dist.allreduce_gradients([grads[k] for k in idx], sparse_as_dense=self.args.sparse_as_dense)
+            for k, g in zip(idx, reduced):
+                grads[k] = g
+        else:
+            grads = self.dist.allreduce_gradients(grads, sparse_as_dense=self.args.sparse_as_dense)
         if self.dist.size > 1:
             loss = self.dist.hvd.allreduce(loss, op=self.dist.hvd.Average)
         i = 0
         finite = None
-        for k, (_, opt, var_fn) in enumerate(self.groups):
-            variables = var_fn()
+        for k, (_, opt, variables) in enumerate(self.groups):
             g = grads[i:i + len(variables)]
             i += len(variables)
             pairs = [(gg, v) for gg, v in zip(g, variables) if gg is not None]

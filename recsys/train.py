@@ -34,6 +34,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only when there is one (None/False mean 'model default' or 'off')."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _ints(text):
     try:
         out = [int(x) for x in str(text).replace(",", " ").split()]
@@ -57,7 +66,7 @@ def build_parser():
     p = _Parser(prog=PROG, description="Train, evaluate or benchmark DLRM, Wide & Deep or NCF (NeuMF) on a "
                 "feature-spec dataset, one process per rank (Horovod when several ranks). Defaults left "
                 "unset take the model's reference value, or a small value with --synthetic.",
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                formatter_class=_Formatter)
     g = p.add_argument_group("run")
     g.add_argument("--model", required=True, choices=MODELS, help="model to build")
     g.add_argument("--mode", choices=MODES, default="train",

@@ -9,7 +9,12 @@ user). As in the reference:
   negatives that happen to be a known positive of the user are redrawn;
 * evaluation: each test positive is ranked against ``num_negatives`` (100)
   items the user never interacted with, drawn once with a fixed seed
-  (:func:`eval_set`); the metric is HR@10/NDCG@10 from recsys.metrics.
+  (:func:`eval_set`), or against the negatives the preprocessing stored
+  (``metadata.test_samples_per_series`` = 1 + N, :func:`stored_eval_set`);
+  the metric is HR@10/NDCG@10 from recsys.metrics.
+
+:func:`load_pairs` returns positives only (label > 0.5), so stored test
+negatives never count as interactions.
 
 Everything is numpy and vectorised; ranks shard users/rows themselves
 (``shard``) so that evaluation sums can be allreduced.
@@ -20,16 +25,46 @@ from typing import Tuple
 
 import numpy as np
 
-from recsys.feature_spec import FeatureSpec
+from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
 
-def load_pairs(spec: FeatureSpec, mapping: str) -> Tuple[np.ndarray, np.ndarray]:
-    """All (users, items) int64 arrays of a mapping, read in one batch."""
+def load_pairs(spec: FeatureSpec, mapping: str, positives_only: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    """(users, items) int64 arrays of a mapping, read in one batch; rows with label 0 (stored
+    test negatives) are left out unless ``positives_only`` is False."""
+    users, items, labels = _load(spec, mapping)
+    if positives_only:
+        keep = labels > 0.5
+        users, items = users[keep], items[keep]
+    return users, items
+
+
+def _load(spec: FeatureSpec, mapping: str):
     from recsys.data import make_reader
     rows = spec.num_rows(mapping)
     reader = make_reader(spec, mapping, batch_size=rows, drop_remainder=False)
-    inputs, _ = next(iter(reader.numpy_batches()))
-    return inputs["user"].astype(np.int64), inputs["item"].astype(np.int64)
+    inputs, labels = next(iter(reader.numpy_batches()))
+    return inputs["user"].astype(np.int64), inputs["item"].astype(np.int64), labels[:, 0]
+
+
+def stored_eval_set(spec: FeatureSpec, mapping: str = "test"):
+    """The evaluation set written by the preprocessing, or None when it stored positives only.
+
+    With ``metadata.test_samples_per_series = 1 + N`` > 1 each user owns 1 + N
+    consecutive rows, the positive (label 1) first. Returns the same
+    (users, items [U, 1 + N], labels) as :func:`eval_set`.
+    """
+    per_user = int(spec.metadata.get("test_samples_per_series", 1))
+    if per_user <= 1:
+        return None
+    users, items, labels = _load(spec, mapping)
+    if users.size % per_user:
+        raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}",
+                               f"{users.size} rows are not blocks of test_samples_per_series={per_user}")
+    users, items, labels = (a.reshape(-1, per_user) for a in (users, items, labels))
+    if not ((users == users[:, :1]).all() and (labels[:, 0] > 0.5).all() and (labels[:, 1:] < 0.5).all()):
+        raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}",
+                               f"rows are not per-user blocks of {per_user} with the positive first")
+    return users[:, 0].astype(np.int32), items.astype(np.int32), labels.astype(np.float32)
 
 
 def _known(users, items, num_items):

@@ -18,7 +18,9 @@ boundaries into full batches.
   For MAP@12 every display id must live in one file (the preprocessing writes
   test files partitioned by display id) so that a group is never split.
 
-Shuffling permutes the file order and the rows inside each row group per epoch.
+Shuffling permutes the file order and the rows inside each row group per
+epoch. The tf.data pipeline decodes row groups of several files in parallel
+and cuts batches across file boundaries (``Dataset.rebatch``).
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ def list_column_to_padded(column, hotness: int, where: str) -> np.ndarray:
     if lengths.size and lengths.max() > hotness:
         raise FeatureSpecError(where, f"a row has {lengths.max()} values, more than max_hotness {hotness}")
     out = np.full((len(lengths), hotness), -1, dtype=np.int32)
-    mask = np.arange(hotness)[None, :] < lengths[:, None]
-    out[mask] = values[(offsets[:-1, None] + np.arange(hotness)[None, :])[mask]]
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    pos = np.arange(row.size) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    out[row, pos] = values[offsets[0]:offsets[-1]]
     return out
 
 
@@ -92,71 +95,113 @@ class ParquetReader:
             self.num_batches = -(-self.rows // batch_size)
         self.hotness = {f: spec.hotness(f) for f in self.features if spec.is_multihot(f)}
         self.dtypes = {f: np.dtype(spec.dtype(f)) for f in self.features}
-        self.layout = Layout(spec, mapping, {f: (f, None) for f in self.features})
+        # Scalar columns of one dtype are packed into one [n, k] block: row shuffles and batch
+        # slicing then move whole rows instead of gathering k separate columns.
+        self.blocks: Dict[str, List[str]] = {}
+        source_of = {}
+        for f in self.features:
+            if f in self.hotness:
+                source_of[f] = (f, None)
+            else:
+                key = f"block_{self.dtypes[f].name}"
+                self.blocks.setdefault(key, []).append(f)
+                source_of[f] = (key, len(self.blocks[key]) - 1)
+        self.keys = list(self.blocks) + list(self.hotness)
+        self.layout = Layout(spec, mapping, source_of)
 
     def _read_file(self, k: int, rng: Optional[np.random.Generator]):
         """Yield flat dicts, one per row group of file k (rows permuted when rng is given)."""
         import pyarrow.parquet as pq
         files = [(pq.ParquetFile(path), feats, path) for path, feats in self.file_groups[k]]
         for rg in range(files[0][0].num_row_groups):
-            flat = {}
+            cols = {}
             for pf, feats, path in files:
                 table = pf.read_row_group(rg, columns=feats)
                 for f in feats:
                     col = table.column(f)
                     if col.null_count:
                         raise FeatureSpecError(path, f"column {f!r} has {col.null_count} null values")
-                    if f in self.hotness:
-                        flat[f] = list_column_to_padded(col, self.hotness[f], f"{path}: column {f!r}")
-                    else:
-                        flat[f] = col.to_numpy().astype(self.dtypes[f], copy=False)
-            if rng is not None:
-                perm = rng.permutation(len(next(iter(flat.values()))))
-                flat = {f: a[perm] for f, a in flat.items()}
+                    cols[f] = (col, path)
+            n = len(next(iter(cols.values()))[0])
+            perm = rng.permutation(n) if rng is not None else None
+            flat = {}
+            for key, feats in self.blocks.items():
+                block = np.empty((n, len(feats)), dtype=self.dtypes[feats[0]])
+                for j, f in enumerate(feats):  # the shuffle is folded into the copy into the block
+                    column = cols[f][0].to_numpy()
+                    block[:, j] = column if perm is None else column[perm]
+                flat[key] = block
+            for f, h in self.hotness.items():
+                col, path = cols[f]
+                padded = list_column_to_padded(col, h, f"{path}: column {f!r}")
+                flat[f] = padded if perm is None else padded[perm]
             yield flat
+
+    def _file_rng(self, shuffle, seed, epoch, k):
+        return np.random.default_rng([seed, epoch, self.rank, k]) if shuffle else None
 
     def flat_batches(self, shuffle: bool = False, seed: int = 0, epoch: int = 0):
         """Flat dict batches of this rank, exactly ``num_batches`` of them."""
-        rng = np.random.default_rng([seed, epoch, self.rank]) if shuffle else None
-        order = list(self.my_files) if rng is None else list(rng.permutation(self.my_files))
-        pending: List[Dict[str, np.ndarray]] = []
-        pending_rows = 0
+        order = self.my_files if not shuffle else \
+            list(np.random.default_rng([seed, epoch, self.rank]).permutation(self.my_files))
+        head: Optional[Dict[str, np.ndarray]] = None  # carried rows, fewer than a batch
         emitted = 0
+        B = self.batch_size
         for k in order:
-            for flat in self._read_file(k, rng):
-                pending.append(flat)
-                pending_rows += len(next(iter(flat.values())))
-                while pending_rows >= self.batch_size and emitted < self.num_batches:
-                    merged = {f: np.concatenate([p[f] for p in pending]) if len(pending) > 1 else pending[0][f]
-                              for f in self.features}
-                    yield {f: a[:self.batch_size] for f, a in merged.items()}
-                    emitted += 1
-                    rest = {f: a[self.batch_size:] for f, a in merged.items()}
-                    pending_rows -= self.batch_size
-                    pending = [rest] if pending_rows else []
-                if emitted == self.num_batches:
+            for flat in self._read_file(k, self._file_rng(shuffle, seed, epoch, k)):
+                n, lo = len(flat[self.keys[0]]), 0
+                if head is not None:
+                    need = B - len(head[self.keys[0]])
+                    if n < need:
+                        head = {key: np.concatenate([head[key], flat[key]]) for key in self.keys}
+                        continue
+                    yield {key: np.concatenate([head[key], flat[key][:need]]) for key in self.keys}
+                    emitted, lo, head = emitted + 1, need, None
+                while n - lo >= B and emitted < self.num_batches:
+                    yield {key: flat[key][lo:lo + B] for key in self.keys}
+                    emitted, lo = emitted + 1, lo + B
+                if emitted >= self.num_batches:
                     return
-        if pending_rows and not self.drop_remainder:
-            yield {f: np.concatenate([p[f] for p in pending]) for f in self.features}
+                if lo < n:
+                    head = {key: flat[key][lo:] for key in self.keys}
+        if head is not None and not self.drop_remainder:
+            yield head
 
     def numpy_batches(self, shuffle: bool = False, seed: int = 0, epoch: int = 0):
         for flat in self.flat_batches(shuffle, seed, epoch):
             yield self.layout.pack(flat)
 
-    def dataset(self, shuffle: bool = False, seed: int = 0, repeat: bool = False, prefetch: int = -1):
-        """tf.data pipeline: a generator over this rank's files, packed in TF, prefetched."""
+    def dataset(self, shuffle: bool = False, seed: int = 0, repeat: bool = False, prefetch: int = -1,
+                parallel_files: int = 4):
+        """tf.data pipeline: row groups of up to ``parallel_files`` files decoded in parallel
+        (interleave), cut into batches across file boundaries (rebatch), packed, prefetched.
+
+        Same rows per epoch as :meth:`numpy_batches`; the order differs (files interleave).
+        """
         import tensorflow as tf
         from recsys.data.layout import TFOps
         ops = TFOps()
-        b = self.batch_size if self.drop_remainder else None
-        signature = {f: tf.TensorSpec((b, self.hotness[f]) if f in self.hotness else (b,), tf.as_dtype(
-            np.int32 if f in self.hotness else self.dtypes[f])) for f in self.features}
+        signature = {key: tf.TensorSpec((None, len(feats)), tf.as_dtype(self.dtypes[feats[0]]))
+                     for key, feats in self.blocks.items()}
+        signature.update({f: tf.TensorSpec((None, h), tf.int32) for f, h in self.hotness.items()})
+        files = tf.constant(self.my_files, dtype=tf.int64)
 
-        def gen(epoch):
-            yield from self.flat_batches(shuffle, seed, int(epoch))
+        def row_groups(k, epoch):
+            yield from self._read_file(int(k), self._file_rng(shuffle, seed, int(epoch), int(k)))
 
-        epochs = tf.data.Dataset.range(1 << 62 if repeat else 1)
-        ds = epochs.flat_map(lambda e: tf.data.Dataset.from_generator(gen, output_signature=signature, args=(e,)))
+        def one_epoch(epoch):
+            order = files
+            if shuffle:
+                keys = tf.random.stateless_uniform([len(self.my_files)], seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
+                order = tf.gather(files, tf.argsort(keys))
+            chunks = tf.data.Dataset.from_tensor_slices(order).interleave(
+                lambda k: tf.data.Dataset.from_generator(row_groups, output_signature=signature, args=(k, epoch)),
+                cycle_length=max(1, min(parallel_files, len(self.my_files))),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            batches = chunks.rebatch(self.batch_size, drop_remainder=self.drop_remainder)
+            return batches.take(self.num_batches)  # equal step counts on all ranks
+
+        ds = tf.data.Dataset.range(1 << 62 if repeat else 1).flat_map(one_epoch)
         ds = ds.map(lambda flat: self.layout.pack(flat, ops), num_parallel_calls=tf.data.AUTOTUNE)
         if not repeat:
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.num_batches))

@@ -89,7 +89,7 @@ def default_spec(model: str, num_numerical: Optional[int] = None, cardinalities:
         num = [f"num_{i}" for i in range(n_num)]
         cat = [f"cat_{i}" for i in range(len(cards))]
         features["label"] = {"dtype": "bool"}
-        features.update({n: {"dtype": "float16"} for n in num})
+        features.update({n: {"dtype": "float16" if fmt == "split_binary" else "float32"} for n in num})
         features.update({c: {"dtype": categorical_dtype(k), "cardinality": int(k)} for c, k in zip(cat, cards)})
         channels = {"label": ["label"], "numerical": num, "categorical": cat}
         for m in mappings:

@@ -46,12 +46,14 @@ class Task:
             return False
         return True
 
-    def replicated_variables(self, variables):
-        """Variables to broadcast from rank 0: all, or all but the model-parallel table shards."""
+    def local_variable_ids(self, model):
+        """ids of the variables that live on this rank only (model-parallel embedding shards);
+        they are neither broadcast nor allreduced."""
+        from recsys.models.embeddings import EmbeddingGroup
         if not self.model_parallel:
-            return variables
-        dmp = distributed_embeddings_module()
-        return [v for v in variables if not getattr(dmp, "is_model_parallel_variable", lambda v: "embeddings" in v.name)(v)]
+            return set()
+        return {id(v) for layer in model.submodules if isinstance(layer, EmbeddingGroup) and layer.model_parallel
+                for v in layer.trainable_variables}
 
     # --- data -------------------------------------------------------------------
     def train_dataset(self, epoch):
@@ -184,20 +186,23 @@ class NCFTask(Task):
                              beta2=a.beta2, eps=a.adam_eps)
         return [("main", opt, lambda: model.trainable_variables)]
 
-    def _epoch_arrays(self, epoch):
+    def _epoch_batches(self, epoch):
+        """This rank's [steps, local batch] arrays: global batch g is rows [g*B, (g+1)*B) of the
+        shuffled epoch and rank r takes the r-th 1/size slice of it (same rows per global step
+        whatever the number of ranks)."""
         users, items, labels = self.sampler.epoch(epoch)
-        # Global batch g of the epoch is rows [g*B, (g+1)*B); rank r takes its 1/size slice of each.
         steps = len(users) // self.global_batch
         n = steps * self.global_batch
+
         def mine(a):
-            a = a[:n].reshape(steps, self.dist.size, self.local_batch)[:, self.dist.rank]
-            return a.reshape(-1)
+            return a[:n].reshape(steps, self.dist.size, self.local_batch)[:, self.dist.rank]
         return mine(users), mine(items), mine(labels)
 
     def train_dataset(self, epoch):
-        u, i, y = self._epoch_arrays(epoch)
-        ds = tf.data.Dataset.from_tensor_slices(({"user": u, "item": i}, y[:, None]))
-        return ds.batch(self.local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        u, i, y = self._epoch_batches(epoch)
+        # Whole batches as dataset elements: no per-sample slicing on the host.
+        ds = tf.data.Dataset.from_tensor_slices(({"user": u, "item": i}, y[..., None]))
+        return ds.prefetch(tf.data.AUTOTUNE)
 
     def benchmark_dataset(self):
         return self.train_dataset(0).repeat()

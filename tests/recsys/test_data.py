@@ -170,3 +170,54 @@ def test_ncf_layout_and_sampling(ncf_spec):
         assert all((user, it) not in known for it in row)
     parts = [ncf.shard((eu, eitems), r, 3, equal=False) for r in range(3)]
     assert np.array_equal(np.concatenate([p[0] for p in parts]), eu)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_parquet_tf_pipeline_reads_the_same_rows_as_numpy(wd, shuffle):
+    reader = make_reader(wd, "test", 64, 1, 2)  # rank 1 of 2: file 1 only of 3
+    tf_rows = np.concatenate([x["numerical"].numpy() for x, _ in reader.dataset(shuffle=shuffle, seed=3)])
+    np_rows = np.concatenate([x["numerical"] for x, _ in reader.numpy_batches(shuffle=shuffle, seed=3)])
+    assert tf_rows.shape == np_rows.shape and len(tf_rows) == reader.rows
+    assert sorted(map(tuple, tf_rows)) == sorted(map(tuple, np_rows))
+
+
+def test_ncf_stored_test_negatives(tmp_path):
+    """A test mapping with preprocessing-written negatives: load_pairs keeps positives, stored_eval_set the blocks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from recsys.feature_spec import FeatureSpec
+    (tmp_path / "t").mkdir()
+    pq.write_table(pa.table({"user": pa.array([0, 0, 1], pa.int32()), "item": pa.array([1, 2, 0], pa.int32()),
+                             "label": pa.array([1.0, 1.0, 1.0], pa.float32())}), tmp_path / "t/train.parquet")
+    pq.write_table(pa.table({"user": pa.array([0, 0, 0, 1, 1, 1], pa.int32()),
+                             "item": pa.array([3, 0, 4, 2, 3, 4], pa.int32()),
+                             "label": pa.array([1, 0, 0, 1, 0, 0], pa.float32())}), tmp_path / "t/test.parquet")
+    feats = ["user", "item", "label"]
+    spec = FeatureSpec({"user": {"dtype": "int32", "cardinality": 2}, "item": {"dtype": "int32", "cardinality": 5},
+                        "label": {"dtype": "float32"}},
+                       {"train": [{"type": "parquet", "features": feats, "files": ["t/train.parquet"]}],
+                        "test": [{"type": "parquet", "features": feats, "files": ["t/test.parquet"]}]},
+                       {"user_ch": ["user"], "item_ch": ["item"], "label_ch": ["label"]},
+                       {"test_samples_per_series": 3}, base_directory=str(tmp_path))
+    u, i = ncf.load_pairs(spec, "test")
+    assert u.tolist() == [0, 1] and i.tolist() == [3, 2]
+    users, items, labels = ncf.stored_eval_set(spec)
+    assert users.tolist() == [0, 1] and items.tolist() == [[3, 0, 4], [2, 3, 4]] and labels[:, 0].all()
+    spec.metadata["test_samples_per_series"] = 4
+    with pytest.raises(FeatureSpecError, match="blocks of test_samples_per_series=4"):
+        ncf.stored_eval_set(spec)
+
+
+@pytest.mark.parametrize("model", ["dlrm", "ncf"])
+def test_same_rows_from_split_binary_and_parquet(tmp_path, model):
+    """The channel packing does not depend on the storage format (mixed int8/16/32 columns included)."""
+    kw = dict(num_numerical=3, cardinalities=[7, 300, 70000]) if model == "dlrm" else {}
+    rows = {"train": 512, "test": 100}
+    a = synthetic.generate(synthetic.default_spec(model, fmt="split_binary", **kw), tmp_path / "a", rows, seed=1)
+    b = synthetic.generate(synthetic.default_spec(model, fmt="parquet", num_files=1, **kw), tmp_path / "b", rows, seed=1)
+    (xa, ya), = list(make_reader(a, "train", 500).numpy_batches())
+    (xb, yb), = list(make_reader(b, "train", 500).numpy_batches())
+    assert np.array_equal(ya, yb)
+    for key in xa:
+        assert xa[key].dtype == xb[key].dtype
+        assert np.allclose(xa[key], xb[key], rtol=1e-3)  # float16 vs float32 storage of numericals

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# A standalone Spark cluster inside a Slurm allocation, for the life of one driver command.
+#
+#   spark-standalone.sh [options] -- driver command...
+#
+# Runs in the batch script (on the first node of the allocation):
+#   1. starts a Spark master here (org.apache.spark.deploy.master.Master from the
+#      pyspark package, via its bin/spark-class), on a free port chosen per job, so
+#      several jobs on one host never clash;
+#   2. starts one worker per node with `srun --ntasks-per-node=1` in the background
+#      (cores/memory from the flags, else the allocation: SLURM_CPUS_ON_NODE and
+#      85 % of SLURM_MEM_PER_NODE, else the node), and waits until all registered;
+#   3. exports SPARK_MASTER_URL, RECSYS_SPARK_NODES, RECSYS_SPARK_WORKER_CORES,
+#      RECSYS_SPARK_WORKER_MEMORY_GB (preproc.spark sizes executors from them)
+#      and runs the driver;
+#   4. ALWAYS stops the workers and the master: a trap on EXIT, TERM, INT and USR2
+#      (Slurm's pre-timeout signal, scancel) ends the driver, the worker step and
+#      the master, and waits for them.
+# Exit status: the driver's; 128+N when killed by signal N.
+#
+# Options (environment variable in brackets):
+#   --worker-cores N      [SPARK_WORKER_CORES]      cores each worker offers
+#   --worker-memory-gb G  [SPARK_WORKER_MEMORY_GB]  memory each worker offers, GiB
+#   --gpus-per-node G     [RECSYS_SPARK_GPUS]       GPUs each worker offers (RAPIDS)
+#   --local-dirs D        [SPARK_LOCAL_DIRS]        node-local shuffle scratch
+#   --log-dir D           [RECSYS_SPARK_LOG_DIR]    master/worker logs (default
+#                         $RECSYS_RUN_DIR/logs/spark-<job>, else ./spark-<job>)
+#   --master-port P       [SPARK_MASTER_PORT]       default: a free port
+#   --timeout S           seconds to wait for the master and the workers (120)
+set -euo pipefail
+
+die() { echo "spark-standalone: error: $*" >&2; exit 2; }
+say() { echo "spark-standalone: $*" >&2; }
+
+PY=${RECSYS_PYTHON:-${PYSPARK_PYTHON:-python3}}
+WORKER_CORES=${SPARK_WORKER_CORES:-}
+WORKER_MEM_GB=${SPARK_WORKER_MEMORY_GB:-}
+GPUS=${RECSYS_SPARK_GPUS:-0}
+LOCAL_DIRS=${SPARK_LOCAL_DIRS:-}
+LOG_DIR=${RECSYS_SPARK_LOG_DIR:-}
+MASTER_PORT=${SPARK_MASTER_PORT:-}
+TIMEOUT=120
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --worker-cores) WORKER_CORES=$2; shift 2 ;;
+    --worker-memory-gb) WORKER_MEM_GB=$2; shift 2 ;;
+    --gpus-per-node) GPUS=$2; shift 2 ;;
+    --local-dirs) LOCAL_DIRS=$2; shift 2 ;;
+    --log-dir) LOG_DIR=$2; shift 2 ;;
+    --master-port) MASTER_PORT=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
+    --) shift; break ;;
+    *) die "unknown option '$1' (usage: spark-standalone.sh [options] -- command...)" ;;
+  esac
+done
+[ $# -gt 0 ] || die "no driver command after --"
+[ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm allocation (SLURM_JOB_ID unset)"
+for v in WORKER_CORES WORKER_MEM_GB GPUS MASTER_PORT TIMEOUT; do
+  [ -z "${!v}" ] || [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, got '${!v}'"
+done
+
+SPARK_HOME=$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))') \
+  || die "$PY cannot import pyspark (set RECSYS_PYTHON to the environment's python)"
+export SPARK_HOME
+NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
+JOB_TAG=${SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_${SLURM_ARRAY_TASK_ID}}
+if [ -z "$LOG_DIR" ]; then
+  if [ -n "${RECSYS_RUN_DIR:-}" ]; then LOG_DIR=$RECSYS_RUN_DIR/logs/spark-$JOB_TAG; else LOG_DIR=$PWD/spark-$JOB_TAG; fi
+fi
+mkdir -p "$LOG_DIR"
+if [ -z "$WORKER_CORES" ]; then WORKER_CORES=${SLURM_CPUS_ON_NODE:-$(nproc)}; fi
+if [ -z "$WORKER_MEM_GB" ]; then
+  if [ -n "${SLURM_MEM_PER_NODE:-}" ]; then mem_mb=$SLURM_MEM_PER_NODE
+  else mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 )); fi
+  WORKER_MEM_GB=$(( mem_mb * 85 / 100 / 1024 )); [ "$WORKER_MEM_GB" -ge 1 ] || WORKER_MEM_GB=1
+fi
+MASTER_HOST=${SPARK_MASTER_HOST:-$(hostname)}
+if [ -z "$MASTER_PORT" ]; then
+  MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+fi
+export SPARK_MASTER_URL="spark://$MASTER_HOST:$MASTER_PORT"
+export SPARK_LOG_DIR=$LOG_DIR SPARK_NO_DAEMONIZE=1
+[ -z "$LOCAL_DIRS" ] || export SPARK_LOCAL_DIRS=$LOCAL_DIRS
+if [ "$GPUS" -gt 0 ]; then
+  export SPARK_WORKER_OPTS="${SPARK_WORKER_OPTS:-} -Dspark.worker.resource.gpu.amount=$GPUS"
+  SPARK_WORKER_OPTS+=" -Dspark.worker.resource.gpu.discoveryScript=$("$PY" -c 'import preproc.spark as s; print(s.DISCOVERY_SCRIPT)')"
+fi
+
+master_pid="" workers_pid="" driver_pid="" stopping=0
+stop_cluster() {
+  local status=$1
+  [ "$stopping" = 0 ] || return 0
+  stopping=1
+  trap '' TERM INT USR2
+  for pid in $driver_pid $workers_pid $master_pid; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  local deadline=$((SECONDS + 30))
+  for pid in $driver_pid $workers_pid $master_pid; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  say "cluster stopped (master $SPARK_MASTER_URL, $NODES worker(s)); logs in $LOG_DIR"
+  exit "$status"
+}
+trap 'stop_cluster $?' EXIT
+trap 'say "caught SIGTERM"; stop_cluster 143' TERM
+trap 'say "caught SIGINT"; stop_cluster 130' INT
+trap 'say "caught SIGUSR2 (time limit near)"; stop_cluster 140' USR2
+
+say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, logs in $LOG_DIR"
+"$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
+  --host "$MASTER_HOST" --port "$MASTER_PORT" --webui-port 0 > "$LOG_DIR/master.log" 2>&1 &
+master_pid=$!
+deadline=$((SECONDS + TIMEOUT))
+until grep -q "I have been elected leader" "$LOG_DIR/master.log" 2>/dev/null; do
+  kill -0 "$master_pid" 2>/dev/null || die "Spark master exited; see $LOG_DIR/master.log"
+  [ $SECONDS -lt $deadline ] || die "Spark master not up after ${TIMEOUT}s; see $LOG_DIR/master.log"
+  sleep 0.5
+done
+
+# One worker per node; each gets its own work dir (executor stderr) under the log dir.
+srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 --overlap --kill-on-bad-exit=0 \
+  --output="$LOG_DIR/worker-%t.log" \
+  bash -c 'exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+    --cores "$0" --memory "$1g" --webui-port 0 --work-dir "$2/work-${SLURMD_NODENAME:-$(hostname)}" \
+    "$SPARK_MASTER_URL"' "$WORKER_CORES" "$WORKER_MEM_GB" "$LOG_DIR" &
+workers_pid=$!
+until [ "$(grep -c "Registering worker" "$LOG_DIR/master.log" 2>/dev/null)" -ge "$NODES" ]; do
+  kill -0 "$workers_pid" 2>/dev/null || die "Spark workers exited; see $LOG_DIR/worker-*.log"
+  [ $SECONDS -lt $deadline ] || die "$(grep -c "Registering worker" "$LOG_DIR/master.log") of $NODES workers registered after ${TIMEOUT}s; see $LOG_DIR"
+  sleep 0.5
+done
+say "$NODES worker(s) registered"
+
+export RECSYS_SPARK_NODES=$NODES RECSYS_SPARK_WORKER_CORES=$WORKER_CORES RECSYS_SPARK_WORKER_MEMORY_GB=$WORKER_MEM_GB
+export RECSYS_SPARK_GPUS=$GPUS
+# The driver runs in the background so that the traps fire at once on a signal.
+"$@" &
+driver_pid=$!
+set +e
+wait "$driver_pid"
+status=$?
+set -e
+driver_pid=""
+say "driver exited with status $status"
+stop_cluster "$status"

@@ -1,0 +1,58 @@
+"""Bad input: one-line error, non-zero exit, nothing submitted (no job, no run directory)."""
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+CASES = [
+    (["train", "--profile", "no-such-profile", "--model", "dlrm"], "unknown profile"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--nodes", "5"], "--nodes"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--gpus-per-node", "3"], "--gpus-per-node"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--nodes", "0"], "--nodes"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--nodes", "-1"], "--nodes"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--gpus-per-node", "0"], "--gpus-per-node"),
+    (["benchmark", "--profile", "ci", "--model", "hello", "--array", "0"], "--array"),
+    (["benchmark", "--profile", "ci", "--model", "hello", "--array", "4", "--parallelism", "-2"],
+     "--array-parallelism"),
+    (["train", "--profile", "ci", "--model", "bert"], "unknown model"),
+    (["render", "finetune", "--profile", "ci", "--model", "dlrm"], "unknown kind"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--time", "1:2:3:4"], "--time"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--time", "90min"], "--time"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--time", "0"], "--time"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--time", "-5"], "--time"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--nodes", "two"], "--nodes"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--after", "12;touch"], "--after"),
+    (["preprocess", "--profile", "ci", "--dataset", "imagenet", "--input", "a", "--output", "b"],
+     "unknown dataset"),
+    (["preprocess", "--profile", "ci", "--dataset", "movielens", "--mode", "array", "--shards", "2",
+      "--input", "a", "--output", "b"], "--mode array"),
+    (["preprocess", "--profile", "ci", "--dataset", "criteo", "--output", "b"], "--input"),
+]
+
+
+@pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(c[0][:1] + c[0][3:]) for c in CASES])
+def test_bad_input_is_one_line_and_submits_nothing(cli, slurm_cluster, args, needle):
+    before = _queued(slurm_cluster)
+    proc = cli(*args)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("recsys-submit: error:") and needle in lines[0], lines[0]
+    assert proc.stdout == ""
+    assert not os.path.exists(cli.runs_dir) or os.listdir(cli.runs_dir) == []
+    assert _queued(slurm_cluster) <= before      # no new job appeared
+
+
+def _queued(cluster):
+    return set(cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split())
+
+
+def test_malformed_profile_file(cli, slurm_cluster, tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("scheduler: slurm\nnode: [unclosed\n")
+    proc = cli("train", "--profile", str(bad), "--model", "dlrm")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "broken.yaml" in proc.stderr
+    assert not os.path.exists(cli.runs_dir)

@@ -1,0 +1,74 @@
+"""`--profile local`: the same request as local processes (submitit + mpirun), no Slurm."""
+
+import json
+import os
+import subprocess
+import sys
+
+from submit_helpers import REPO, hello_lines
+
+
+def _run(tmp_path, *args):
+    env = dict(os.environ, RECSYS_RUNS_DIR=str(tmp_path / "runs"), OMPI_MCA_btl="self,tcp",
+               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+    env.pop("SLURM_CONF", None)
+    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+def _run_dir(proc):
+    return next(line[8:] for line in proc.stdout.splitlines() if line.startswith("run dir "))
+
+
+def test_local_hello_two_ranks(tmp_path):
+    proc = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--gpus-per-node", "2",
+                "--time", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "COMPLETED" in proc.stdout
+    run_dir = _run_dir(proc)
+    ranks = sorted(hello_lines(run_dir), key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [r["local_rank"] for r in ranks] == [0, 1]
+    assert all(r["mpi"] and r["mpi_size"] == 2 and r["allreduce_ok"] for r in ranks)
+    assert all(r["world_size"] == 2 for r in ranks)
+    from jobs.binding import rank_binding
+    from jobs.profiles import load_profile
+
+    node = load_profile("local").node
+    for r in ranks:
+        expected = rank_binding(node, r["local_rank"], "exclusive", local_size=2).cpus
+        assert r["cpus"] == expected
+    record = json.load(open(os.path.join(run_dir, "jobs.json")))
+    assert record["scheduler"] == "local"
+    status = _run(tmp_path, "status", run_dir)
+    assert "COMPLETED" in status.stdout
+
+
+def test_local_failure_stops_the_chain(tmp_path):
+    proc = _run(tmp_path, "train", "--profile", "local", "--model", "hello", "--then-evaluate",
+                "--time", "5", "--", "--fail")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("recsys-submit: error:")]
+    assert len(errors) == 1 and "'train' failed" in errors[0], proc.stderr
+    run_dir = _run_dir(proc)
+    assert [r["kind"] for r in hello_lines(run_dir)] == ["train"]   # evaluate never started
+
+
+def test_local_no_wait_then_cancel(tmp_path):
+    import time
+
+    proc = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--gpus-per-node", "2",
+                "--time", "5", "--no-wait", "--", "--sleep", "60")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = _run_dir(proc)
+    deadline = time.monotonic() + 60
+    while not hello_lines(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "RUNNING" in _run(tmp_path, "status", run_dir).stdout
+    assert _run(tmp_path, "cancel", run_dir).returncode == 0
+    while "RUNNING" in _run(tmp_path, "status", run_dir).stdout and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "CANCELLED" in _run(tmp_path, "status", run_dir).stdout
+    pids = [r["pid"] for r in hello_lines(run_dir)]
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()

@@ -1,0 +1,78 @@
+"""preproc.spark.spark_settings: Spark configuration derived from the node shape (pure function)."""
+from __future__ import annotations
+
+import pytest
+
+from preproc.errors import PreprocError
+from preproc.spark import DISCOVERY_SCRIPT, ClusterShape, spark_settings
+
+JAR = "/opt/rapids/rapids-4-spark_2.12-24.02.0.jar"
+
+
+def test_dgx2_gpu_reference_sizing():
+    s = spark_settings(ClusterShape(node_cores=80, node_memory_gb=1536, nodes=2, gpus_per_node=16, rapids_jar=JAR,
+                                    master="spark://n1:7077", local_dirs="/raid/spark"), environ={})
+    assert (s.mode, s.executors_per_node, s.executor_cores) == ("cluster-gpu", 16, 5)
+    c = s.conf
+    assert c["spark.executor.cores"] == "5" and c["spark.cores.max"] == "160"
+    assert c["spark.plugins"] == "com.nvidia.spark.SQLPlugin" and c["spark.jars"] == JAR
+    assert c["spark.executor.resource.gpu.amount"] == "1"
+    assert c["spark.task.resource.gpu.amount"] == "0.2"
+    assert c["spark.executor.resource.gpu.discoveryScript"] == DISCOVERY_SCRIPT
+    assert c["spark.rapids.sql.concurrentGpuTasks"] == "2"
+    assert c["spark.rapids.memory.pinnedPool.size"] == "7g"  # 10 % of the 79.6 GiB executor share, floored
+    assert c["spark.driver.memory"] == "32g"
+    # (0.85 * 1536 - 32) / 16 = 79.6 GiB per executor: 71g heap, the rest overhead + pinned pool
+    assert c["spark.executor.memory"] == "71g" and c["spark.executor.memoryOverhead"] == "16g"
+    assert c["spark.sql.shuffle.partitions"] == "600" and c["spark.sql.files.maxPartitionBytes"] == "1g"
+    assert c["spark.network.timeout"] == "1800s" and c["spark.locality.wait"] == "0s"
+    assert s.env["SPARK_LOCAL_DIRS"] == "/raid/spark" and c["spark.local.dir"] == "/raid/spark"
+
+
+def test_dgxa100_gpu_reference_sizing():
+    s = spark_settings(ClusterShape(node_cores=256, node_memory_gb=2048, nodes=4, gpus_per_node=8, rapids_jar=JAR,
+                                    master="spark://n1:7077"), environ={})
+    assert (s.executors_per_node, s.executor_cores) == (8, 32)
+    assert s.conf["spark.task.resource.gpu.amount"] == "0.03125"
+    assert s.conf["spark.rapids.memory.pinnedPool.size"] == "16g"  # capped at the reference 16g
+    assert s.conf["spark.sql.shuffle.partitions"] == str(2 * 4 * 256)  # 1024 cores: 2 x cores beats 600
+
+
+def test_gpus_without_jar_is_a_cpu_plan():
+    s = spark_settings(ClusterShape(node_cores=80, node_memory_gb=1536, gpus_per_node=16,
+                                    master="spark://n1:7077"), environ={})
+    assert s.mode == "cluster-cpu" and (s.executors_per_node, s.executor_cores) == (16, 5)
+    assert not any(k.startswith("spark.rapids") or "gpu" in k for k in s.conf)
+    assert "spark.plugins" not in s.conf
+
+
+def test_local_mode_and_master_from_environment():
+    s = spark_settings(ClusterShape(node_cores=2, node_memory_gb=8), environ={})
+    assert s.master == "local[2]" and s.mode == "local-cpu"
+    assert s.conf["spark.driver.memory"] == "4g" and s.conf["spark.sql.shuffle.partitions"] == "4"
+    assert "spark.executor.cores" not in s.conf and "SPARK_LOCAL_DIRS" not in s.env
+    env = {"SPARK_MASTER_URL": "spark://node1:7177", "SPARK_LOCAL_DIRS": "/scratch/job1", "PYSPARK_PYTHON": "/v/py"}
+    s = spark_settings(ClusterShape(node_cores=2, node_memory_gb=4), environ=env)
+    assert s.master == "spark://node1:7177" and s.mode == "cluster-cpu"
+    assert s.env == {"SPARK_LOCAL_DIRS": "/scratch/job1", "PYSPARK_PYTHON": "/v/py"}
+    assert s.conf["spark.executor.cores"] == "2" and s.conf["spark.cores.max"] == "2"
+    assert "spark.master=spark://node1:7177" in s.describe()
+
+
+def test_local_gpu_mode_and_overrides():
+    s = spark_settings(ClusterShape(node_cores=16, node_memory_gb=64, gpus_per_node=1, rapids_jar=JAR,
+                                    shuffle_partitions=64), environ={})
+    assert s.mode == "local-gpu" and s.conf["spark.driver.resource.gpu.amount"] == "1"
+    assert s.conf["spark.sql.shuffle.partitions"] == "64"
+
+
+@pytest.mark.parametrize("shape, flag", [
+    (dict(node_cores=0, node_memory_gb=4), "--node-cores"),
+    (dict(node_cores=4, node_memory_gb=0.5), "--node-memory-gb"),
+    (dict(node_cores=4, node_memory_gb=8, rapids_jar=JAR), "--rapids-jar"),
+    (dict(node_cores=4, node_memory_gb=8, gpus_per_node=8, rapids_jar=JAR), "--node-cores"),
+    (dict(node_cores=4, node_memory_gb=8, nodes=0), "--nodes"),
+])
+def test_bad_shapes_are_one_line_errors(shape, flag):
+    with pytest.raises(PreprocError, match=f"^{flag}"):
+        spark_settings(ClusterShape(**shape), environ={})
