@@ -186,7 +186,8 @@ def main(argv=None) -> int:
           f"{'duckdb/spark':>12} {'spark GiB':>9} {'duckdb GiB':>10} {'same bytes':>10}")
     for r in table:
         print(f"{r['rows']:>10,} {r['raw_mib']:>8.1f} {r['spark_s']:>8.1f} {r['duckdb_s']:>9.1f} "
-              f"{r['spark_rows_per_s']:>13,.0f} {r['duckdb_rows_per_s']:>14,.0f} {r['ratio_duckdb_over_spark']:>11.1f}x "
+              f"{r['spark_rows_per_s']:>13,.0f} {r['duckdb_rows_per_s']:>14,.0f} "
+              f"{r['ratio_duckdb_over_spark']:>11.1f}x "
               f"{r['spark_peak_gib']:>9.2f} {r['duckdb_peak_gib']:>10.2f} {str(r['identical_output']):>10}")
     summary = {}
     if len(table) >= 2:
@@ -198,7 +199,8 @@ def main(argv=None) -> int:
         print(f"\nfit time = a + b*rows: spark a={sa:.1f} s, b={sb * 1e6:.2f} us/row; "
               f"duckdb a={da:.1f} s, b={db * 1e6:.2f} us/row")
         if summary["spark_overhead_half_rows"]:
-            print(f"Spark's fixed overhead stops dominating (b*rows > a) above ~{summary['spark_overhead_half_rows']:,.0f} rows")
+            print("Spark's fixed overhead stops dominating (b*rows > a) above "
+                  f"~{summary['spark_overhead_half_rows']:,.0f} rows")
         print("Spark never catches up on one node at these per-row costs" if summary["crossover_rows"] is None
               else f"Spark would match DuckDB above ~{summary['crossover_rows']:,.0f} rows")
     results = Path(args.results)

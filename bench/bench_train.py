@@ -66,10 +66,10 @@ def _engine(args):
 def _engine_throughput(engine, task, args, steps, warmup):
     it = iter(task.benchmark_dataset())
     for _ in range(warmup):
-        engine._train_step(*next(it)).numpy()
+        engine._train_step(*next(it))[0].numpy()
     t0 = time.perf_counter()
     for _ in range(steps):
-        loss = engine._train_step(*next(it))
+        loss, _ = engine._train_step(*next(it))
     loss.numpy()
     return steps * args.batch_size / (time.perf_counter() - t0)
 

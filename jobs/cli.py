@@ -122,12 +122,14 @@ def requests_from_args(args, engine_args):
                            output=args.output, shards=args.shards,
                            array_parallelism=args.array_parallelism, engine_args=engine_args,
                            after=after, **{k: v for k, v in common.items() if k not in ("payload",)})]
-    for flag, value in (("--dataset", args.dataset), ("--input", args.input), ("--output", args.output),
-                        ("--shards", args.shards)):
+    for flag, value in (("--dataset", args.dataset), ("--input", args.input), ("--output", args.output)):
         if value is not None:
             raise RequestError(f"{flag}: only for preprocess")
-    if args.preprocess_mode != "single" and not args.preprocess_from:
-        raise RequestError("--mode: only for preprocess (or with --preprocess-from)")
+    if (args.preprocess_mode != "single" or args.shards is not None) and not args.preprocess_from:
+        raise RequestError("--mode/--shards: only for preprocess (or with --preprocess-from)")
+    # with an array-mode preprocess in the chain, --parallelism caps its transform array
+    pre_cap = args.array_parallelism if args.preprocess_from and args.preprocess_mode == "array" else None
+    main_cap = None if pre_cap is not None else args.array_parallelism
     engine = list(engine_args)
     if args.data_path:
         engine = ["--data-path", args.data_path] + engine
@@ -140,12 +142,13 @@ def requests_from_args(args, engine_args):
         chain.append(JobRequest(kind="preprocess", dataset=MODEL_DATASET.get(args.model),
                                 preprocess_mode=args.preprocess_mode, input=args.preprocess_from,
                                 output=args.data_path, shards=args.shards, after=after,
+                                array_parallelism=pre_cap,
                                 **{k: v for k, v in common.items()
                                    if k not in ("payload", "nodes", "gpus_per_node", "ntasks_per_node",
                                                 "name", "bind", "hyperthreads")}))
         after = []
     chain.append(JobRequest(kind=kind, model=args.model, array=args.array,
-                            array_parallelism=args.array_parallelism, engine_args=engine,
+                            array_parallelism=main_cap, engine_args=engine,
                             after=after, **common))
     if args.then_evaluate:
         if kind != "train":
@@ -187,7 +190,7 @@ def _cmd_profiles(args):
     bad = 0
     for path in files:
         try:
-            load_profile(path if ("/" in path or path.endswith((".yaml", ".yml"))) else path)
+            load_profile(path)
             print(f"ok      {path}")
         except ValueError as exc:
             bad += 1

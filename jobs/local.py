@@ -19,7 +19,7 @@ import time
 
 from . import runs as runs_mod
 from .errors import RequestError
-from .plan import ENGINES, plan, slurm_dir
+from .plan import ENGINES, SlurmHelper, plan, run_name, slurm_dir
 from .render import rank_command
 
 _RANK_SHIM = ('exec "$@" > "$RECSYS_RANK_LOG_PREFIX.rank${OMPI_COMM_WORLD_RANK:-${RANK:-0}}.log" 2>&1')
@@ -78,10 +78,8 @@ def _job_env(spec, run_dir, task_index=None):
 
 
 def _argv(spec, run_dir):
-    argv = []
-    for arg in rank_command(spec):
-        argv.append(arg.replace("$RECSYS_SLURM_DIR", slurm_dir()) if arg.startswith("$RECSYS_SLURM_DIR/") else arg)
-    return argv
+    return [os.path.join(slurm_dir(), arg.name) if isinstance(arg, SlurmHelper) else str(arg)
+            for arg in rank_command(spec)]
 
 
 def launch(spec, run_dir, task_index=None):
@@ -150,7 +148,7 @@ def submit_local(requests, profile, runs_dir=None, log=None, wait=True):
     resolved, specs = plan(requests, profile)
     if not wait and len(specs) > 1:
         raise RequestError("--no-wait: the local profile runs chains and split arrays only in the foreground")
-    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), resolved[-1].name)
+    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), run_name(resolved))
     runs_mod.write_json(os.path.join(run_dir, "request.json"),
                         {"requests": [r.request.to_dict() for r in resolved]})
     record = {"run_dir": run_dir, "profile": profile.name, "profile_path": profile.path,

@@ -9,7 +9,6 @@ nodes. Several requests chain (preprocess -> train -> evaluate) through afterok.
 """
 
 import dataclasses
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
@@ -52,11 +51,21 @@ class JobSpec:
         return 0 if self.array is None else self.array[1] - self.array[0] + 1
 
 
+class SlurmHelper(str):
+    """A script of the repo's slurm/ dir, written as "$RECSYS_SLURM_DIR/<name>" in a rendered
+    script; a distinct type so that no user-provided string is ever left unquoted."""
+
+    def __new__(cls, name):
+        return super().__new__(cls, f"$RECSYS_SLURM_DIR/{name}")
+
+    @property
+    def name(self):
+        return self[len("$RECSYS_SLURM_DIR/"):]
+
+
 def slurm_dir():
-    """Directory of the repo's slurm/ helpers (bind.sh, spark-standalone.sh), also when installed."""
-    spec = importlib.util.find_spec("slurm")
-    if spec is not None and spec.submodule_search_locations:
-        return os.path.abspath(list(spec.submodule_search_locations)[0])
+    """Directory of the repo's slurm/ helpers (bind.sh, spark-standalone.sh, the template).
+    `slurm` is installed as a top-level package next to `jobs`, in a checkout and a wheel."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm")
 
 
@@ -125,15 +134,15 @@ def plan_request(res, max_array_size=None, key_prefix=""):
     if mode == "multinode":
         node = profile.node
         cores = node.sockets * node.cores_per_socket * node.threads_per_core
-        cmd = (["bash", "$RECSYS_SLURM_DIR/spark-standalone.sh", "--"] + preproc + ["run"] + io
+        cmd = (["bash", SlurmHelper("spark-standalone.sh"), "--"] + preproc + ["run"] + io
                + ["--nodes", str(req.nodes), "--node-cores", str(cores),
                   "--node-memory-gb", str(int(node.memory_gb)),
                   "--gpus-per-node", str(res.gpus_per_node)] + list(req.engine_args))
         common["ntasks_per_node"] = 1
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
                         launcher="batch", command=cmd, **common)]
-    # criteo array mode: dictionary -> transform array -> finalize
-    one = dict(common, nodes=1, ntasks_per_node=1)
+    # criteo array mode: dictionary -> transform array -> finalize (CPU pieces: no GPUs)
+    one = dict(common, nodes=1, ntasks_per_node=1, gpus_per_node=0)
     dictionary = JobSpec(key=f"{prefix}dictionary", name=f"{res.name}-dict", bind=False,
                          command=preproc + ["dictionary"] + io + list(req.engine_args), **one)
     one["external_after"] = []
@@ -150,6 +159,12 @@ def _exits(specs):
     """Specs no other spec of the same request waits for: what a chained request waits on."""
     waited = {k for s in specs for k in s.after_ok + s.after_any}
     return [s.key for s in specs if s.key not in waited]
+
+
+def run_name(resolved):
+    """Name of a run: its main (first non-preprocess) request, else the first."""
+    main = [r for r in resolved if r.engine != "preproc"]
+    return (main or resolved)[0].name
 
 
 def plan(requests, profile, max_array_size=None):

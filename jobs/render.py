@@ -11,7 +11,7 @@ import shlex
 import string
 
 from .errors import RequestError
-from .plan import ENGINES, slurm_dir
+from .plan import ENGINES, SlurmHelper, slurm_dir
 from .slurmtime import format_time
 
 _SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
@@ -107,16 +107,14 @@ def _exports(mapping):
 
 
 def _quote_command(argv):
-    """Shell-quote every argument; `$RECSYS_SLURM_DIR/<helper>` (ours, never user input) stays
-    expandable."""
+    """Shell-quote every argument; only our own SlurmHelper paths keep $RECSYS_SLURM_DIR
+    expandable (their names are fixed in code, never user input)."""
     out = []
     for arg in argv:
-        arg = str(arg)
-        helper = arg[len("$RECSYS_SLURM_DIR/"):]
-        if arg.startswith("$RECSYS_SLURM_DIR/") and re.match(r"^[A-Za-z0-9_.-]+$", helper):
-            out.append(f'"$RECSYS_SLURM_DIR/{helper}"')
+        if isinstance(arg, SlurmHelper):
+            out.append(f'"$RECSYS_SLURM_DIR/{shlex.quote(arg.name)}"')
         else:
-            out.append(shlex.quote(arg))
+            out.append(shlex.quote(str(arg)))
     return out
 
 
@@ -125,7 +123,7 @@ def rank_command(spec):
     res = spec.resolved
     if not (spec.bind and ENGINES[res.engine]["bind"]):
         return list(spec.command)
-    wrapper = ["bash", "$RECSYS_SLURM_DIR/bind.sh", "--mode", res.bind]
+    wrapper = ["bash", SlurmHelper("bind.sh"), "--mode", res.bind]
     if res.hyperthreads:
         wrapper.append("--ht")
     return wrapper + ["--"] + list(spec.command)
@@ -140,10 +138,9 @@ def step_lines(spec, run_dir, container_name=None):
     mpi = getattr(profile, "mpi", "pmix") or "pmix"
     srun = ["srun", f"--mpi={mpi}", "-N", str(spec.nodes),
             f"--ntasks-per-node={spec.ntasks_per_node}",
-            f"--ntasks={spec.nodes * spec.ntasks_per_node}",
-            "--kill-on-bad-exit=1", f"--output={rank_out}", f"--error={rank_out}"]
-    srun = [srun[0]] + [shlex.quote(a) for a in srun[1:]]
-    pieces = [" ".join(srun)]
+            f"--ntasks={spec.nodes * spec.ntasks_per_node}", "--kill-on-bad-exit=1"]
+    pieces = [" ".join(shlex.quote(a) for a in srun),
+              " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
     container = getattr(profile, "container", None)
     if container is not None:
         flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}"]

@@ -7,12 +7,11 @@ cancelled unless keep_partial, and jobs.json records both.
 
 import os
 import sys
-import uuid
 
 from . import runs as runs_mod
 from . import slurmcli
 from .errors import SlurmCommandError, SubmitError
-from .plan import plan
+from .plan import plan, run_name
 from .render import render
 
 
@@ -40,7 +39,7 @@ def render_plan(requests, profile, run_dir=None, max_array_size=None):
     """[(spec, script text)] without submitting; dependencies show as <key> placeholders."""
     profile = load(profile)
     resolved, specs = plan(requests, profile, max_array_size=max_array_size or _max_array(requests, profile))
-    run_dir = run_dir or runs_mod.new_run_dir(runs_mod.default_runs_dir(profile), resolved[-1].name, create=False)
+    run_dir = run_dir or runs_mod.new_run_dir(runs_mod.default_runs_dir(profile), run_name(resolved), create=False)
     return [(spec, render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token="<token>"))
             for spec in specs]
 
@@ -79,13 +78,13 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait_
 
         return submit_local(requests, profile, runs_dir=runs_dir, log=log, wait=wait_local)
     resolved, specs = plan(requests, profile, max_array_size=_max_array(requests, profile))
-    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), resolved[-1].name)
+    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), run_name(resolved))
     runs_mod.write_json(os.path.join(run_dir, "request.json"),
                         {"requests": [r.request.to_dict() for r in resolved],
                          "profile": _profile_dict(profile)})
     submitted, ids = [], {}
     for index, spec in enumerate(specs):
-        token = uuid.uuid4().hex[:16]
+        token = os.urandom(8).hex()
         script = os.path.join(run_dir, f"{spec.key}.sbatch")
         text = render(spec, run_dir, script, ids=ids, token=token)
         with open(script, "w") as handle:

@@ -157,7 +157,7 @@ def cmd_dictionary(args) -> int:
     from preproc.spark import get_session
 
     files, last_day, thresholds = _plan(args)
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
     if args.dry_run:
         _print_plan(settings, ["stage dictionary", f"thresholds {thresholds}"] + _describe_files(files, last_day))
         return 0
@@ -179,10 +179,11 @@ def cmd_transform(args) -> int:
         if str(Path(args.input).resolve()) not in inputs:
             raise PreprocError(f"--input: {args.input}: the dictionary in {staging.dictionary} was built from "
                                f"{', '.join(sorted(inputs))}")
-    settings = settings_from_args(args)
+    mine = [f for f in meta["files"] if layout.shard_of(f["file_idx"], count) == shard]
+    settings = settings_from_args(args, input_bytes=sum(f["bytes"] for f in mine))
     if args.dry_run:
-        mine = [f["path"] for f in meta["files"] if layout.shard_of(f["file_idx"], count) == shard]
-        _print_plan(settings, [f"stage transform shard {shard} of {count}: {', '.join(mine) or 'no files'}"])
+        paths = ", ".join(f["path"] for f in mine) or "no files"
+        _print_plan(settings, [f"stage transform shard {shard} of {count}: {paths}"])
         return 0
     spark = get_session(settings, f"criteo-transform-{shard}-of-{count}")
     transform_shard(spark, staging, meta, shard, count, args.bad_rows)
@@ -203,7 +204,7 @@ def cmd_run(args) -> int:
     from preproc.spark import get_session
 
     files, last_day, thresholds = _plan(args)
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
     if args.dry_run:
         _print_plan(settings, ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}"]
                     + _describe_files(files, last_day))

@@ -113,7 +113,8 @@ def size_report(meta: dict, rows: dict[str, int], file_bytes: dict[str, dict[str
 def format_report(report: dict) -> str:
     lines = ["mapping      rows        bytes"]
     for mapping in MAPPINGS:
-        lines.append(f"{mapping:<11}{report['rows'][mapping]:>12,} {format_bytes(sum(report['bytes'][mapping].values())):>12}")
+        total = format_bytes(sum(report["bytes"][mapping].values()))
+        lines.append(f"{mapping:<11}{report['rows'][mapping]:>12,} {total:>12}")
     lines.append("file             " + "  ".join(f"{m:>12}" for m in MAPPINGS))
     for file in report["bytes"]["train"]:
         lines.append(f"{file:<17}" + "  ".join(f"{format_bytes(report['bytes'][m][file]):>12}" for m in MAPPINGS))

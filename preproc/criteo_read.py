@@ -34,21 +34,27 @@ def read_days(spark, files: list[tuple[int, int, Path]]):
     raw = frames[0]
     for frame in frames[1:]:
         raw = raw.unionByName(frame)
-    fields = F.split("line", "\t", -1)
-    good_shape = F.size(fields) == NUM_FIELDS
+    # Three projections so that the split and the bad-row test run once per row (the optimizer
+    # does not inline a non-trivial expression into several consumers).
+    split = raw.select("file_idx", "day", "block", "pos", F.split("line", "\t", -1).alias("f"))
+    fields = F.col("f")
     label_text = fields.getItem(0)
-    bad = ~good_shape | ~label_text.isin("0", "1")
+    bad = (F.size(fields) != NUM_FIELDS) | ~label_text.isin("0", "1")
     ints = []
     for i in range(NUM_INT):
         text = fields.getItem(1 + i)
-        value = F.when(text != "", text.cast("bigint"))
-        bad = bad | ((text != "") & (~text.rlike(INT_RE) | value.isNull()))
-        ints.append((i, value))
-    bad = F.coalesce(bad, F.lit(True))
-    columns = [F.col("file_idx"), F.col("day"), F.col("block"), F.col("pos"), bad.alias("bad"),
-               F.when(~bad, label_text.cast("int")).alias("label")]
-    columns += [F.when(~bad, value).alias(f"i{i}") for i, value in ints]
-    for i in range(NUM_CAT):
-        text = fields.getItem(1 + NUM_INT + i)
-        columns.append(F.when(~bad & (text != ""), text).alias(f"c{i}"))
-    return raw.select(*columns)
+        ints.append(F.when(text != "", text.cast("bigint")).alias(f"i{i}"))
+    typed = split.select("file_idx", "day", "block", "pos", label_text.alias("label"), *ints,
+                         *[fields.getItem(1 + NUM_INT + i).alias(f"t{i}") for i in range(NUM_CAT)],
+                         *[fields.getItem(1 + i).alias(f"s{i}") for i in range(NUM_INT)], bad.alias("shape_bad"))
+    unparsable = [(F.col(f"s{i}") != "") & (~F.col(f"s{i}").rlike(INT_RE) | F.col(f"i{i}").isNull())
+                  for i in range(NUM_INT)]
+    bad = F.col("shape_bad")
+    for test in unparsable:
+        bad = bad | test
+    flagged = typed.select("*", F.coalesce(bad, F.lit(True)).alias("bad"))
+    good = ~F.col("bad")
+    columns = ["file_idx", "day", "block", "pos", "bad", F.when(good, F.col("label").cast("int")).alias("label")]
+    columns += [F.when(good, F.col(f"i{i}")).alias(f"i{i}") for i in range(NUM_INT)]
+    columns += [F.when(good & (F.col(f"t{i}") != ""), F.col(f"t{i}")).alias(f"c{i}") for i in range(NUM_CAT)]
+    return flagged.select(*columns)

@@ -20,25 +20,21 @@ import os
 
 import numpy as np
 
-FORMATS = {
-    # name: (file name, separator, header, first/last timestamp of the real collection)
-    "ml-1m": ("ratings.dat", "::", None, 956703932, 1046454590),
-    "ml-20m": ("ratings.csv", ",", "userId,movieId,rating,timestamp", 789652009, 1427784002),
-}
+from preproc.movielens import LAYOUTS
 
-
-def ratings_file_name(fmt: str) -> str:
-    return FORMATS[fmt][0]
+# First and last timestamp of each dataset's real collection period.
+PERIODS = {"ml-1m": (956703932, 1046454590), "ml-20m": (789652009, 1427784002)}
 
 
 def generate(out_dir: str, users: int = 1000, items: int = 500, fmt: str = "ml-1m",
              seed: int = 0, mean_ratings: float = 40.0, duplicate_fraction: float = 0.005) -> str:
     """Write one ratings file under ``out_dir``; returns its path."""
-    if fmt not in FORMATS:
+    if fmt not in LAYOUTS:
         raise ValueError(f"--format: unknown MovieLens format {fmt!r} (ml-1m or ml-20m)")
     if users < 1 or items < 2:
         raise ValueError("--users must be >= 1 and --items >= 2")
-    name, sep, header, t_first, t_last = FORMATS[fmt]
+    name, sep, header = LAYOUTS[fmt]
+    t_first, t_last = PERIODS[fmt]
     rng = np.random.default_rng(seed)
     # Sparse original ids: a sorted sample of a range twice as wide.
     item_ids = np.sort(rng.choice(np.arange(1, 2 * items + 1), size=items, replace=False))

@@ -25,12 +25,14 @@ Pipeline, in this order (implicit feedback: every rating is a positive):
    user with fewer unseen items than that is left out of the test set (logged).
 
 Output (``OUT/``, written to a temporary sibling and renamed after
-verification against the spec): ``--num-files`` parquet files per mapping ``train/part_NNNNN.parquet`` (columns ``user``
-int32, ``item`` int32, ``label`` float32 = 1) and ``test/part_NNNNN.parquet``
-(same columns: one row per user, label 1, the held-out positive; with test
-negatives also their label-0 rows, a user's rows consecutive in one file), plus ``feature_spec.yaml`` with the user/item
-cardinalities, channels ``user_ch``/``item_ch``/``label_ch`` and metadata
-``test_samples_per_series`` = 1 + negatives.
+verification against the spec): ``--num-files`` parquet files per mapping,
+``train/part_NNNNN.parquet`` (columns ``user`` int32, ``item`` int32,
+``label`` float32 = 1) and ``test/part_NNNNN.parquet`` (same columns: one row
+per user, label 1, the held-out positive, in file ``user % num_files``; with
+test negatives also their label-0 rows, a user's rows consecutive in one file),
+plus ``feature_spec.yaml`` with the user/item cardinalities, channels
+``user_ch``/``item_ch``/``label_ch`` and metadata ``test_samples_per_series``
+= 1 + negatives.
 """
 from __future__ import annotations
 
@@ -143,7 +145,7 @@ def sample_test_negatives(train, test, n_items: int, negatives: int, seed: int):
     seen = (train.select("user", "item").unionByName(test.select("user", "item"))
             .groupBy("user").agg(F.collect_set("item").alias("_seen")))
     series = test.select("user", "item").join(seen, "user")
-    short_users = spark_of(train).sparkContext.accumulator(0)
+    short_users = train.sparkSession.sparkContext.accumulator(0)
 
     def draw(rows):
         for row in rows:
@@ -166,13 +168,9 @@ def sample_test_negatives(train, test, n_items: int, negatives: int, seed: int):
 
     schema = T.StructType([T.StructField("user", T.IntegerType()), T.StructField("item", T.IntegerType()),
                            T.StructField("label", T.FloatType()), T.StructField("_pos", T.IntegerType())])
-    result = spark_of(train).createDataFrame(series.rdd.mapPartitions(draw), schema)
+    result = train.sparkSession.createDataFrame(series.rdd.mapPartitions(draw), schema)
     result.short_users = short_users
     return result
-
-
-def spark_of(df):
-    return df.sparkSession
 
 
 def feature_spec_dict(n_users: int, n_items: int, train_files, test_files, negatives: int, extra: dict) -> dict:
@@ -207,24 +205,27 @@ def run(spark, input_path: str, output: str, fmt: str | None = None, min_ratings
     if n_users == 0:
         raise PreprocError(f"--min-ratings: no user of {path} has {min_ratings} or more ratings")
     log.info("movielens: %d users, %d items after --min-ratings %d", n_users, n_items, min_ratings)
-    test_rows = sample_test_negatives(train, test, n_items, test_negatives, seed)
+    test_rows = sample_test_negatives(train, test, n_items, test_negatives, seed).cache()
     train_rows = train.select("user", "item", F.lit(1.0).cast("float").alias("label"))
-    rows = {}
+    # What Spark counts, independently of the files: the verification compares the two.
+    rows = {"train": train_rows.count(), "test": test_rows.count()}
 
     def verify(stage):
         verify_against_spec(stage, rows)
 
-    with atomic_dir(output, overwrite, verify=verify) as stage:
-        train_files, train_counts = textio.write_parquet_files(
-            train_rows, stage, "train", num_files, by=None, sort_by=["user", "item"])
-        test_files, test_counts = textio.write_parquet_files(
-            test_rows.withColumn("_f", F.col("user") % num_files), stage, "test", num_files,
-            by="_f", sort_by=["user", "_pos"], drop=["_pos"])
-        rows.update(train=sum(train_counts), test=sum(test_counts))
-        spec = feature_spec_dict(n_users, n_items, train_files, test_files, test_negatives,
-                                 {"format": fmt, "min_ratings": min_ratings, "seed": seed, "rows": dict(rows),
-                                  "bad_rows": report, "users_without_full_test_series": _short(test_rows)})
-        textio.write_feature_spec(spec, stage)
+    try:
+        with atomic_dir(output, overwrite, verify=verify) as stage:
+            train_files, _ = textio.write_parquet_files(
+                train_rows, stage, "train", num_files, by=None, sort_by=["user", "item"])
+            test_files, _ = textio.write_parquet_files(
+                test_rows.withColumn("_f", F.col("user") % num_files), stage, "test", num_files,
+                by="_f", sort_by=["user", "_pos"], drop=["_pos"])
+            spec = feature_spec_dict(n_users, n_items, train_files, test_files, test_negatives,
+                                     {"format": fmt, "min_ratings": min_ratings, "seed": seed, "rows": dict(rows),
+                                      "bad_rows": report, "users_without_full_test_series": _short(test_rows)})
+            textio.write_feature_spec(spec, stage)
+    finally:
+        test_rows.unpersist()
     log.info("movielens: wrote %d train and %d test rows to %s", rows["train"], rows["test"], output)
     return spec
 
@@ -259,8 +260,8 @@ def add_arguments(stages) -> None:
     run_p.add_argument("--min-ratings", type=int, default=20, help="drop users with fewer ratings (default 20)")
     run_p.add_argument("--test-negatives", type=int, default=0,
                        help="also write N sampled negatives per test user (default 0: recsys samples its own)")
-    run_p.add_argument("--num-files", type=int, default=1,
-                       help="parquet files per mapping; at least the number of training ranks (default 1)")
+    run_p.add_argument("--num-files", type=int, default=8,
+                       help="parquet files per mapping, at least the number of training ranks (default 8)")
     run_p.add_argument("--seed", type=int, default=0, help="seed of the test negatives")
     add_bad_rows_argument(run_p)
     add_spark_arguments(run_p)

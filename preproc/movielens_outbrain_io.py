@@ -80,20 +80,30 @@ def parse_delimited(spark, path, columns, sep: str, header: str | None = None):
     return raw.select(*values, bad.alias("_bad"), "_file", "_line")
 
 
-def drop_bad_rows(parsed, policy: str = "skip", what: str = "input"):
-    """Count rows and bad rows per file (one aggregation pass), enforce ``policy``, drop the bad rows.
-
-    Returns (clean DataFrame, report {file: {bad_rows, rows}}).
-    """
+def count_bad_rows(parsed) -> dict:
+    """{file: (bad rows, rows)} of a ``parse_delimited`` frame (or several unioned), in one aggregation."""
     from pyspark.sql import functions as F
-
-    from preproc import bad_rows
 
     per_file = (parsed.groupBy("_file")
                 .agg(F.sum(F.col("_bad").cast("long")).alias("bad"), F.count("*").alias("rows")).collect())
-    counts = {row["_file"]: (int(row["bad"] or 0), int(row["rows"])) for row in per_file}
-    report = bad_rows.enforce(counts, policy, what)
-    return parsed.filter(~F.col("_bad")).drop("_bad", "_file", "_line"), report
+    return {row["_file"]: (int(row["bad"] or 0), int(row["rows"])) for row in per_file}
+
+
+def without_bad_rows(parsed):
+    from pyspark.sql import functions as F
+
+    return parsed.filter(~F.col("_bad")).drop("_bad", "_file", "_line")
+
+
+def drop_bad_rows(parsed, policy: str = "skip", what: str = "input"):
+    """Count rows and bad rows per file, apply ``preproc.bad_rows.enforce``, drop the bad rows.
+
+    Returns (clean DataFrame, report {file: {bad_rows, rows}}).
+    """
+    from preproc import bad_rows
+
+    report = bad_rows.enforce(count_bad_rows(parsed), policy, what)
+    return without_bad_rows(parsed), report
 
 
 def write_parquet_files(df, stage: str, name: str, num_files: int, by: str | None = None,

@@ -13,9 +13,10 @@ Split (the reference's rule): an event's day is ``floor(timestamp / 86400000)``
 ``day <= 10`` as in the reference) are split per day: the
 ``round(0.8 x displays of that day)`` displays with the smallest
 ``xxhash64(display_id, --seed)`` train, the rest evaluate (an exact, reproducible
-80 %, where the reference draws a uniform number per display). Every display of
-a later day (the last two days of clicks_train) evaluates. A display's ads never
-straddle the split.
+80 %, where the reference draws a uniform number per display); only displays
+present in clicks_train count (events.csv also lists the Kaggle test displays).
+Every display of a later day (the last two days of clicks_train) evaluates. A
+display's ads never straddle the split.
 
 Joins: clicks_train -> events (display_id; clicks without an event are
 dropped) -> promoted_content (ad_id) -> documents_meta for the page document
@@ -27,9 +28,10 @@ Features (all null-free, so the parquet reader needs no masks):
   ad_document_id, campaign_id, advertiser_id, ad_source_id, ad_publisher_id,
   ``views`` = training impressions and ``clicks`` = training clicks of the
   context value; ``ctr = (clicks + a * p) / (views + a)`` when
-  ``views >= --ctr-min-views`` (default 5), else ``p``; ``p`` = global training
+  ``views >= max(1, --ctr-min-views)`` (default 5), else ``p``; ``p`` = global training
   CTR, ``a`` = ``--ctr-smoothing`` (default 10; 0 gives the raw ratio). A null
-  context gets ``p`` and 0 views. Features ``<context>_ctr`` and
+  context gets ``p`` and 0 views. A training row's own click is part of its
+  context's counts (no leave-one-out). Features ``<context>_ctr`` and
   ``<context>_views``.
 * Page/ad similarity: for categories, topics and entities, the cosine of the
   two documents' confidence vectors, ``sum_k c_page,k c_ad,k / (|c_page| |c_ad|)``
@@ -37,7 +39,8 @@ Features (all null-free, so the parquet reader needs no masks):
   ``sim_entities``.
 * Popularity from page_views: ``page_doc_pageviews``, ``ad_doc_pageviews``,
   ``user_pageviews``; and ``ad_doc_age_days`` (event time minus the ad document's
-  publish time, clamped at 0; 0 when unknown).
+  publish time, clamped at 0; 0 when unknown; publish_time is read in the Spark
+  session time zone, ``spark.sql.session.timeZone``).
 * Numerical transform: counts (``*_views``, ``*_pageviews``, age) go through
   ``log1p``; then every numerical feature is standardized with the training
   split's mean and population standard deviation (``(x - mean) / std``, std 0
@@ -164,13 +167,16 @@ def parse_sizes(text: str | None, defaults: dict, flag: str) -> dict:
 
 # ---------------------------------------------------------------- Spark stages
 def load_tables(spark, paths: dict, bad_rows: str = "skip"):
-    """{table: DataFrame} without bad rows, and the per-file bad-row report."""
-    tables, report = {}, {}
-    for table, path in paths.items():
-        parsed = textio.parse_delimited(spark, path, TABLES[table], ",", header=header_of(table))
-        tables[table], rep = textio.drop_bad_rows(parsed, bad_rows, what=f"outbrain {table}")
-        report.update(rep)
-    return tables, report
+    """{table: DataFrame} without bad rows, and the per-file bad-row report (one counting job for all tables)."""
+    from functools import reduce
+
+    from preproc import bad_rows as bad_rows_policy
+
+    parsed = {table: textio.parse_delimited(spark, path, TABLES[table], ",", header=header_of(table))
+              for table, path in paths.items()}
+    flags = reduce(lambda a, b: a.unionByName(b), (df.select("_file", "_bad") for df in parsed.values()))
+    report = bad_rows_policy.enforce(textio.count_bad_rows(flags), bad_rows, "outbrain")
+    return {table: textio.without_bad_rows(df) for table, df in parsed.items()}, report
 
 
 def split_displays(events, split_days: int = 11, train_fraction: float = 0.8, seed: int = 0):
@@ -218,7 +224,7 @@ def ctr_features(rows, min_views: int = 5, smoothing: float = 10.0):
                  .agg(F.count("*").alias(f"_v_{ctx}"), F.sum(LABEL).alias(f"_c_{ctx}")))
         rows = rows.join(stats, ctx, "left")
         views = F.coalesce(F.col(f"_v_{ctx}"), F.lit(0))
-        ctr = F.when(views >= min_views, (F.col(f"_c_{ctx}") + smoothing * prior) / (views + smoothing)) \
+        ctr = F.when(views >= max(min_views, 1), (F.col(f"_c_{ctx}") + smoothing * prior) / (views + smoothing)) \
             .otherwise(F.lit(prior))
         features += [ctr.cast("double").alias(f"{ctx}_ctr"), views.cast("double").alias(f"{ctx}_views")]
     rows = rows.select(*[c for c in rows.columns if not c.startswith(("_v_", "_c_"))], *features)
@@ -342,7 +348,9 @@ def build_features(tables, split_days=11, train_fraction=0.8, seed=0, min_views=
 
     buckets = buckets or ONEHOT_BUCKETS
     multihot = multihot or MULTIHOT
-    split = split_displays(tables["events"], split_days, train_fraction, seed)
+    # events.csv also holds the Kaggle test displays (no clicks): split only the displays with clicks.
+    clicked_events = tables["events"].join(tables["clicks_train"].select("display_id"), "display_id", "left_semi")
+    split = split_displays(clicked_events, split_days, train_fraction, seed)
     # The join feeds six CTR aggregations and the features: materialize it once.
     joined = join_tables(tables, split).persist(StorageLevel.MEMORY_AND_DISK)
     rows, prior = ctr_features(joined, min_views, smoothing)

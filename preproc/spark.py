@@ -19,8 +19,11 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   ``memoryOverhead``, plus the RAPIDS pinned pool (``min(16, 10 % of share)`` GiB)
   in the overhead when on GPUs. In local mode the driver JVM does all the work
   and gets 50 % of the node memory (Python workers need the rest).
-* ``spark.sql.shuffle.partitions``: ``max(600, 2 x total cores)`` on a cluster
-  (600 is the reference value for the 1 TB Criteo run), ``2 x cores`` locally.
+* ``spark.sql.shuffle.partitions``: on a cluster ``max(2 x total cores, input
+  bytes / 2 GiB)`` when the stage knows its input size (the reference's 600 for
+  the ~1.3 TB Criteo text is about 2 GiB each), else ``max(600, 2 x total
+  cores)``; ``2 x cores`` locally. Too many partitions for a small input costs a
+  task per partition per shuffle.
   ``spark.sql.files.maxPartitionBytes=1g`` on a cluster (the reference), Spark's
   default locally. ``spark.network.timeout=1800s``, ``spark.locality.wait=0s``.
 * Python: executors run ``$PYSPARK_PYTHON``, else the driver's interpreter
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -49,6 +53,7 @@ log = logging.getLogger("preproc.spark")
 
 DISCOVERY_SCRIPT = str(Path(__file__).resolve().with_name("gpu-discovery.sh"))
 CPU_EXECUTOR_CORES = 5
+PARTITION_INPUT_BYTES = 2 * 2**30  # the reference's 600 partitions for ~1.3 TB of raw Criteo text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,7 @@ class ClusterShape:
     local_dirs: str | None = None
     master: str | None = None
     shuffle_partitions: int | None = None
+    input_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +148,11 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None) -> SparkSet
         if gpu:
             overhead_gb += min(16.0, 0.1 * share_gb)
         conf["spark.executor.memoryOverhead"] = _gib(overhead_gb)
-        partitions = max(600, 2 * shape.nodes * executors * cores)
+        total_cores = shape.nodes * executors * cores
+        if shape.input_bytes is None:
+            partitions = max(600, 2 * total_cores)
+        else:
+            partitions = max(2 * total_cores, math.ceil(shape.input_bytes / PARTITION_INPUT_BYTES))
     conf["spark.sql.shuffle.partitions"] = str(shape.shuffle_partitions or partitions)
     if gpu:
         pinned = _gib(min(16.0, 0.1 * share_gb))
@@ -214,7 +224,8 @@ def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
                        help="print the effective Spark configuration and the plan, start nothing")
 
 
-def settings_from_args(args: argparse.Namespace, environ: dict | None = None) -> SparkSettings:
+def settings_from_args(args: argparse.Namespace, environ: dict | None = None,
+                       input_bytes: int | None = None) -> SparkSettings:
     """SparkSettings for parsed ``add_spark_arguments`` flags.
 
     Unset flags come from what slurm/spark-standalone.sh exports (``RECSYS_SPARK_NODES``,
@@ -242,7 +253,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict | None = None) ->
                          nodes=pick(args.nodes, "RECSYS_SPARK_NODES", 1, int),
                          gpus_per_node=pick(args.gpus_per_node, "RECSYS_SPARK_GPUS", 0, int),
                          rapids_jar=args.rapids_jar, local_dirs=args.local_dirs, master=args.spark_master,
-                         shuffle_partitions=args.shuffle_partitions)
+                         shuffle_partitions=args.shuffle_partitions, input_bytes=input_bytes)
     settings = spark_settings(shape, environ)
     for item in args.spark_conf:
         key, sep, value = item.partition("=")

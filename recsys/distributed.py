@@ -44,6 +44,21 @@ def launcher_rank(env=None) -> int:
     return 0
 
 
+def _bits_as_f32(t):
+    """int32 [N] -> float32 [N]; int64 [N] -> float32 [N, 2] (bit patterns, exact round trip)."""
+    import tensorflow as tf
+    if t.dtype == tf.int64:
+        return tf.bitcast(tf.bitcast(t, tf.int32), tf.float32)
+    return tf.bitcast(tf.cast(t, tf.int32), tf.float32)
+
+
+def _f32_as_bits(t, dtype):
+    import tensorflow as tf
+    if dtype == tf.int64:
+        return tf.bitcast(tf.bitcast(t, tf.int32), tf.int64)
+    return tf.cast(tf.bitcast(t, tf.int32), dtype)
+
+
 class Distributed:
     """Rank/size plus the collectives the engine needs (identity when size == 1)."""
 
@@ -64,31 +79,51 @@ class Distributed:
         return self.rank == 0
 
     # --- collectives (called inside or outside tf.function) ---------------
-    def allreduce_gradients(self, grads, sparse_as_dense: bool = False):
-        """Average gradients across ranks; IndexedSlices are allgathered."""
+    def allreduce_gradients(self, grads, sparse_as_dense: bool = False, extras=()):
+        """Average gradients (and ``extras``, e.g. the loss) across ranks in two collectives.
+
+        Dense tensors go through one grouped allreduce; IndexedSlices (embedding
+        gradients) through one grouped allgather of their values and indices
+        (values divided by the world size), so a step costs two negotiations
+        whatever the number of tables. Returns ``(grads, extras)``.
+        """
+        extras = list(extras)
         if self.hvd is None:
-            return grads
+            return list(grads), extras
         import tensorflow as tf
         hvd = self.hvd
-        dense_idx, dense = [], []
         out = list(grads)
+        dense_idx, dense, sparse_idx, sparse = [], [], [], []
         for i, g in enumerate(grads):
             if g is None:
                 continue
-            if isinstance(g, tf.IndexedSlices):
-                if sparse_as_dense:
-                    dense_idx.append(i)
-                    dense.append(tf.convert_to_tensor(g))
-                else:
-                    out[i] = hvd.allreduce(g, op=hvd.Average)
+            if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+                sparse_idx.append(i)
+                sparse.append(g)
             else:
                 dense_idx.append(i)
-                dense.append(g)
-        if dense:
-            reduced = hvd.grouped_allreduce(dense, op=hvd.Average)
+                dense.append(tf.convert_to_tensor(g))
+        if dense or extras:
+            reduced = hvd.grouped_allreduce(dense + extras, op=hvd.Average)
             for i, g in zip(dense_idx, reduced):
                 out[i] = g
-        return out
+            extras = list(reduced[len(dense):])
+        if sparse:
+            # A grouped op needs one dtype: carry the integer indices as float32 bit patterns.
+            parts = [g.values for g in sparse] + [_bits_as_f32(g.indices) for g in sparse]
+            by_dtype = {}
+            for k, t in enumerate(parts):
+                by_dtype.setdefault(t.dtype, []).append(k)
+            gathered = [None] * len(parts)
+            for ks in by_dtype.values():
+                for k, t in zip(ks, hvd.grouped_allgather([parts[k] for k in ks])):
+                    gathered[k] = t
+            n = len(sparse)
+            for k, (i, g) in enumerate(zip(sparse_idx, sparse)):
+                values = gathered[k] / tf.cast(self.size, gathered[k].dtype)
+                indices = _f32_as_bits(gathered[n + k], g.indices.dtype)
+                out[i] = tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
+        return out, extras
 
     def allreduce_sum(self, value):
         """Sum a tensor/ndarray across ranks (returns numpy when given numpy)."""

@@ -41,6 +41,7 @@ class Engine:
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
+        self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")  # set by SIGUSR2
         self._build()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
@@ -101,19 +102,18 @@ class Engine:
         return loss, grads
 
     def _train_step_impl(self, inputs, labels):
+        """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
         loss, grads = self._grad_fn(inputs, labels)
         grads = list(grads)
-        if self._local_ids:
-            # Model-parallel table shards: their gradients come back through the alltoall of
-            # distributed-embeddings and belong to this rank only; allreduce the rest.
-            idx = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
-            reduced = self.dist.allreduce_gradients([grads[k] for k in idx], sparse_as_dense=self.args.sparse_as_dense)
-            for k, g in zip(idx, reduced):
-                grads[k] = g
-        else:
-            grads = self.dist.allreduce_gradients(grads, sparse_as_dense=self.args.sparse_as_dense)
-        if self.dist.size > 1:
-            loss = self.dist.hvd.allreduce(loss, op=self.dist.hvd.Average)
+        shared = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
+        # Model-parallel table shards (distributed-embeddings) get their gradients through its
+        # alltoall and belong to this rank only: only the other gradients are averaged.
+        # The loss and the stop flag ride along in the same allreduce (no extra collective).
+        reduced, (loss, stop) = self.dist.allreduce_gradients(
+            [grads[k] for k in shared], sparse_as_dense=self.args.sparse_as_dense,
+            extras=[tf.cast(loss, tf.float32), tf.identity(self._stop_flag)])
+        for k, g in zip(shared, reduced):
+            grads[k] = g
         i = 0
         finite = None
         for k, (_, opt, variables) in enumerate(self.groups):
@@ -133,7 +133,7 @@ class Engine:
                 tf.cond(finite, apply, lambda: tf.constant(False))
         self.global_step.assign_add(1)
         self.step_in_epoch.assign_add(1)
-        return loss
+        return loss, stop
 
     def _predict_impl(self, inputs):
         return tf.sigmoid(self.model(inputs, training=False))
@@ -191,7 +191,9 @@ class Engine:
                     if max_steps and int(self.global_step.numpy()) >= max_steps:
                         break
                     t0 = time.perf_counter()
-                    loss = self._train_step(inputs, labels)
+                    if stop.requested:
+                        self._stop_flag.assign(1.0)
+                    loss, stop_any = self._train_step(inputs, labels)
                     step = int(self.global_step.numpy())
                     n_last += 1
                     if step % a.log_every == 0 or (max_steps and step >= max_steps):
@@ -204,7 +206,7 @@ class Engine:
                     if step > a.benchmark_warmup_steps:
                         timed_steps += 1
                         timed_seconds += time.perf_counter() - t0
-                    if dist.any(stop.requested):
+                    if float(stop_any.numpy()) > 0:      # every rank sees the same reduced flag
                         interrupted = True
                         raise StopTraining
                 if max_steps and int(self.global_step.numpy()) >= max_steps:
@@ -257,7 +259,7 @@ class Engine:
         for i in range(warm + steps):
             inputs, labels = next(it)
             t0 = time.perf_counter()
-            loss = self._train_step(inputs, labels)
+            loss, _ = self._train_step(inputs, labels)
             loss.numpy()                      # step boundary: wait for the device
             if i >= warm:
                 times.append(time.perf_counter() - t0)

@@ -95,7 +95,7 @@ stop_cluster() {
   for pid in $driver_pid $workers_pid $master_pid; do
     kill -TERM "$pid" 2>/dev/null || true
   done
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + 15))
   for pid in $driver_pid $workers_pid $master_pid; do
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true

@@ -57,11 +57,14 @@ def make_reader(spec, mapping: str, batch_size: int, rank: int = 0, world_size: 
 
 def make_dataset(spec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
                  shuffle: bool = False, seed: int = 0, repeat: bool = False,
-                 drop_remainder: Optional[bool] = None):
+                 drop_remainder: Optional[bool] = None, parallel_files: int = 4):
     """tf.data.Dataset of ``(inputs, labels float32 [B, 1])`` for this rank's shard, prefetching.
 
     Without ``repeat`` the dataset has a known cardinality (``num_batches``
     of the reader; identical on all ranks for training mappings).
+    ``parallel_files``: parquet files decoded at once per rank (ignored for split-binary).
     """
     reader = make_reader(spec, mapping, batch_size, rank, world_size, drop_remainder)
+    if hasattr(reader, "file_groups"):
+        return reader.dataset(shuffle=shuffle, seed=seed, repeat=repeat, parallel_files=parallel_files)
     return reader.dataset(shuffle=shuffle, seed=seed, repeat=repeat)

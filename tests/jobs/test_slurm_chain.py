@@ -87,8 +87,17 @@ def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
     _wait_for(lambda: hello_lines(run_dir), what="the step to start")
     slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
     info = os.path.join(run_dir, "logs", f"main-{job_id}.info")
-    _wait_for(lambda: "requeued=" in open(info).read(), what="the batch script to requeue")
-    _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job pending again with Restarts=1")
+    logs = os.path.join(run_dir, "logs")
+
+    def evidence():
+        return {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs)}
+
+    try:
+        _wait_for(lambda: "requeued=" in open(info).read(), what="the batch script to requeue")
+        _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job pending again with Restarts=1")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {evidence()} "
+                             f"{slurm_cluster.run(['scontrol', 'show', 'job', job_id]).stdout}") from None
     log = open(_rank0(run_dir)).read()
     assert "checkpoint saved on signal" in log
     cli("cancel", run_dir, check=True)

@@ -39,9 +39,8 @@ def test_split_exact_fraction_per_day_and_last_days_all_eval(spark):
             assert train_per_day[day] == expected
     again = {r.display_id: r.is_train for r in outbrain.split_displays(events, 11, 0.8, seed=0).collect()}
     assert again == {d: t for d, (_, t) in split.items()}
-    other_seeds = [{r.display_id: r.is_train for r in outbrain.split_displays(events, 11, 0.8, seed=s).collect()}
-                   for s in (1, 2, 3)]
-    assert any(o != again for o in other_seeds)
+    other_seed = {r.display_id: r.is_train for r in outbrain.split_displays(events, 11, 0.8, seed=1).collect()}
+    assert other_seed != again
 
 
 # ---------------------------------------------------------------- CTR by hand
@@ -63,7 +62,6 @@ def ctr_rows(spark):
     # prior p = 2 clicks / 4 train views = 0.5
     (2, 1.0, {1: (1 + 0.5) / (3 + 1), 2: 0.5, 3: 0.5}, {7: (1 + 0.5) / (3 + 1), None: 0.5}),
     (1, 0.0, {1: 1 / 3, 2: 1.0, 3: 0.5}, {7: 1 / 3, None: 0.5}),
-    (4, 0.0, {1: 0.5, 2: 0.5, 3: 0.5}, {7: 0.5, None: 0.5}),
 ])
 def test_ctr_values_by_hand(spark, min_views, smoothing, expected_ad, expected_campaign):
     rows, prior = outbrain.ctr_features(ctr_rows(spark), min_views=min_views, smoothing=smoothing)
@@ -91,7 +89,8 @@ def doc_tables(spark):
 
 def test_similarity_cosine_by_hand(spark):
     pairs = spark.createDataFrame([(1, 2), (1, 3), (1, 4), (4, 2)], "document_id long, ad_document_id long")
-    sims = {(r.document_id, r.ad_document_id): r for r in outbrain.similarity_features(pairs, doc_tables(spark)).collect()}
+    out = outbrain.similarity_features(pairs, doc_tables(spark)).collect()
+    sims = {(r.document_id, r.ad_document_id): r for r in out}
     assert sims[(1, 2)].sim_categories == pytest.approx(0.6)
     assert sims[(1, 3)].sim_categories == pytest.approx(0.8 * 0.5 / math.sqrt(0.5))
     assert sims[(1, 4)].sim_categories == 0.0 and sims[(4, 2)].sim_categories == 0.0
@@ -154,6 +153,8 @@ def test_pipeline_files_split_and_map_channel(generated):
 
     events = pd.read_csv(base / "raw" / "events.csv")
     clicks = pd.read_csv(base / "raw" / "clicks_train.csv")
+    assert len(events) > clicks["display_id"].nunique()  # events also hold displays without clicks
+    events = events[events["display_id"].isin(clicks["display_id"])]
     events["day"] = events["timestamp"] // DAY
     test_displays = set(test["display_id"])
     assert set(events.loc[events["day"] >= 11, "display_id"]) <= test_displays  # last two days: all eval
@@ -267,6 +268,21 @@ def test_cli_bad_input_one_line_error_before_spark(raw_tables, tmp_path, breakag
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("preproc: error:"), proc.stderr
 
 
+def test_generator_skewed_ads_and_one_click_per_display(tmp_path):
+    from preproc.generate_outbrain import generate
+
+    generate(str(tmp_path), displays=600, seed=7)
+    clicks = pd.read_csv(tmp_path / "clicks_train.csv")
+    assert (clicks.groupby("display_id")["clicked"].sum() == 1).all()
+    impressions = clicks["ad_id"].value_counts()
+    top = impressions.iloc[:max(1, len(impressions) // 10)].sum()
+    assert top > 0.3 * impressions.sum()  # power law: the top 10 % of ads get over 30 % of impressions
+    events = pd.read_csv(tmp_path / "events.csv")
+    assert set(clicks["display_id"]) < set(events["display_id"])
+    assert (events["timestamp"] // DAY).between(0, 12).all() and (events["timestamp"] // DAY).nunique() == 13
+    assert events["display_id"].is_monotonic_increasing and events["timestamp"].is_monotonic_increasing
+
+
 def test_cli_generate_tables_and_dry_run(tmp_path):
     proc = run_cli("generate", "--out", str(tmp_path / "raw"), "--displays", "40", "--seed", "4")
     assert proc.returncode == 0, proc.stderr
@@ -277,7 +293,6 @@ def test_cli_generate_tables_and_dry_run(tmp_path):
     assert clicks["display_id"].nunique() == 40
     assert (clicks.groupby("display_id")["clicked"].sum() >= 1).all()
     assert clicks.groupby("display_id").size().between(2, 12).all()
-    assert clicks["ad_id"].value_counts().iloc[0] > 3 * clicks["ad_id"].value_counts().median()  # skewed
     proc = run_cli("run", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "out"), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "spark.master=local[" in proc.stdout and "# plan: outbrain" in proc.stdout

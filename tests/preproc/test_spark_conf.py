@@ -76,3 +76,11 @@ def test_local_gpu_mode_and_overrides():
 def test_bad_shapes_are_one_line_errors(shape, flag):
     with pytest.raises(PreprocError, match=f"^{flag}"):
         spark_settings(ClusterShape(**shape), environ={})
+
+
+def test_shuffle_partitions_follow_the_input_size_on_a_cluster():
+    shape = dict(node_cores=2, node_memory_gb=4, nodes=2, master="spark://n1:7077")
+    assert spark_settings(ClusterShape(**shape, input_bytes=10 * 2**20), environ={}).conf[
+        "spark.sql.shuffle.partitions"] == "8"  # tiny input: 2 x 4 cores, not 600
+    assert spark_settings(ClusterShape(**shape, input_bytes=1300 * 2**30), environ={}).conf[
+        "spark.sql.shuffle.partitions"] == "650"  # ~1.3 TB: about the reference's 600

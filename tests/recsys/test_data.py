@@ -160,7 +160,7 @@ def test_ncf_layout_and_sampling(ncf_spec):
     assert len(u) == len(sampler) == 3000 and y.sum() == 600
     train_pos = set(zip(users.tolist(), items.tolist()))
     assert all((a, b) not in train_pos for a, b in zip(u[y == 0].tolist(), i[y == 0].tolist()))
-    u1, i1, _ = sampler.epoch(1)
+    _, i1, _ = sampler.epoch(1)
     assert not np.array_equal(i, i1)  # resampled per epoch
     assert all(np.array_equal(a, b) for a, b in zip(sampler.epoch(0), (u, i, y)))  # deterministic
 

@@ -13,12 +13,12 @@ from recsys.feature_spec import FeatureSpec, FeatureSpecError
 CARDS = [5, 200, 40000]  # int8, int16, int32 ids in split_binary
 
 
-def dlrm_csv(tmp_path, rows=37, seed=0):
+def dlrm_csv(tmp_path, rows=37, seed=0, sep=","):
     rng = np.random.default_rng(seed)
     label = rng.integers(0, 2, rows)
     num = rng.integers(0, 64, (rows, 2)) / 4.0  # exactly representable in float16
     cats = np.stack([rng.integers(0, k, rows) for k in CARDS], axis=1)
-    lines = [",".join([str(label[r])] + [f"{x:g}" for x in num[r]] + [str(c) for c in cats[r]]) for r in range(rows)]
+    lines = [sep.join([str(label[r])] + [f"{x:g}" for x in num[r]] + [str(c) for c in cats[r]]) for r in range(rows)]
     (tmp_path / "in").mkdir()
     (tmp_path / "in/train.csv").write_text("\n".join(lines) + "\n")
     spec = {"feature_spec": {"label": {"dtype": "bool"}, "num_0": {"dtype": "float16"}, "num_1": {"dtype": "float16"},
@@ -50,10 +50,11 @@ def wd_csv(tmp_path):
     return tmp_path / "in", rows
 
 
-def test_csv_to_split_binary_round_trip(tmp_path):
-    src, label, num, cats = dlrm_csv(tmp_path)
+@pytest.mark.parametrize("sep", [",", "\t"])
+def test_csv_to_split_binary_round_trip(tmp_path, sep):
+    src, label, num, cats = dlrm_csv(tmp_path, sep=sep)
     out = transcode(FeatureSpec.from_yaml(src / "spec.yaml"), str(src), str(tmp_path / "out"), "split_binary",
-                    log=lambda *_: None)
+                    delimiter=sep, log=lambda *_: None)
     assert [out.dtype(f"cat_{i}") for i in range(3)] == ["int8", "int16", "int32"]
     assert sorted(p.name for p in (tmp_path / "out/train").iterdir()) == \
         ["cat_0.bin", "cat_1.bin", "cat_2.bin", "label.bin", "numerical.bin"]
@@ -75,7 +76,7 @@ def test_csv_to_parquet_round_trip_keeps_display_groups_in_one_file(tmp_path):
         (inputs, labels), = list(make_reader(out, "train", 100, r, 3, drop_remainder=False).numpy_batches())
         groups = set(inputs["map"].tolist())
         got.append(groups)
-        for i, g in enumerate(inputs["map"]):
+        for g in inputs["map"]:
             expected = [row for row in rows if row[4] == g]
             assert sum(1 for x in inputs["map"] if x == g) == len(expected)  # whole group in this file
         for lab, n, oh, mh, g in zip(labels[:, 0], inputs["numerical"][:, 0], inputs["onehot_categorical"]["onehot_0"],
