@@ -44,7 +44,8 @@ class ProfileError(ValueError):
 
     def __init__(self, file: Any, key: str, problem: str):
         self.file, self.key, self.problem = str(file), key, problem
-        super().__init__(f"{self.file}: {key}: {problem}")
+        where = f"{self.file}: {key}" if key else self.file
+        super().__init__(f"{where}: {problem}")
 
 
 # --------------------------------------------------------------------------- data
@@ -539,7 +540,7 @@ def _is_path(name_or_path: str) -> bool:
     return "/" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
 
 
-def _find(name: str, referrer: str = "profile", key: str = "profile") -> Path:
+def _find(name: str, referrer: str = "--profile", key: str = "") -> Path:
     for ref in list_profiles():
         if ref.name == name:
             return Path(ref.path)

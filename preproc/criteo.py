@@ -222,10 +222,19 @@ def run(spark, files, last_day: int, thresholds: list[int], output: str, overwri
     from preproc.criteo_finalize import finalize
     from preproc.criteo_transform import transform_shard
 
+    import time
+
     staging = layout.Staging(output)
+    start = time.perf_counter()
     meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy)
+    log.info("run: dictionary stage took %.1f s", time.perf_counter() - start)
+    start = time.perf_counter()
     transform_shard(spark, staging, meta, 0, 1, bad_row_policy)
-    return finalize(staging, overwrite, keep_stages)
+    log.info("run: transform stage took %.1f s", time.perf_counter() - start)
+    start = time.perf_counter()
+    report = finalize(staging, overwrite, keep_stages)
+    log.info("run: finalize stage took %.1f s", time.perf_counter() - start)
+    return report
 
 
 if __name__ == "__main__":  # pragma: no cover

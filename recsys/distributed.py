@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 _WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "PMI_SIZE")
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK")
 
 
 def launcher_world_size(env=None) -> int:
@@ -30,18 +29,6 @@ def launcher_world_size(env=None) -> int:
             except ValueError:
                 continue
     return 1
-
-
-def launcher_rank(env=None) -> int:
-    env = os.environ if env is None else env
-    for name in _RANK_VARS:
-        value = env.get(name)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                continue
-    return 0
 
 
 def _bits_as_f32(t):
@@ -148,13 +135,6 @@ class Distributed:
         as_numpy = isinstance(value, np.ndarray)
         r = self.hvd.allgather(tf.convert_to_tensor(value))
         return r.numpy() if as_numpy else r
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when any rank says True (e.g. a signal arrived)."""
-        if self.hvd is None:
-            return bool(flag)
-        import numpy as np
-        return bool(self.allreduce_sum(np.array(1 if flag else 0, dtype=np.int32)) > 0)
 
     def broadcast_variables(self, variables, root_rank: int = 0):
         if self.hvd is not None and variables:

@@ -12,7 +12,6 @@ applies its own.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 
 import numpy as np
@@ -312,6 +311,3 @@ class Engine:
         self.log.summary(**out)
         return out
 
-
-def nan_to_none(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x

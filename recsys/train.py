@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
-from recsys.distributed import launcher_rank, launcher_world_size
+from recsys.distributed import launcher_world_size
 from recsys.models.defaults import MODEL_DEFAULTS, resolved
 
 MODELS = ("dlrm", "wide_deep", "ncf")
@@ -243,6 +244,8 @@ def prepare_synthetic(args, dist, log):
     dist.barrier()
     args.feature_spec = spec_path
     args.data_path = out
+    # A dataset in a fresh temporary directory is removed when the run ends.
+    return out if (dist.size == 1 and not (args.checkpoint_dir or args.log_path)) else None
 
 
 def apply_affinity(mode, local_rank, local_size):
@@ -301,12 +304,13 @@ def run(args):
         tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
     log = RunLogger(args.log_path, enabled=dist.is_chief, progress_every=args.log_every)
+    temporary = None
     try:
         if args.amp:
             tf.keras.mixed_precision.set_global_policy("mixed_float16")
         tf.keras.utils.set_random_seed(args.seed)
         if not args.feature_spec:
-            prepare_synthetic(args, dist, log)
+            temporary = prepare_synthetic(args, dist, log)
         from recsys.feature_spec import FeatureSpec
         spec = FeatureSpec.from_yaml(args.feature_spec)
         params = {k: v for k, v in vars(args).items()}
@@ -332,12 +336,14 @@ def run(args):
             engine.inference()
     finally:
         log.close()
+        if temporary:
+            shutil.rmtree(temporary, ignore_errors=True)
     dist.shutdown()
     return 0
 
 
 def _log_placement(args, spec, task, dist, log):
-    from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count
+    from recsys.models.defaults import CATEGORICAL_CHANNELS
     from recsys.placement import format_plan, plan_placement
     dim = args.factors if args.model == "ncf" else args.embedding_dim
     tables = [(f, spec.cardinality(f), dim) for ch in CATEGORICAL_CHANNELS[args.model]

@@ -29,7 +29,7 @@ class DLRM(tf.keras.Model):
                  top_mlp=(1024, 1024, 512, 256, 1), interaction="dot", model_parallel=False,
                  column_slice_threshold=None, name="dlrm"):
         super().__init__(name=name)
-        if bottom_mlp[-1] != embedding_dim:
+        if interaction == "dot" and bottom_mlp[-1] != embedding_dim:
             raise ValueError(f"the last bottom MLP width ({bottom_mlp[-1]}) must equal --embedding-dim "
                              f"({embedding_dim}) for the dot interaction")
         self.n_cat = len(cardinalities)

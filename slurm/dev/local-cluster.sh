@@ -162,7 +162,7 @@ start_accounting() {
     mariadbd --no-defaults --user=root --datadir="$db" --socket="$sock" --port="$dbport" \
       --bind-address=127.0.0.1 --pid-file="$RUN/mariadb.pid" --log-error="$LOGS/mariadb.log" \
       --innodb-buffer-pool-size=64M --skip-name-resolve >/dev/null 2>&1 &
-    wait_for 60 mariadb mariadb --no-defaults -S "$sock" -u root -e 'select 1'
+    wait_for 120 mariadb mariadb --no-defaults -S "$sock" -u root -e 'select 1'
   fi
   mariadb --no-defaults -S "$sock" -u root -e "
     CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
@@ -186,7 +186,7 @@ StorageLoc=slurm_acct_db
 EOF
   chmod 600 "$ETC/slurmdbd.conf"
   pid_alive "$RUN/slurmdbd.pid" || slurmdbd
-  wait_for 30 slurmdbd sacctmgr -n list cluster
+  wait_for 120 slurmdbd sacctmgr -n list cluster
   sacctmgr -i -Q add cluster recsys >/dev/null 2>&1 || true
   sacctmgr -i -Q add account recsys Cluster=recsys >/dev/null 2>&1 || true
   sacctmgr -i -Q add user "$SLURM_USER" Account=recsys Cluster=recsys >/dev/null 2>&1 || true

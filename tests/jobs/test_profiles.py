@@ -240,7 +240,7 @@ def test_top_level_must_be_a_mapping(tmp_path):
 def test_unknown_profile_and_unknown_node_reference(tmp_path):
     with pytest.raises(ProfileError) as info:
         load_profile("nonexistent")
-    assert str(info.value).startswith("profile: profile: unknown profile 'nonexistent' (known: ci, dgx1")
+    assert str(info.value).startswith("--profile: unknown profile 'nonexistent' (known: ci, dgx1")
     path = write(tmp_path, dict(ci_raw(), node="no-such-node"))
     assert error_of(path).startswith(f"{path}: node: unknown profile 'no-such-node' (known: ")
     missing = tmp_path / "missing.yaml"

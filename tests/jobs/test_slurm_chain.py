@@ -42,10 +42,17 @@ def test_afterok_second_starts_after_first_ends(cli, slurm_cluster):
     assert second_start >= first_end
 
 
-def _requeued(cluster, job_id):
-    """Requeued: pending again (Slurm holds a requeued job back a while) with Restarts=1."""
+def _job_fields(cluster, job_id):
     words = cluster.run(["scontrol", "show", "job", job_id]).stdout.split()
-    return "Restarts=1" in words and any(w.startswith("JobState=PENDING") for w in words)
+    return dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def _requeued(cluster, job_id):
+    """Requeued: Restarts went up and the job is back in the queue (Slurm holds a requeued job
+    back a while, so it is normally PENDING; under load it may already run again)."""
+    fields = _job_fields(cluster, job_id)
+    return int(fields.get("Restarts", "0")) >= 1 and \
+        fields.get("JobState") in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING")
 
 
 def _rank0(run_dir):
@@ -94,10 +101,11 @@ def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
 
     try:
         _wait_for(lambda: "requeued=" in open(info).read(), what="the batch script to requeue")
-        _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job pending again with Restarts=1")
+        _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job back in the queue with Restarts=1")
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}: {evidence()} "
-                             f"{slurm_cluster.run(['scontrol', 'show', 'job', job_id]).stdout}") from None
+        fields = _job_fields(slurm_cluster, job_id)
+        raise AssertionError(f"{exc}: JobState={fields.get('JobState')} Reason={fields.get('Reason')} "
+                             f"Restarts={fields.get('Restarts')} logs={evidence()}") from None
     log = open(_rank0(run_dir)).read()
     assert "checkpoint saved on signal" in log
     cli("cancel", run_dir, check=True)
@@ -110,6 +118,6 @@ def test_requeue_command(cli, slurm_cluster):
     _wait_for(lambda: hello_lines(run_dir), what="the step to start")
     out = cli("requeue", run_dir, check=True)
     assert job_id in out.stdout
-    _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job pending again with Restarts=1")
+    _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job back in the queue with Restarts=1")
     cli("cancel", run_dir, check=True)
     assert slurm_cluster.wait_job(job_id) == "CANCELLED"

@@ -1,6 +1,7 @@
 """Jobs on the real local Slurm cluster (no accounting): MPI ranks, binding, status, logs."""
 
 import os
+import time
 
 import pytest
 
@@ -81,10 +82,12 @@ def test_array_cap_is_never_exceeded(cli, slurm_cluster):
     with open(os.path.join(run_dir, "main.sbatch")) as handle:
         assert "#SBATCH --array=0-4%2" in handle.read()
     most_running = 0
+    deadline = time.monotonic() + 180
     while True:   # poll squeue while the array runs: never more than 2 tasks RUNNING
         out = slurm_cluster.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%T"]).stdout.split()
         if not out:
             break
+        assert time.monotonic() < deadline, f"array still queued: {out}"
         most_running = max(most_running, out.count("RUNNING"))
         assert out.count("RUNNING") <= 2, out
     intervals = _task_intervals(run_dir)

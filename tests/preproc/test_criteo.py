@@ -198,6 +198,26 @@ def test_array_stages_match_single_run_and_rerun_is_safe(spark, hand_built, run_
     assert (staging.output / "feature_spec.yaml").exists()  # the published dataset is untouched
 
 
+def test_row_order_survives_many_splits_and_pieces(spark, hand_built, run_output, tmp_path, monkeypatch):
+    """Small input splits (several per day file) and 16-row pieces give the same bytes."""
+    from preproc import criteo_transform
+
+    reference, _ = run_output
+    monkeypatch.setattr(criteo_transform, "PIECE_BITS", 4)
+    previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "2048")
+    try:
+        files, last_day = plan(hand_built)
+        out = tmp_path / "split"
+        criteo.run(spark, files, last_day, parse_thresholds(THRESHOLDS), str(out), keep_stages=True)
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
+    pieces = list(Path(f"{out}.stages").rglob("piece-*"))
+    assert len(pieces) > 6  # several splits per file and several pieces per split
+    for path in sorted(reference.glob("*/*.bin")):
+        assert path.read_bytes() == (out / path.relative_to(reference)).read_bytes(), path
+
+
 def test_fewer_days_option(spark, hand_built, tmp_path):
     files, last_day = plan(hand_built, days=2)  # day_0 train, day_1 split
     out = tmp_path / "two_days"

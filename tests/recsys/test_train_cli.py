@@ -86,3 +86,15 @@ def test_amp_and_xla_train(tiny_data, tmp_path):
     assert records(recs, "params")[0]["amp"] is True
     s = summary(recs)
     assert s["step"] == 6 and 0 < s["final_loss"] < 5 and s["map_at_12"] > 0
+
+
+@pytest.mark.parametrize("env,size", [
+    ({}, 1),
+    ({"OMPI_COMM_WORLD_SIZE": "4"}, 4),                         # mpirun
+    ({"SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}, 8),           # a task of srun --mpi=pmix
+    ({"SLURM_NTASKS": "8"}, 1),                                 # the batch script itself: not a rank
+    ({"WORLD_SIZE": "2", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}, 2),   # explicit wins
+])
+def test_world_size_from_launcher(env, size):
+    from recsys.distributed import launcher_world_size
+    assert launcher_world_size(env) == size
