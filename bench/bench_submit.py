@@ -17,9 +17,7 @@ import argparse
 import glob
 import json
 import os
-import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,24 +27,6 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(REPO, "slurm", "dev", "local-cluster.sh")
 HELLO = ["--profile", "ci", "--model", "hello", "--nodes", "1", "--gpus-per-node", "1", "--time", "5"]
-
-
-def free_port_block(size=20):
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - size)
-        socks = []
-        try:
-            for port in range(base, base + size):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise SystemExit("no free port block")
 
 
 def timed(argv, env):
@@ -164,7 +144,7 @@ def main():
     args = parser.parse_args()
     state = tempfile.mkdtemp(prefix="recsys-bench-slurm-")
     runs = tempfile.mkdtemp(prefix="recsys-bench-runs-")
-    up = ["bash", CLUSTER, "up", "--dir", state, "--port-base", str(free_port_block())]
+    up = ["bash", CLUSTER, "up", "--dir", state]
     if args.accounting:
         up.append("--accounting")
     proc = subprocess.run(up, capture_output=True, text=True)

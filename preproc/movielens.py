@@ -40,7 +40,7 @@ import argparse
 import logging
 import os
 
-from preproc import movielens_outbrain_io as textio
+from preproc import textio
 from preproc.errors import PreprocError
 
 DESCRIPTION = "MovieLens ml-1m / ml-20m ratings -> NCF (user, item) parquet + feature_spec.yaml"

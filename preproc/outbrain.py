@@ -72,7 +72,7 @@ import argparse
 import logging
 import os
 
-from preproc import movielens_outbrain_io as textio
+from preproc import textio
 from preproc.errors import PreprocError
 
 DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"

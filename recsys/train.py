@@ -18,6 +18,7 @@ import argparse
 import os
 import shutil
 import sys
+import socket
 import tempfile
 
 from recsys.distributed import launcher_world_size
@@ -231,11 +232,20 @@ def _synthetic_dir(args):
 def prepare_synthetic(args, dist, log):
     """Rank 0 writes the dataset (atomically, spec last); every rank then reads it."""
     from recsys.data import synthetic
-    out = _synthetic_dir(args)
-    if dist.size > 1 and not (args.checkpoint_dir or args.log_path):
-        out = os.path.join(tempfile.gettempdir(), f"recsys-synthetic-{args.model}-{args.seed}-{os.getppid()}")
+    node_local = dist.size > 1 and not (args.checkpoint_dir or args.log_path)
+    if node_local:
+        # No shared directory given: each node's local rank 0 writes a node-local copy
+        # (the data is deterministic by seed), named by job step and node so that
+        # ranks of one node agree and emulated nodes on one host do not collide.
+        job = (f"{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}"
+               if "SLURM_JOB_ID" in os.environ else str(os.getppid()))
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        out = os.path.join(tempfile.gettempdir(), f"recsys-synthetic-{args.model}-{args.seed}-{job}-{node}")
+    else:
+        out = _synthetic_dir(args)
     spec_path = os.path.join(out, "feature_spec.yaml")
-    if dist.is_chief and not os.path.isfile(spec_path):
+    writer = dist.local_rank == 0 if node_local else dist.is_chief
+    if writer and not os.path.isfile(spec_path):
         rows = args.synthetic_rows
         spec = synthetic.default_spec(args.model, num_files=max(2, dist.size))
         test_rows = max(rows // 4, args.eval_batch_size)
@@ -358,7 +368,11 @@ def _log_placement(args, spec, task, dist, log):
 
 def main(argv=None):
     args = resolve(build_parser().parse_args(argv))
-    return run(args)
+    from recsys.feature_spec import FeatureSpecError
+    try:
+        return run(args)
+    except FeatureSpecError as err:  # bad or too small dataset: one line, not a traceback
+        _fail(str(err))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ The `ci` cluster profile describes exactly this cluster.
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,25 +32,6 @@ MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "PMIX_MCA_gds": "hash",
 }
-
-
-def _free_port_block(size: int = 20) -> int:
-    """A base port such that [base, base+size) can all be bound right now."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - size)
-        socks = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free block of ports for the local Slurm cluster")
 
 
 @dataclass
@@ -104,8 +83,7 @@ def _start_cluster(directory: Path, accounting: bool) -> SlurmCluster:
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("Slurm is not installed here: run `bash tests/install.sh` (apt: slurm-wlm, munge)")
     directory.mkdir(parents=True, exist_ok=True)
-    args = ["bash", str(CLUSTER_SCRIPT), "up", "--dir", str(directory),
-            "--port-base", str(_free_port_block())]
+    args = ["bash", str(CLUSTER_SCRIPT), "up", "--dir", str(directory)]
     if accounting:
         args.append("--accounting")
     res = subprocess.run(args, capture_output=True, text=True, timeout=180)

@@ -14,7 +14,8 @@
 #
 # Options for `up`: --dir DIR (default /tmp/recsys-slurm), --nodes N (4),
 # --gpus G per node (2), --cpus C per node (2), --mem MB per node (4000),
-# --port-base P (a free block of 20 ports, default 16800), --accounting.
+# --port-base P|auto (a block of 20 ports; auto, the default, picks a free one
+# below the ephemeral range and records it in DIR/port-base), --accounting.
 #
 # Known quirks handled here (Debian Slurm 22.05): TmpFS per node or pmix fails
 # ("Cannot create directory ...spmix_appdir..."); File-less GRES is dropped, so
@@ -29,7 +30,7 @@ log() { echo "local-cluster: $*" >&2; }
 cmd=${1:-}; [ -n "$cmd" ] || die "usage: local-cluster.sh install|up|down|status|env [options]"
 shift
 
-DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=16800 ACCOUNTING=0
+DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option: $1" ;;
   esac
 done
-for v in NODES GPUS CPUS MEM PORT_BASE; do
+for v in NODES GPUS CPUS MEM; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v,,} must be a whole number, got '${!v}'"
 done
 [ "$NODES" -ge 1 ] || die "--nodes must be at least 1"
@@ -53,6 +54,21 @@ CONF=$ETC/slurm.conf
 SLURM_USER=$(id -un)
 HOST=$(hostname -s)
 export SLURM_CONF=$CONF
+
+# A base port whose block of 20 has no TCP socket on it now; 20000-32767 stays
+# below Linux's ephemeral range, so outgoing connections cannot take them later.
+pick_port_base() {
+  local used base p ok _
+  used=" $(ss -Htan 2>/dev/null | awk '{n=split($4, a, ":"); print a[n]}' | sort -u | tr '\n' ' ') "
+  for _ in $(seq 200); do
+    base=$((20000 + RANDOM % 12700)) ok=1
+    for p in $(seq "$base" $((base + 19))); do
+      case "$used" in *" $p "*) ok=0; break ;; esac
+    done
+    [ "$ok" = 1 ] && { echo "$base"; return 0; }
+  done
+  die "no free block of 20 ports between 20000 and 32767"
+}
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -201,6 +217,9 @@ nodes_idle() {
 do_up() {
   command -v slurmctld >/dev/null || die "Slurm is not installed: run '$0 install' (as root)"
   local t0=$SECONDS
+  if [ "$PORT_BASE" = auto ]; then PORT_BASE=$(pick_port_base); fi
+  [[ $PORT_BASE =~ ^[0-9]+$ ]] || die "--port-base must be a whole number or auto, got '$PORT_BASE'"
+  echo "$PORT_BASE" > "$DIR/port-base"
   trap 'log "bring-up failed, stopping what was started"; do_down' ERR
   write_config
   start_munge
