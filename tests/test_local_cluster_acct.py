@@ -6,7 +6,7 @@ pytestmark = pytest.mark.slurm
 
 def test_sacct_records_finished_job(slurm_cluster_acct):
     c = slurm_cluster_acct
-    jobid = c.run(["sbatch", "--parsable", "-N1", "--wrap", "true"], check=True).stdout.strip()
+    jobid = c.run(["sbatch", "--parsable", "-N1", "--output=/dev/null", "--wrap", "true"], check=True).stdout.strip()
     assert c.wait_job(jobid) == "COMPLETED"
     # slurmdbd receives the record asynchronously: poll for it with a timeout.
     import time
