@@ -128,12 +128,6 @@ def _plan(args) -> tuple[list[tuple[int, int, Path]], int, list[int]]:
     return files, days[-1][0], thresholds
 
 
-def _print_plan(settings, lines: list[str]) -> None:
-    print(settings.describe())
-    for line in lines:
-        print(f"# {line}")
-
-
 def _describe_files(files, last_day) -> list[str]:
     train = [p.name for _, d, p in files if d < last_day]
     return [f"train days 0..{last_day - 1}: {', '.join(train)}",
@@ -154,14 +148,14 @@ def cmd_generate(args) -> int:
 
 def cmd_dictionary(args) -> int:
     from preproc.criteo_dictionary import build_dictionary
-    from preproc.spark import get_session
+    from preproc.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
     settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
-    if args.dry_run:
-        _print_plan(settings, ["stage dictionary", f"thresholds {thresholds}"] + _describe_files(files, last_day))
+    spark = session_or_plan(settings, "criteo-dictionary", args.dry_run,
+                            ["stage dictionary", f"thresholds {thresholds}"] + _describe_files(files, last_day))
+    if spark is None:
         return 0
-    spark = get_session(settings, "criteo-dictionary")
     build_dictionary(spark, layout.Staging(args.output), files, last_day, thresholds, args.bad_rows)
     return 0
 
@@ -169,7 +163,7 @@ def cmd_dictionary(args) -> int:
 def cmd_transform(args) -> int:
     from preproc.criteo_dictionary import load_dictionary_meta
     from preproc.criteo_transform import transform_shard
-    from preproc.spark import get_session
+    from preproc.spark import session_or_plan
 
     shard, count = _shard_arguments(args)
     staging = layout.Staging(args.output)
@@ -181,11 +175,11 @@ def cmd_transform(args) -> int:
                                f"{', '.join(sorted(inputs))}")
     mine = [f for f in meta["files"] if layout.shard_of(f["file_idx"], count) == shard]
     settings = settings_from_args(args, input_bytes=sum(f["bytes"] for f in mine))
-    if args.dry_run:
-        paths = ", ".join(f["path"] for f in mine) or "no files"
-        _print_plan(settings, [f"stage transform shard {shard} of {count}: {paths}"])
+    paths = ", ".join(f["path"] for f in mine) or "no files"
+    spark = session_or_plan(settings, f"criteo-transform-{shard}-of-{count}", args.dry_run,
+                            [f"stage transform shard {shard} of {count}: {paths}"])
+    if spark is None:
         return 0
-    spark = get_session(settings, f"criteo-transform-{shard}-of-{count}")
     transform_shard(spark, staging, meta, shard, count, args.bad_rows)
     return 0
 
@@ -201,15 +195,16 @@ def cmd_finalize(args) -> int:
 
 def cmd_run(args) -> int:
     from preproc.criteo_finalize import format_report
-    from preproc.spark import get_session
+    from preproc.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
     settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
-    if args.dry_run:
-        _print_plan(settings, ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}"]
-                    + _describe_files(files, last_day))
+    spark = session_or_plan(settings, "criteo-run", args.dry_run,
+                            ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}"]
+                            + _describe_files(files, last_day))
+    if spark is None:
         return 0
-    report = run(get_session(settings, "criteo-run"), files, last_day, thresholds, args.output,
+    report = run(spark, files, last_day, thresholds, args.output,
                  overwrite=args.overwrite, bad_row_policy=args.bad_rows, keep_stages=args.keep_stages)
     print(format_report(report))
     return 0

@@ -281,7 +281,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from preproc.output import check_output_free
-    from preproc.spark import get_session, settings_from_args
+    from preproc.spark import session_or_plan, settings_from_args
 
     if args.min_ratings < 1:
         raise PreprocError(f"--min-ratings: must be >= 1, got {args.min_ratings}")
@@ -292,12 +292,11 @@ def _run(args: argparse.Namespace) -> int:
     path, fmt = locate_ratings(args.input, args.format)
     check_output_free(args.output, args.overwrite)
     settings = settings_from_args(args)
-    if args.dry_run:
-        print(settings.describe())
-        print(f"# plan: movielens {fmt} {path} -> {args.output} (min_ratings={args.min_ratings}, "
-              f"num_files={args.num_files}, test_negatives={args.test_negatives})")
+    spark = session_or_plan(settings, "preproc-movielens", args.dry_run,
+                            [f"plan: movielens {fmt} {path} -> {args.output} (min_ratings={args.min_ratings}, "
+                             f"num_files={args.num_files}, test_negatives={args.test_negatives})"])
+    if spark is None:
         return 0
-    spark = get_session(settings, "preproc-movielens")
     run(spark, path, args.output, fmt, args.min_ratings, args.test_negatives, args.num_files, args.seed,
         args.bad_rows, args.overwrite)
     return 0

@@ -483,7 +483,7 @@ def multihot_from_args(hotness: str | None, mh_buckets: str | None) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     from preproc.output import check_output_free
-    from preproc.spark import get_session, settings_from_args
+    from preproc.spark import session_or_plan, settings_from_args
 
     if args.num_files < 1:
         raise PreprocError(f"--num-files: must be >= 1, got {args.num_files}")
@@ -496,12 +496,12 @@ def _run(args: argparse.Namespace) -> int:
     paths = locate_tables(args.input)
     check_output_free(args.output, args.overwrite)
     settings = settings_from_args(args)
-    if args.dry_run:
-        print(settings.describe())
-        print(f"# plan: outbrain {args.input} -> {args.output} ({len(paths)} tables, num_files={args.num_files}, "
-              f"split_days={args.split_days}, train_fraction={args.train_fraction})")
+    spark = session_or_plan(settings, "preproc-outbrain", args.dry_run,
+                            [f"plan: outbrain {args.input} -> {args.output} ({len(paths)} tables, "
+                             f"num_files={args.num_files}, split_days={args.split_days}, "
+                             f"train_fraction={args.train_fraction})"])
+    if spark is None:
         return 0
-    spark = get_session(settings, "preproc-outbrain")
     run(spark, args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
         args.ctr_min_views, args.ctr_smoothing, buckets, multihot, args.bad_rows, args.overwrite)
     return 0

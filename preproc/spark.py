@@ -279,3 +279,14 @@ def get_session(settings: SparkSettings, app_name: str):
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def session_or_plan(settings: SparkSettings, app_name: str, dry_run: bool, plan: list):
+    """For --dry-run print the effective configuration and the plan and return None;
+    otherwise start (or reuse) the session. Every stage command goes through here."""
+    if dry_run:
+        print(settings.describe())
+        for line in plan:
+            print(f"# {line}")
+        return None
+    return get_session(settings, app_name)

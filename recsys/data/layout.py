@@ -131,6 +131,14 @@ class Layout:
         return inputs, labels
 
 
+def check_shard(batch_size: int, rank: int, world_size: int) -> None:
+    """Reject a batch size or rank that no reader can shard by (shared by all readers)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+
+
 def channel_features(spec: FeatureSpec, mapping: str) -> List[str]:
     """Channel features present in the mapping (validated), in channel order."""
     spec.check_channels(mapping)

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from recsys.data.layout import Layout, channel_features
+from recsys.data.layout import Layout, channel_features, check_shard
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
 
@@ -55,10 +55,7 @@ class ParquetReader:
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
                  drop_remainder: bool = True):
         import pyarrow.parquet as pq
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world_size {world_size}")
+        check_shard(batch_size, rank, world_size)
         self.spec, self.mapping, self.batch_size = spec, mapping, batch_size
         self.rank, self.world_size, self.drop_remainder = rank, world_size, drop_remainder
         self.features = channel_features(spec, mapping)
