@@ -100,7 +100,7 @@ def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
         return {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs)}
 
     try:
-        _wait_for(lambda: "requeued=" in open(info).read(), what="the batch script to requeue")
+        _wait_for(lambda: "requeue_requested=" in open(info).read(), what="the batch script to request a requeue")
         _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job back in the queue with Restarts=1")
     except TimeoutError as exc:
         fields = _job_fields(slurm_cluster, job_id)
@@ -108,6 +108,7 @@ def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
                              f"Restarts={fields.get('Restarts')} logs={evidence()}") from None
     log = open(_rank0(run_dir)).read()
     assert "checkpoint saved on signal" in log
+    assert "requeue_failed=" not in open(info).read()
     cli("cancel", run_dir, check=True)
     assert slurm_cluster.wait_job(job_id) == "CANCELLED"
 
