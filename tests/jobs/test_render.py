@@ -60,7 +60,8 @@ def test_container_flags_once_and_profile_extras(tmp_path):
     assert "#SBATCH --network=sharp" in text and "#SBATCH --switches=1@00:10:00" in text
     assert "export NCCL_SOCKET_IFNAME=ib0" in text
     assert re.search(r"^#SBATCH --signal=B:USR2@\d+$", text, re.M)
-    assert "trap recsys_on_usr2 USR2" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    assert "trap recsys_on_usr2 USR2" in text and 'recsys_requeue_id="$SLURM_JOB_ID"' in text
+    assert 'scontrol requeue "$recsys_requeue_id"' in text
     assert "python -m recsys.train --model wide_deep --mode benchmark" in text
 
 
