@@ -12,22 +12,9 @@ TF_VERSION=2.15.1
 
 log() { printf '[install %(%H:%M:%S)T] %s\n' -1 "$*"; }
 
-# --- system packages (Slurm cluster, MPI, numactl, Java for Spark) ------
-apt_pkgs=(slurm-wlm slurmdbd munge mariadb-server numactl openmpi-bin libopenmpi-dev
-          libpmix-dev cmake g++ openjdk-17-jre-headless procps)
-missing=()
-for p in "${apt_pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "apt-get install ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # Debian's packages try to start their daemons; the test cluster starts its own.
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  rm -f /usr/sbin/policy-rc.d
-fi
+# --- system packages: the Slurm cluster's (munge, slurmdbd, MariaDB, Open MPI
+# with PMIx, numactl) plus Horovod's build tools and Java for Spark -------
+bash "$here/slurm/dev/local-cluster.sh" install cmake g++ openjdk-17-jre-headless procps
 
 # --- Python environment ------------------------------------------------
 if [ ! -x "$venv/bin/python" ]; then

@@ -6,7 +6,7 @@
 # real character devices, and optionally MariaDB + slurmdbd for accounting.
 # Everything lives under one state directory; nothing touches /etc/slurm.
 #
-#   local-cluster.sh install                 apt packages (root)
+#   local-cluster.sh install [PKG...]        apt packages (root), plus PKG...; skips installed ones
 #   local-cluster.sh up   [options]          configure + start, wait until nodes are idle
 #   local-cluster.sh down [--dir DIR]        stop everything started by `up`
 #   local-cluster.sh status [--dir DIR]      daemons and sinfo
@@ -29,6 +29,8 @@ log() { echo "local-cluster: $*" >&2; }
 
 cmd=${1:-}; [ -n "$cmd" ] || die "usage: local-cluster.sh install|up|down|status|env [options]"
 shift
+EXTRA_PKGS=()
+if [ "$cmd" = install ]; then EXTRA_PKGS=("$@"); set --; fi
 
 DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0
 while [ $# -gt 0 ]; do
@@ -82,11 +84,18 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 }
 
 do_install() {
-  local pkgs=(slurm-wlm slurmdbd munge mariadb-server numactl openmpi-bin libopenmpi-dev libpmix-dev)
+  local pkgs=(slurm-wlm slurmdbd munge mariadb-server numactl openmpi-bin libopenmpi-dev libpmix-dev
+              "${EXTRA_PKGS[@]}") missing=() p
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Debian's packages try to start their daemons; the cluster here starts its own.
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
-  apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   rm -f /usr/sbin/policy-rc.d
 }
 
