@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from jobs.profiles import BINDING_MODES, NodeType, format_cpulist
+from jobs.profile_schema import BINDING_MODES
+from jobs.topology import NodeType
+from slurm.cpulist import format_cpulist
 
 __all__ = ["RankBinding", "rank_binding", "bind_env", "bind_args", "BINDING_MODES"]
 

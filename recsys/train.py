@@ -23,6 +23,7 @@ import tempfile
 
 from recsys.distributed import launcher_world_size
 from recsys.models.defaults import MODEL_DEFAULTS, resolved
+from slurm.cpulist import parse_cpulist
 
 MODELS = ("dlrm", "wide_deep", "ncf")
 MODES = ("train", "evaluate", "benchmark", "inference")
@@ -269,7 +270,7 @@ def apply_affinity(mode, local_rank, local_size):
         node = nodes[local_rank % len(nodes)]
         try:
             with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
-                mine = _parse_cpulist(f.read())
+                mine = parse_cpulist(f.read(), allow_empty=True)
         except OSError:
             return None
         mine = [c for c in mine if c in cpus] or cpus
@@ -280,17 +281,6 @@ def apply_affinity(mode, local_rank, local_size):
         mine = cpus[local_rank * per:(local_rank + 1) * per] or cpus
     os.sched_setaffinity(0, mine)
     return mine
-
-
-def _parse_cpulist(text):
-    out = []
-    for part in text.strip().split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out += list(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
-    return out
 
 
 def run(args):

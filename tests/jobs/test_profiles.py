@@ -8,9 +8,10 @@ import sys
 import pytest
 import yaml
 
-from jobs.profiles import (CONTAINER_KEYS, NODE_KEYS, PROFILE_KEYS, ProfileError, builtin_dir,
-                           detect_local_node, format_cpulist, list_profiles, load_profile,
-                           parse_cpulist)
+from jobs.profile_schema import CONTAINER_KEYS, NODE_KEYS, PROFILE_KEYS
+from jobs.profiles import ProfileError, builtin_dir, list_profiles, load_profile
+from jobs.topology import detect_local_node
+from slurm.cpulist import format_cpulist, parse_cpulist
 
 BUILTINS = ["ci", "dgx1", "dgx2", "dgxa100", "dgxa100-pod", "local"]
 
@@ -326,3 +327,41 @@ def test_as_dict_loads_back_as_the_same_profile(tmp_path, name):
     assert again.node == profile.node and again.env == profile.env
     assert {k: v for k, v in vars(again).items() if k != "path"} == \
         {k: v for k, v in vars(profile).items() if k != "path"}
+
+
+def test_profile_that_is_not_utf8_is_one_line_exit_2_for_every_use(tmp_path):
+    """Defect 4: invalid UTF-8 gave a traceback everywhere but `profiles validate`."""
+    text = yaml.safe_dump(dict(ci_raw(), description="CAFE")).encode()
+    offset = text.index(b"CAFE") + 3
+    bad = tmp_path / "sites" / "latin1.yaml"
+    bad.parent.mkdir()
+    bad.write_bytes(text[:offset] + b"\xc9" + text[offset + 1:])    # 'CAFÉ' in Latin-1
+    line = text[:offset].count(b"\n") + 1
+    expected = (f"recsys-submit: error: {bad}: line {line}: not UTF-8 text "
+                f"(byte 0xc9 at offset {offset})")
+    child = write(tmp_path, {"extends": str(bad), "partition": "x"}, "child.yaml")
+    runs = tmp_path / "runs"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, HOME=str(tmp_path / "home"), RECSYS_PROFILE_PATH=str(bad.parent),
+               RECSYS_RUNS_DIR=str(runs))
+    uses = [
+        (["train", "--profile", str(bad), "--model", "dlrm", "--runs-dir", str(runs)], {}),
+        (["train", "--profile", "latin1", "--model", "dlrm"], {}),                 # by name
+        (["train", "--model", "dlrm", "--dry-run"], {"RECSYS_PROFILE": str(bad)}),  # by env default
+        (["render", "train", "--profile", str(child), "--model", "dlrm"], {}),     # through extends
+        (["preprocess", "--profile", str(bad), "--dataset", "criteo", "--input", str(tmp_path),
+          "--output", str(tmp_path / "out")], {}),
+        (["profiles", "show", str(bad)], {}),
+    ]
+    for args, extra in uses:
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *args], capture_output=True, text=True,
+                              cwd=repo, env=dict(env, **extra), timeout=60)
+        assert (proc.returncode, proc.stderr.splitlines()) == (2, [expected]), (args, proc.stderr)
+        assert not runs.exists(), args
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "profiles", "validate", str(bad)],
+                          capture_output=True, text=True, cwd=repo, env=env, timeout=60)
+    assert (proc.returncode, proc.stderr.splitlines()) == (1, [expected])
+    listed = subprocess.run([sys.executable, "-m", "jobs.cli", "profiles", "list"], capture_output=True,
+                            text=True, cwd=repo, env=env, timeout=60)
+    assert listed.returncode == 0
+    assert f"latin1         env      INVALID: {expected.split('error: ', 1)[1]}" in listed.stdout.splitlines()
