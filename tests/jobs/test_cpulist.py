@@ -38,6 +38,9 @@ def test_module_imports_neither_jobs_nor_recsys():
 def test_engine_numa_pinning_reads_sysfs_through_the_shared_parser():
     """recsys.train.apply_affinity('numa') pins to NUMA node 0's allowed CPUs (a fresh process:
     it changes its own affinity)."""
+    node0 = Path("/sys/devices/system/node/node0/cpulist")
+    if not node0.is_file():
+        pytest.skip("no NUMA information in sysfs here")
     code = ("import json, os\nfrom recsys.train import apply_affinity\n"
             "allowed = sorted(os.sched_getaffinity(0))\n"
             "mine = apply_affinity('numa', 0, 1)\n"
@@ -45,9 +48,6 @@ def test_engine_numa_pinning_reads_sysfs_through_the_shared_parser():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     mine, now, allowed = json.loads(out.stdout)
-    node0 = Path("/sys/devices/system/node/node0/cpulist")
-    if not node0.is_file():
-        pytest.skip("no NUMA information in sysfs here")
     expected = [c for c in parse_cpulist(node0.read_text(), allow_empty=True) if c in allowed] or allowed
     assert mine == now == expected
 
