@@ -34,9 +34,9 @@ __all__ = [
 
 USER_PROFILE_DIR = Path("~/.config/recsys-submit/profiles")
 PATH_ENV = "RECSYS_PROFILE_PATH"
-BINDING_MODES = ("exclusive", "numa", "interleave", "off")
+from jobs.vocabulary import BIND_MODES as BINDING_MODES  # noqa: E402 (one home)
 MPI_TYPES = ("pmix", "pmi2", "none")
-SCHEDULERS = ("slurm", "local")
+from jobs.backends import SCHEDULERS  # noqa: E402 (the backend registry's names)
 
 
 class ProfileError(ValueError):
