@@ -64,7 +64,7 @@ def check_run_dir(run_dir):
     from), before any directory is created."""
     if any(c in str(run_dir) for c in '"\\\n\r'):
         raise RequestError(f"--runs-dir: {str(run_dir)!r} contains a quote, backslash or newline that "
-                           "sbatch cannot take in its --output path")
+                           "sbatch cannot take in the job log paths")
 
 
 def directives(spec, run_dir, ids=None, token=None):
