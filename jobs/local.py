@@ -169,7 +169,8 @@ class LocalBackend(Backend):
                 raise RequestError(f"--nodes: the local profile runs on one node, not {spec.nodes}")
         wait = self.foreground if wait is None else bool(wait)
         if not wait and len(specs) > 1:
-            raise RequestError("--no-wait: the local profile runs chains and split arrays only in the foreground")
+            raise RequestError("--no-wait: the local profile runs chains and split arrays only "
+                               "in the foreground")
         return wait
 
     def submit(self, spec, run_dir, ids, wait, log=None):

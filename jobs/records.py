@@ -90,7 +90,7 @@ class RunRecord(_Mapping):
     profile_path: Optional[str]
     scheduler: str
     accounting: bool = False                 # Slurm with slurmdbd: status asks sacct
-    state: str = SUBMITTING                  # submitting | submitted | partial | cancelled-partial | cancel-failed
+    state: str = SUBMITTING                  # SUBMITTING, SUBMITTED, PARTIAL, CANCELLED_PARTIAL, CANCEL_FAILED
     jobs: List[JobRecord] = field(default_factory=list)
     error: Optional[str] = None
     foreground: bool = False                 # the jobs ran to their end before submit returned

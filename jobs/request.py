@@ -73,7 +73,7 @@ class Resolved:
     profile: "Profile"
     engine: str                 # recsys | hello | preproc
     name: str                   # Slurm-safe job name
-    time_seconds: Optional[int]
+    time_seconds: int           # always finite: the USR2 checkpoint signal needs an end
     gpus_per_node: int
     ntasks_per_node: int
     bind: str
@@ -118,6 +118,9 @@ def resolve(request, profile):
         engine = "preproc"
         if req.dataset is None and req.model in MODEL_DATASET:
             req = dataclasses.replace(req, dataset=MODEL_DATASET[req.model])
+        if req.dataset is None:
+            raise RequestError(f"--dataset: required for preprocess (choose from {', '.join(DATASETS)}, "
+                               "or give a --model that implies one)")
         if req.dataset not in DATASETS:
             raise RequestError(f"--dataset: unknown dataset {req.dataset!r} (choose from {', '.join(DATASETS)})")
         if req.preprocess_mode not in PREPROCESS_MODES:
@@ -196,7 +199,7 @@ def resolve(request, profile):
         raise RequestError(f"{time_what}: {time_text!r} gives no end time, so the USR2 checkpoint signal "
                            "can never fire; give a finite limit")
     signal_seconds = req.signal_seconds or int(defaults.get("signal_seconds", DEFAULT_SIGNAL_SECONDS))
-    if time_seconds is not None and signal_seconds >= time_seconds:
+    if signal_seconds >= time_seconds:
         # Keep the checkpoint signal inside the time limit (e.g. a 1-minute smoke job).
         if req.signal_seconds is not None:
             raise RequestError(f"--signal-seconds: {signal_seconds} s is not shorter than --time "

@@ -31,7 +31,8 @@ def check_runs_dir(runs_dir):
             break
         probe = parent
     if not os.path.isdir(probe):
-        what = "exists and is not a directory" if probe == path else f"lies under {probe!r}, which is not a directory"
+        what = ("exists and is not a directory" if probe == path
+                else f"lies under {probe!r}, which is not a directory")
         raise RequestError(f"--runs-dir: {runs_dir!r} {what}")
     return path
 

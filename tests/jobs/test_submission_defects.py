@@ -103,6 +103,9 @@ def test_no_wait_with_slurm_is_refused_and_missing_model_is_named(cli, slurm_clu
     _refused(cli("benchmark", *HELLO, "--no-wait"), "--no-wait")
     line = _refused(cli("train", "--profile", "ci"), "--model: required for train")
     assert "None" not in line
+    line = _refused(cli("preprocess", "--profile", "ci", "--input", "a", "--output", "b"),
+                    "--dataset: required for preprocess")
+    assert "None" not in line
     assert not os.path.exists(cli.runs_dir)
     assert _queued(slurm_cluster) <= before
 
