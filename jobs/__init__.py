@@ -1,10 +1,10 @@
 """recsys-submit: cluster profiles -> Slurm jobs (or local runs) for the recsys engines.
 
 The public API lives in jobs.api (submit, render, status, watch, logs, cancel, requeue,
-JobRequest); it is re-exported here lazily so that `import jobs.cli` stays cheap.
+JobRequest, build_chain); it is re-exported here lazily so that `import jobs.cli` stays cheap.
 """
 
-_API = ("JobRequest", "submit", "render", "render_plan", "status", "watch", "logs", "cancel",
+_API = ("JobRequest", "build_chain", "submit", "render", "render_plan", "status", "watch", "logs", "cancel",
         "requeue", "find_run", "load_profile", "RequestError", "SubmitError", "SlurmCommandError")
 
 

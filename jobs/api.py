@@ -1,21 +1,22 @@
 """The Python API: the same operations as the `recsys-submit` CLI.
 
-    from jobs.api import JobRequest, submit, status, watch, logs, cancel, requeue, render
+    from jobs.api import JobRequest, build_chain, submit, status, watch, logs, cancel, requeue
     run = submit([JobRequest(kind="benchmark", model="hello", nodes=2)], "ci")
-    print(watch(run["run_dir"])["jobs"])
+    chain = build_chain("train", model="dlrm", preprocess_from="/raw", data_path="/data",
+                        then_evaluate=True, profile="ci")      # preprocess -> train -> evaluate
+    print(watch(submit(chain, "ci")["run_dir"])["jobs"])
 """
 
-import os
-
 from . import runs as runs_mod
-from . import slurmcli
+from .backends import backend_class
 from .errors import RequestError, SlurmCommandError, SubmitError
-from .request import JobRequest
+from .request import JobRequest, build_chain
 from .status import log_files, poll, watch
 from .submit import load, render_plan, render_text, submit
 
-__all__ = ["JobRequest", "RequestError", "SubmitError", "SlurmCommandError", "render", "render_plan",
-           "submit", "status", "watch", "logs", "cancel", "requeue", "find_run", "load_profile"]
+__all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "render",
+           "render_plan", "submit", "status", "watch", "logs", "log_files", "cancel", "requeue",
+           "find_run", "load_profile"]
 
 find_run = runs_mod.find_run
 
@@ -24,15 +25,15 @@ def load_profile(name_or_path):
     return load(name_or_path)
 
 
-def render(requests, profile):
+def render(requests, profile, runs_dir=None):
     """The script(s) a submission would write, as one text (scripts separated by a header)."""
     if isinstance(requests, JobRequest):
         requests = [requests]
-    return render_text(requests, profile)
+    return render_text(requests, profile, runs_dir=runs_dir)
 
 
 def status(run_dir):
-    """One poll: {"jobs": [{key, job_id, state, tasks}], "done": bool, "calls": n, ...}."""
+    """One poll (jobs.records.StatusResult): result["jobs"][i]["state"], ["done"], ["calls"]."""
     return poll(run_dir)
 
 
@@ -45,37 +46,19 @@ def logs(run_dir, rank=None, key=None):
     return "\n".join(chunks)
 
 
-def _job_ids(record):
-    return [j["job_id"] for j in record.get("jobs", [])]
+def _backend(run_dir):
+    record = runs_mod.load_run(run_dir)
+    return backend_class(record.scheduler)(), record
 
 
 def cancel(run_dir):
-    """Cancel every job of a run (one scancel call); returns the ids."""
-    record = runs_mod.load_run(run_dir)
-    if record.get("scheduler") == "local":
-        from .local import local_cancel
-
-        local_cancel(record)
-        return _job_ids(record)
-    ids = _job_ids(record)
-    if ids:
-        proc = slurmcli.run(["scancel"] + ids)
-        if proc.returncode != 0:
-            raise SlurmCommandError(f"scancel: {slurmcli.first_line(proc.stderr)}")
-    return ids
+    """Cancel every job of a run (one scancel call on Slurm); returns the ids."""
+    backend, record = _backend(run_dir)
+    backend.cancel(run_dir, record.jobs)
+    return [j.job_id for j in record.jobs]
 
 
 def requeue(run_dir):
-    """Requeue every unfinished-or-failed job of a run (one scontrol call)."""
-    record = runs_mod.load_run(run_dir)
-    if record.get("scheduler") == "local":
-        raise RequestError("requeue: local runs are not requeued; submit again")
-    ids = _job_ids(record)
-    if ids:
-        proc = slurmcli.run(["scontrol", "requeue", ",".join(ids)])
-        if proc.returncode != 0:
-            raise SlurmCommandError(f"scontrol requeue: {slurmcli.first_line(proc.stderr)}")
-        cache = os.path.join(run_dir, "status.json")
-        if os.path.exists(cache):
-            os.remove(cache)
-    return ids
+    """Requeue every job of a run (one scontrol call on Slurm); returns the ids."""
+    backend, record = _backend(run_dir)
+    return backend.requeue(run_dir, record.jobs) or []

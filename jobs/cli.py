@@ -7,8 +7,9 @@ import argparse
 import os
 import sys
 
+from .vocabulary import KINDS as JOB_KINDS
+
 PROG = "recsys-submit"
-JOB_KINDS = ("train", "evaluate", "benchmark", "preprocess")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,7 +43,9 @@ def _job_options(parser, kind=None):
     add("--keep-partial", action="store_true",
         help="if a later job of a chain fails to submit, keep the earlier ones (default: cancel them)")
     add("--dry-run", action="store_true", help="print the script(s), submit nothing")
-    add("--no-wait", action="store_true", help="local profile: return at once instead of waiting")
+    add("--no-wait", action="store_true",
+        help="local profile: return at once instead of running in the foreground "
+        "(Slurm submissions never wait: follow them with `status --watch`)")
     pre = parser.add_argument_group("preprocessing")
     pre.add_argument("--dataset", help="criteo | movielens | outbrain (default from --model)")
     pre.add_argument("--mode", dest="preprocess_mode", default="single",
@@ -74,7 +77,7 @@ def build_parser():
     val.add_argument("files", nargs="*")
 
     render = sub.add_parser("render", help="print the sbatch script(s) of a request; submit nothing")
-    render.add_argument("kind", help="train | evaluate | benchmark | preprocess")
+    render.add_argument("kind", help=" | ".join(JOB_KINDS))
     _job_options(render)
     for kind in JOB_KINDS:
         job = sub.add_parser(kind, help=f"submit a {kind} job")
@@ -106,63 +109,27 @@ def _split_engine_args(argv):
 
 
 def requests_from_args(args, engine_args):
-    """The JobRequest chain a job subcommand asks for."""
-    from .errors import RequestError
-    from .request import MODEL_DATASET, JobRequest
+    """The JobRequest chain a job subcommand asks for (built by jobs.request.build_chain, as
+    for the Python API)."""
+    from .request import build_chain
 
-    after = [a.strip() for item in args.after for a in item.split(",") if a.strip()]
     common = dict(profile=args.profile, payload=args.payload, nodes=args.nodes,
                   gpus_per_node=args.gpus_per_node, ntasks_per_node=args.ntasks_per_node,
                   time=args.time, name=args.name, bind=args.bind, hyperthreads=args.ht,
                   signal_seconds=args.signal_seconds, requeue=not args.no_requeue, python=args.python)
-    kind = args.kind
-    if kind == "preprocess":
-        return [JobRequest(kind=kind, model=args.model, dataset=args.dataset,
-                           preprocess_mode=args.preprocess_mode, input=args.input,
-                           output=args.output, shards=args.shards,
-                           array_parallelism=args.array_parallelism, engine_args=engine_args,
-                           after=after, **{k: v for k, v in common.items() if k not in ("payload",)})]
-    for flag, value in (("--dataset", args.dataset), ("--input", args.input), ("--output", args.output)):
-        if value is not None:
-            raise RequestError(f"{flag}: only for preprocess")
-    if (args.preprocess_mode != "single" or args.shards is not None) and not args.preprocess_from:
-        raise RequestError("--mode/--shards: only for preprocess (or with --preprocess-from)")
-    # with an array-mode preprocess in the chain, --parallelism caps its transform array
-    pre_cap = args.array_parallelism if args.preprocess_from and args.preprocess_mode == "array" else None
-    main_cap = None if pre_cap is not None else args.array_parallelism
-    engine = list(engine_args)
-    if args.data_path:
-        engine = ["--data-path", args.data_path] + engine
-    chain = []
-    if args.preprocess_from:
-        if kind != "train":
-            raise RequestError("--preprocess-from: only with train")
-        if not args.data_path:
-            raise RequestError("--preprocess-from: needs --data-path (the preprocessed output)")
-        chain.append(JobRequest(kind="preprocess", dataset=MODEL_DATASET.get(args.model),
-                                preprocess_mode=args.preprocess_mode, input=args.preprocess_from,
-                                output=args.data_path, shards=args.shards, after=after,
-                                array_parallelism=pre_cap,
-                                **{k: v for k, v in common.items()
-                                   if k not in ("payload", "nodes", "gpus_per_node", "ntasks_per_node",
-                                                "name", "bind", "hyperthreads")}))
-        after = []
-    chain.append(JobRequest(kind=kind, model=args.model, array=args.array,
-                            array_parallelism=main_cap, engine_args=engine,
-                            after=after, **common))
-    if args.then_evaluate:
-        if kind != "train":
-            raise RequestError("--then-evaluate: only with train")
-        chain.append(JobRequest(kind="evaluate", model=args.model, engine_args=engine,
-                                **{k: v for k, v in common.items() if k != "name"}))
-    return chain
+    return build_chain(args.kind, args.model, engine_args=engine_args, after=args.after,
+                       array=args.array, array_parallelism=args.array_parallelism,
+                       preprocess_from=args.preprocess_from, data_path=args.data_path,
+                       then_evaluate=args.then_evaluate, dataset=args.dataset,
+                       preprocess_mode=args.preprocess_mode, input=args.input, output=args.output,
+                       shards=args.shards, **common)
 
 
 def _print_status(result, as_json=False):
     if as_json:
         import json
 
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result.to_dict(), indent=2))
         return
     print(f"run {result['run_dir']}  ({result['source']}, {result['calls']} Slurm call(s))")
     width = max([len(j["key"]) for j in result["jobs"]] + [3])
@@ -203,20 +170,19 @@ def _cmd_job(args, engine_args):
     if args.command == "render" or args.dry_run:
         from .submit import render_text
 
-        print(render_text(requests, args.profile), end="")
+        print(render_text(requests, args.profile, runs_dir=args.runs_dir), end="")
         return 0
     from . import api
 
     record = api.submit(requests, args.profile, runs_dir=args.runs_dir, keep_partial=args.keep_partial,
-                        wait_local=not args.no_wait)
-    for job in record["jobs"]:
-        print(f"submitted {job['key']} job {job['job_id']}")
-    print(f"run dir {record['run_dir']}")
-    if record.get("scheduler") == "local" and not args.no_wait:
-        result = api.status(record["run_dir"])
-        _print_status(result)
-        if record.get("error"):
-            print(f"{PROG}: error: {record['error']}", file=sys.stderr)
+                        wait=False if args.no_wait else None)
+    for job in record.jobs:
+        print(f"submitted {job.key} job {job.job_id}")
+    print(f"run dir {record.run_dir}")
+    if record.foreground:
+        _print_status(api.status(record.run_dir))
+        if record.error:
+            print(f"{PROG}: error: {record.error}", file=sys.stderr)
             return 1
     return 0
 
@@ -253,12 +219,10 @@ def _cmd_logs(args):
 def _follow(api, run_dir, args):
     import time
 
-    from .status import log_files
-
     offsets = {}
     delay, done = 0.5, False
     while True:
-        for path in log_files(run_dir, key=args.job, rank=args.rank):
+        for path in api.log_files(run_dir, key=args.job, rank=args.rank):
             with open(path, errors="replace") as handle:
                 handle.seek(offsets.get(path, 0))
                 chunk = handle.read()

@@ -8,7 +8,8 @@ payload) the single submitit task runs `mpirun -np N` instead, because submitit'
 plain processes that do not form an MPI communicator. Either way each rank gets the contract
 of slurm/bind.sh (RANK, LOCAL_RANK, WORLD_SIZE, ... from submitit's ids or from Open MPI's),
 and writes logs/<key>-<tag>.rank<r>.log like a Slurm step does. Jobs of a chain run one after
-another; a failure stops the chain (afterok).
+another; a failure stops the chain (afterok). LocalBackend is the jobs.backends.Backend of
+`scheduler: local`.
 """
 
 import os
@@ -17,9 +18,10 @@ import subprocess
 import sys
 import time
 
-from . import runs as runs_mod
+from .backends import Backend
 from .errors import RequestError
-from .plan import ENGINES, SlurmHelper, plan, run_name, slurm_dir
+from .plan import ENGINES, SlurmHelper, slurm_dir
+from .records import JobRecord, JobStatus, StatusResult
 from .render import rank_command
 
 _RANK_SHIM = ('exec "$@" > "$RECSYS_RANK_LOG_PREFIX.rank${OMPI_COMM_WORLD_RANK:-${RANK:-0}}.log" 2>&1')
@@ -66,10 +68,9 @@ class LocalJobCommand:
 def _job_env(spec, run_dir, task_index=None):
     from .binding import bind_env
 
-    profile = spec.resolved.profile
-    env = {k: str(v) for k, v in (getattr(profile, "env", None) or {}).items()}
+    env = {k: str(v) for k, v in (spec.profile.env or {}).items()}
     if spec.bind:
-        env.update(bind_env(profile.node))
+        env.update(bind_env(spec.profile.node))
     env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=slurm_dir(), RECSYS_JOB_KEY=spec.key,
                RECSYS_NNODES="1")
     if task_index is not None:
@@ -82,20 +83,25 @@ def _argv(spec, run_dir):
             for arg in rank_command(spec)]
 
 
+def _mpi(spec):
+    """One submitit task running mpirun over the ranks (an MPI engine with >1 rank)."""
+    return ENGINES[spec.engine]["mpi"] and spec.ntasks_per_node > 1
+
+
+def _folder(run_dir):
+    return os.path.join(run_dir, "submitit")
+
+
 def launch(spec, run_dir, task_index=None):
     """Start one local job (or one array task) with submitit; returns (submitit job, tag)."""
     import submitit
 
-    res = spec.resolved
-    if spec.nodes != 1:
-        raise RequestError(f"--nodes: the local profile runs on one node, not {spec.nodes}")
     ranks = spec.ntasks_per_node
-    mpi = ENGINES[res.engine]["mpi"] and ranks > 1
-    folder = os.path.join(run_dir, "submitit")
-    executor = submitit.LocalExecutor(folder=folder)
-    timeout_min = (res.time_seconds or 7 * 86400) / 60.0
-    executor.update_parameters(timeout_min=timeout_min, signal_delay_s=res.signal_seconds,
-                               tasks_per_node=1 if mpi else ranks, gpus_per_node=res.gpus_per_node)
+    mpi = _mpi(spec)
+    executor = submitit.LocalExecutor(folder=_folder(run_dir))
+    timeout_min = spec.time_seconds / 60.0
+    executor.update_parameters(timeout_min=timeout_min, signal_delay_s=spec.signal_seconds,
+                               tasks_per_node=1 if mpi else ranks, gpus_per_node=spec.gpus_per_node)
     tag_index = "" if task_index is None else f"_{task_index}"
     log_prefix = os.path.join(run_dir, "logs", f"{spec.key}-local{os.getpid()}{tag_index}")
     command = LocalJobCommand(_argv(spec, run_dir), _job_env(spec, run_dir, task_index), log_prefix,
@@ -143,66 +149,81 @@ def _job_state(folder, job_id, ntasks):
         return "CANCELLED"
 
 
-def submit_local(requests, profile, runs_dir=None, log=None, wait=True):
-    """Run a plan locally; with wait, one job after another (stopping at the first failure)."""
-    resolved, specs = plan(requests, profile)
-    if not wait and len(specs) > 1:
-        raise RequestError("--no-wait: the local profile runs chains and split arrays only in the foreground")
-    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), run_name(resolved))
-    runs_mod.write_json(os.path.join(run_dir, "request.json"),
-                        {"requests": [r.request.to_dict() for r in resolved]})
-    record = {"run_dir": run_dir, "profile": profile.name, "profile_path": profile.path,
-              "scheduler": "local", "accounting": False, "state": "submitting", "jobs": []}
-    failed = None
-    for spec in specs:
-        tasks = [None] if not spec.array else \
-            [spec.task_offset + i for i in range(spec.array_size)]
+def _wait(run_dir, job):
+    while _job_state(_folder(run_dir), job.job_id, job.ntasks) == "RUNNING":
+        time.sleep(0.2)
+    return _job_state(_folder(run_dir), job.job_id, job.ntasks)
+
+
+class LocalBackend(Backend):
+    """This machine: submitit's LocalExecutor per job, mpirun for an MPI world; a chain runs
+    in the foreground, one job after another, stopping at the first failure."""
+
+    scheduler = "local"
+    foreground = True
+    gpuless_ranks = True
+
+    def check(self, specs, run_dir, wait):
+        for spec in specs:
+            if spec.nodes != 1:
+                raise RequestError(f"--nodes: the local profile runs on one node, not {spec.nodes}")
+        wait = self.foreground if wait is None else bool(wait)
+        if not wait and len(specs) > 1:
+            raise RequestError("--no-wait: the local profile runs chains and split arrays only "
+                               "in the foreground")
+        return wait
+
+    def submit(self, spec, run_dir, ids, wait, log=None):
+        tasks = [None] if not spec.array else [spec.task_offset + i for i in range(spec.array_size)]
+        jobs = []
         for task_index in tasks:
-            if failed:
-                break
-            job, tag = launch(spec, run_dir, task_index)
-            ranks = 1 if (ENGINES[spec.resolved.engine]["mpi"] and spec.ntasks_per_node > 1) \
-                else spec.ntasks_per_node
-            entry = {"key": spec.key, "name": spec.name, "job_id": job.job_id, "tag": tag,
-                     "task_index": task_index, "submitit_folder": os.path.join(run_dir, "submitit"),
-                     "ntasks": ranks, "array_size": 0}
-            record["jobs"].append(entry)
-            runs_mod.write_json(os.path.join(run_dir, "jobs.json"), record)
+            job, _tag = launch(spec, run_dir, task_index)
+            record = JobRecord(key=spec.key, name=spec.name, job_id=str(job.job_id), task_index=task_index,
+                               ntasks=1 if _mpi(spec) else spec.ntasks_per_node)
+            jobs.append(record)
             if log:
                 log(f"local job {spec.key} (pid {job.job_id}) started; logs in {run_dir}/logs")
-            if wait:
-                while _job_state(entry["submitit_folder"], job.job_id, ranks) == "RUNNING":
-                    time.sleep(0.2)
-                if _job_state(entry["submitit_folder"], job.job_id, ranks) != "COMPLETED":
-                    failed = spec.key
-    record["state"] = "submitted"
-    if failed:
-        record["error"] = f"local job {failed!r} failed; later jobs of the chain were not started"
-    runs_mod.write_json(os.path.join(run_dir, "jobs.json"), record)
-    return record
+            if wait and _wait(run_dir, record) != "COMPLETED":
+                break       # afterok: later array tasks and jobs do not start
+        return jobs
 
+    def failure(self, run_dir, jobs):
+        for job in jobs:
+            if _wait(run_dir, job) != "COMPLETED":
+                return f"local job {job.key!r} failed; later jobs of the chain were not started"
+        return None
 
-def local_status(run_dir, record):
-    out = []
-    for job in record.get("jobs", []):
-        state = _job_state(job["submitit_folder"], job["job_id"], job.get("ntasks", 1))
-        if state != "RUNNING" and os.path.exists(os.path.join(run_dir, f"cancelled-{job['job_id']}")):
-            state = "CANCELLED"
-        out.append({"key": job["key"], "job_id": job["job_id"], "name": job.get("name"),
-                    "state": state, "tasks": {job["job_id"]: state}})
-    done = all(j["state"] != "RUNNING" for j in out)
-    return {"run_dir": run_dir, "jobs": out, "done": done, "calls": 0, "source": "local",
-            "submission": record.get("state")}
+    def poll(self, run_dir, record, source=None):
+        out = []
+        for job in record.jobs:
+            state = _job_state(_folder(run_dir), job.job_id, job.ntasks)
+            if state != "RUNNING" and os.path.exists(os.path.join(run_dir, f"cancelled-{job.job_id}")):
+                state = "CANCELLED"
+            out.append(JobStatus(key=job.key, job_id=job.job_id, name=job.name, state=state,
+                                 tasks={job.job_id: state}))
+        done = all(j.state != "RUNNING" for j in out)
+        return StatusResult(run_dir=run_dir, jobs=out, done=done, calls=0, source="local",
+                            submission=record.state)
 
+    def cancel(self, run_dir, jobs):
+        """SIGTERM to each controller: submitit forwards it to the tasks, which pass it on to the
+        ranks' process group; a marker makes status say CANCELLED rather than FAILED."""
+        for job in jobs:
+            if _job_state(_folder(run_dir), job.job_id, job.ntasks) != "RUNNING":
+                continue
+            open(os.path.join(run_dir, f"cancelled-{job.job_id}"), "w").close()
+            try:
+                os.kill(int(job.job_id), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        return [j.job_id for j in jobs]
 
-def local_cancel(record):
-    """SIGTERM to each controller: submitit forwards it to the tasks, which pass it on to the
-    ranks' process group; a marker makes status say CANCELLED rather than FAILED."""
-    for job in record.get("jobs", []):
-        if _job_state(job["submitit_folder"], job["job_id"], job.get("ntasks", 1)) != "RUNNING":
-            continue
-        open(os.path.join(record["run_dir"], f"cancelled-{job['job_id']}"), "w").close()
-        try:
-            os.kill(int(job["job_id"]), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
+    def log_files(self, run_dir, key=None, rank=None):
+        """Local runs have no batch output: the ranks' logs stand in for it."""
+        found = super().log_files(run_dir, key, rank)
+        if not found and rank is None:
+            import glob
+
+            pattern = os.path.join(run_dir, "logs", f"{key or '*'}-*.rank*.log")
+            found = sorted(glob.glob(pattern), key=os.path.getmtime)
+        return found

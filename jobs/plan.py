@@ -12,9 +12,12 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from .request import resolve
+
+if TYPE_CHECKING:   # pragma: no cover
+    from .profiles import Profile
 
 # Per-engine launch setting: one rank per GPU ("gpu") or one per node ("node"), whether each
 # rank goes through the binding wrapper, and whether >1 rank needs an MPI world.
@@ -27,11 +30,20 @@ ENGINES = {
 
 @dataclass
 class JobSpec:
-    """One sbatch job of a plan (an array counts as one job)."""
+    """One job of a plan (an array counts as one job): everything a backend needs to render
+    or launch it, so that nothing reaches back into the request."""
 
     key: str                              # unique in the run: main, dictionary, transform.0, ...
     name: str                             # Slurm job name (already slug-safe)
-    resolved: object                      # the jobs.request.Resolved it came from
+    profile: "Profile"                    # the cluster it runs on
+    kind: str                             # train | evaluate | benchmark | preprocess
+    subject: str                          # model, dataset or "hello" (the script's title)
+    engine: str                           # recsys | hello | preproc (a key of ENGINES)
+    time_seconds: int                     # time limit
+    signal_seconds: int                   # USR2 this long before the limit
+    requeue: bool                         # requeue on USR2
+    bind_mode: str                        # exclusive | numa | interleave | off (slurm/bind.sh)
+    hyperthreads: bool                    # bind the hyperthread siblings too
     nodes: int
     ntasks_per_node: int
     gpus_per_node: int
@@ -73,9 +85,9 @@ def job_python(profile, override=None):
     """Interpreter the ranks run: request > profile > 'python' in a container > this one."""
     if override:
         return override
-    if getattr(profile, "python", None):
+    if profile.python:
         return profile.python
-    if getattr(profile, "container", None) is not None:
+    if profile.container is not None:
         return "python"
     return sys.executable
 
@@ -113,9 +125,13 @@ def plan_request(res, max_array_size=None, key_prefix=""):
     """The JobSpecs of one resolved request, in submission order."""
     req, profile = res.request, res.profile
     python = job_python(profile, req.python)
-    max_array = int(max_array_size or getattr(profile, "max_array_size", 1001) or 1001)
+    max_array = int(max_array_size or profile.max_array_size or 1001)
     prefix = f"{key_prefix}." if key_prefix else ""
-    common = dict(resolved=res, nodes=req.nodes, ntasks_per_node=res.ntasks_per_node,
+    subject = req.dataset if res.engine == "preproc" else (req.model or "hello")
+    common = dict(profile=profile, kind=req.kind, subject=subject, engine=res.engine,
+                  time_seconds=res.time_seconds, signal_seconds=res.signal_seconds,
+                  requeue=req.requeue, bind_mode=res.bind, hyperthreads=res.hyperthreads,
+                  nodes=req.nodes, ntasks_per_node=res.ntasks_per_node,
                   gpus_per_node=res.gpus_per_node, external_after=list(req.after))
 
     if res.engine != "preproc":

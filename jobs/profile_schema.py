@@ -14,7 +14,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 from slurm.cpulist import parse_cpulist
 
+from .backends import SCHEDULERS  # the backend registry's names
 from .topology import NodeType
+from .vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
 
 __all__ = [
     "ProfileError", "Checker", "check_profile", "node_from_raw", "typename",
@@ -22,9 +24,7 @@ __all__ = [
     "NODE_KEYS", "PROFILE_KEYS", "CONTAINER_KEYS", "DEFAULT_KEYS",
 ]
 
-BINDING_MODES = ("exclusive", "numa", "interleave", "off")
 MPI_TYPES = ("pmix", "pmi2", "none")
-SCHEDULERS = ("slurm", "local")
 
 
 class ProfileError(ValueError):

@@ -59,9 +59,18 @@ def log_paths(spec, run_dir):
             os.path.join(logs, f"{spec.key}-{tag}.rank%t.log"))
 
 
+def check_run_dir(run_dir):
+    """A run dir sbatch can take in --output/--error; refused naming --runs-dir (where it comes
+    from), before any directory is created."""
+    if any(c in str(run_dir) for c in '"\\\n\r'):
+        raise RequestError(f"--runs-dir: {str(run_dir)!r} contains a quote, backslash or newline that "
+                           "sbatch cannot take in the job log paths")
+
+
 def directives(spec, run_dir, ids=None, token=None):
     """The `#SBATCH` lines of a spec, in a stable, readable order."""
-    res, profile = spec.resolved, spec.resolved.profile
+    profile = spec.profile
+    check_run_dir(run_dir)
     batch_out, _ = log_paths(spec, run_dir)
     lines = [
         ("--job-name", spec.name),
@@ -70,16 +79,16 @@ def directives(spec, run_dir, ids=None, token=None):
     ]
     if spec.gpus_per_node:
         lines.append(("--gres", f"gpu:{spec.gpus_per_node}"))
-    if (getattr(profile, "defaults", None) or {}).get("exclusive", True):
+    if (profile.defaults or {}).get("exclusive", True):
         lines.append(("--exclusive", None))
-    lines.append(("--time", format_time(res.time_seconds)))
-    for flag, attr in (("--partition", "partition"), ("--account", "account"), ("--qos", "qos")):
-        value = getattr(profile, attr, None)
+    lines.append(("--time", format_time(spec.time_seconds)))
+    for flag, value in (("--partition", profile.partition), ("--account", profile.account),
+                        ("--qos", profile.qos)):
         if value:
             lines.append((flag, value))
     lines += [("--output", batch_out), ("--error", batch_out), ("--open-mode", "append"),
-              ("--signal", f"B:USR2@{res.signal_seconds}")]
-    if res.request.requeue:
+              ("--signal", f"B:USR2@{spec.signal_seconds}")]
+    if spec.requeue:
         lines.append(("--requeue", None))
     if spec.array:
         first, last, cap = spec.array
@@ -89,13 +98,15 @@ def directives(spec, run_dir, ids=None, token=None):
         lines.append(("--dependency", dep))
     if token:
         lines.append(("--comment", f"recsys:{token}"))
-    switches = getattr(profile, "switches", None)
-    if switches:
-        lines.append(("--switches", switches))
+    if profile.switches:
+        lines.append(("--switches", profile.switches))
+    from_profile = {"--partition": "partition", "--account": "account", "--qos": "qos",
+                    "--switches": "switches"}
     out = []
     for flag, value in lines:
-        out.append(f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={directive_value(value, flag)}")
-    for extra in getattr(profile, "sbatch_extra", None) or []:
+        what = f"profile {profile.name}: {from_profile[flag]}" if flag in from_profile else flag
+        out.append(f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={directive_value(value, what)}")
+    for extra in profile.sbatch_extra or []:
         if "\n" in extra:
             raise RequestError(f"profile {profile.name}: sbatch_extra: {extra!r} spans lines")
         out.append(f"#SBATCH {extra}")
@@ -120,28 +131,27 @@ def _quote_command(argv):
 
 def rank_command(spec):
     """argv of one rank: the engine command behind slurm/bind.sh when the engine binds."""
-    res = spec.resolved
-    if not (spec.bind and ENGINES[res.engine]["bind"]):
+    if not (spec.bind and ENGINES[spec.engine]["bind"]):
         return list(spec.command)
-    wrapper = ["bash", SlurmHelper("bind.sh"), "--mode", res.bind]
-    if res.hyperthreads:
+    wrapper = ["bash", SlurmHelper("bind.sh"), "--mode", spec.bind_mode]
+    if spec.hyperthreads:
         wrapper.append("--ht")
     return wrapper + ["--"] + list(spec.command)
 
 
 def step_lines(spec, run_dir, container_name=None):
     """The step as a list of already-quoted argv pieces (one per line in the script)."""
-    res, profile = spec.resolved, spec.resolved.profile
+    profile = spec.profile
     if spec.launcher == "batch":
         return [" ".join(_quote_command(spec.command))]
     _, rank_out = log_paths(spec, run_dir)
-    mpi = getattr(profile, "mpi", "pmix") or "pmix"
+    mpi = profile.mpi or "pmix"
     srun = ["srun", f"--mpi={mpi}", "-N", str(spec.nodes),
             f"--ntasks-per-node={spec.ntasks_per_node}",
             f"--ntasks={spec.nodes * spec.ntasks_per_node}", "--kill-on-bad-exit=1"]
     pieces = [" ".join(shlex.quote(a) for a in srun),
               " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
-    container = getattr(profile, "container", None)
+    container = profile.container
     if container is not None:
         flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}"]
         if container.mounts:
@@ -169,32 +179,30 @@ def task_env(spec):
 
 def render(spec, run_dir, script_path=None, ids=None, token=None):
     """The sbatch script text of `spec` for run directory `run_dir`."""
-    res, profile = spec.resolved, spec.resolved.profile
+    profile = spec.profile
     from .binding import bind_env   # PROFILES' module; light (no heavy imports)
 
-    container = getattr(profile, "container", None)
+    container = profile.container
     container_name = f"recsys-{token or spec.key}"
     step = " \\\n    ".join(step_lines(spec, run_dir, container_name))
-    req = res.request
-    what = req.dataset if res.engine == "preproc" else (req.model or "hello")
-    title = (f"{req.kind} {what}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
+    title = (f"{spec.kind} {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
              f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
-    env = dict(getattr(profile, "env", None) or {})
+    env = dict(profile.env or {})
     env.update(spec.env)
     return _template().substitute(
         directives="\n".join(directives(spec, run_dir, ids, token)),
         title=title,
         profile_name=profile.name,
-        profile_path=getattr(profile, "path", "") or "",
+        profile_path=profile.path or "",
         script_path=shlex.quote(script_path or f"{spec.key}.sbatch"),
         run_dir=shlex.quote(os.path.abspath(run_dir)),
         slurm_dir=shlex.quote(slurm_dir()),
         key=shlex.quote(spec.key),
         task_env=task_env(spec),
-        setup="\n".join(getattr(profile, "setup", None) or []) or "# (none)",
+        setup="\n".join(profile.setup or []) or "# (none)",
         env=_exports(env),
         bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
         container=shlex.quote(container.image if container is not None else ""),
-        requeue="yes" if req.requeue else "no",
+        requeue="yes" if spec.requeue else "no",
         step=step,
     )

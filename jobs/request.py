@@ -9,18 +9,17 @@ nothing is ever submitted from an impossible request.
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from .errors import RequestError
 from .slurmtime import parse_time
+from .vocabulary import BIND_MODES, DATASETS, KINDS, MODEL_DATASET, MODELS, PAYLOADS, PREPROCESS_MODES
 
-KINDS = ("train", "evaluate", "benchmark", "preprocess")
-MODELS = ("dlrm", "wide_deep", "ncf")
-DATASETS = ("criteo", "movielens", "outbrain")
-PAYLOADS = ("recsys", "hello")
-PREPROCESS_MODES = ("single", "array", "multinode")
-BIND_MODES = ("exclusive", "numa", "interleave", "off")
-MODEL_DATASET = {"dlrm": "criteo", "wide_deep": "outbrain", "ncf": "movielens"}
+if TYPE_CHECKING:   # pragma: no cover
+    from .profiles import Profile
+
+__all__ = ["JobRequest", "Resolved", "resolve", "build_chain", "slug", "KINDS", "MODELS", "DATASETS",
+           "PAYLOADS", "PREPROCESS_MODES", "BIND_MODES", "MODEL_DATASET"]
 _JOBID = re.compile(r"^\d+(_\d+)?$")
 DEFAULT_SIGNAL_SECONDS = 120
 
@@ -71,10 +70,10 @@ class Resolved:
     """A validated request with every default filled from the profile."""
 
     request: JobRequest
-    profile: object
+    profile: "Profile"
     engine: str                 # recsys | hello | preproc
     name: str                   # Slurm-safe job name
-    time_seconds: Optional[int]
+    time_seconds: int           # always finite: the USR2 checkpoint signal needs an end
     gpus_per_node: int
     ntasks_per_node: int
     bind: str
@@ -102,7 +101,7 @@ def _positive(value, flag, allow_none=True):
 
 
 def _defaults(profile):
-    return dict(getattr(profile, "defaults", None) or {})
+    return dict(profile.defaults or {})
 
 
 def resolve(request, profile):
@@ -119,6 +118,9 @@ def resolve(request, profile):
         engine = "preproc"
         if req.dataset is None and req.model in MODEL_DATASET:
             req = dataclasses.replace(req, dataset=MODEL_DATASET[req.model])
+        if req.dataset is None:
+            raise RequestError(f"--dataset: required for preprocess (choose from {', '.join(DATASETS)}, "
+                               "or give a --model that implies one)")
         if req.dataset not in DATASETS:
             raise RequestError(f"--dataset: unknown dataset {req.dataset!r} (choose from {', '.join(DATASETS)})")
         if req.preprocess_mode not in PREPROCESS_MODES:
@@ -139,6 +141,8 @@ def resolve(request, profile):
                                "use --mode multinode for a Spark cluster over several nodes")
     else:
         engine = req.payload
+        if engine == "recsys" and req.model is None:
+            raise RequestError(f"--model: required for {req.kind} (choose from {', '.join(MODELS)}, hello)")
         if engine == "recsys" and req.model not in MODELS:
             raise RequestError(f"--model: unknown model {req.model!r} (choose from {', '.join(MODELS)}, hello)")
         if req.preprocess_mode != "single" or req.shards is not None:
@@ -164,14 +168,15 @@ def resolve(request, profile):
             raise RequestError(f"--after: {dep!r} is not a Slurm job id")
 
     node = profile.node
-    max_nodes = getattr(profile, "max_nodes", 1) or 1
+    max_nodes = profile.max_nodes or 1
     if req.nodes > max_nodes:
         raise RequestError(f"--nodes: {req.nodes} nodes requested but profile {profile.name!r} has {max_nodes}")
     gpus = req.gpus_per_node
     if gpus is None:
         gpus = int(defaults.get("gpus_per_node", node.gpus) or 0)
-    local_cpu_only = getattr(profile, "scheduler", "slurm") == "local" and node.gpus == 0
-    if local_cpu_only:
+    from .backends import backend_class
+
+    if node.gpus == 0 and backend_class(profile.scheduler).gpuless_ranks:
         # A GPU-less machine: "GPUs per node" counts ranks, none of them gets a GPU.
         req = dataclasses.replace(req, ntasks_per_node=req.ntasks_per_node or max(gpus, 1))
         gpus = 0
@@ -187,10 +192,14 @@ def resolve(request, profile):
         raise RequestError(f"--ntasks-per-node: {ntasks} tasks per node but profile {profile.name!r} "
                            f"nodes have {logical_cpus} CPUs")
 
-    time_text = req.time or defaults.get("time") or getattr(profile, "default_time", None) or "01:00:00"
-    time_seconds = parse_time(time_text, "--time" if req.time else f"profile {profile.name}: default_time")
+    time_text = req.time or defaults.get("time") or profile.default_time or "01:00:00"
+    time_what = "--time" if req.time else f"profile {profile.name}: default_time"
+    time_seconds = parse_time(time_text, time_what)
+    if time_seconds is None:
+        raise RequestError(f"{time_what}: {time_text!r} gives no end time, so the USR2 checkpoint signal "
+                           "can never fire; give a finite limit")
     signal_seconds = req.signal_seconds or int(defaults.get("signal_seconds", DEFAULT_SIGNAL_SECONDS))
-    if time_seconds is not None and signal_seconds >= time_seconds:
+    if signal_seconds >= time_seconds:
         # Keep the checkpoint signal inside the time limit (e.g. a 1-minute smoke job).
         if req.signal_seconds is not None:
             raise RequestError(f"--signal-seconds: {signal_seconds} s is not shorter than --time "
@@ -215,3 +224,55 @@ def resolve(request, profile):
     return Resolved(request=req, profile=profile, engine=engine, name=name,
                     time_seconds=time_seconds, gpus_per_node=gpus, ntasks_per_node=ntasks,
                     bind=bind, hyperthreads=ht, signal_seconds=signal_seconds)
+
+
+_CHAIN_DROPS = ("payload", "nodes", "gpus_per_node", "ntasks_per_node", "name", "bind", "hyperthreads")
+
+
+def build_chain(kind, model=None, *, engine_args=(), after=(), array=None, array_parallelism=None,
+                preprocess_from=None, data_path=None, then_evaluate=False, dataset=None,
+                preprocess_mode="single", input=None, output=None, shards=None, **common):
+    """The JobRequest chain of one job command: [preprocess ->] job [-> evaluate], each waiting
+    (afterok) for the one before. The CLI's job subcommands and the Python API both build their
+    chains here. `common` holds the JobRequest sizing fields shared by the chain (profile, nodes,
+    gpus_per_node, time, bind, ...); `preprocess_from` RAW preprocesses into `data_path` first,
+    with `preprocess_mode`/`shards` (and `array_parallelism` for an array-mode preprocess)."""
+    unknown = sorted(set(common) - {f.name for f in dataclasses.fields(JobRequest)})
+    if unknown:
+        raise RequestError(f"request: unknown field {unknown[0]!r}")
+    after = [a.strip() for item in after for a in str(item).split(",") if a.strip()]
+    if kind == "preprocess":
+        own = {k: v for k, v in common.items() if k != "payload"}
+        return [JobRequest(kind=kind, model=model, dataset=dataset, preprocess_mode=preprocess_mode,
+                           input=input, output=output, shards=shards, array_parallelism=array_parallelism,
+                           engine_args=list(engine_args), after=after, **own)]
+    for flag, value in (("--dataset", dataset), ("--input", input), ("--output", output)):
+        if value is not None and not (flag == "--dataset" and preprocess_from):
+            raise RequestError(f"{flag}: only for preprocess")
+    if (preprocess_mode != "single" or shards is not None) and not preprocess_from:
+        raise RequestError("--mode/--shards: only for preprocess (or with --preprocess-from)")
+    # with an array-mode preprocess in the chain, --parallelism caps its transform array
+    pre_cap = array_parallelism if preprocess_from and preprocess_mode == "array" else None
+    main_cap = None if pre_cap is not None else array_parallelism
+    engine = list(engine_args)
+    if data_path:
+        engine = ["--data-path", data_path] + engine
+    chain = []
+    if preprocess_from:
+        if kind != "train":
+            raise RequestError("--preprocess-from: only with train")
+        if not data_path:
+            raise RequestError("--preprocess-from: needs --data-path (the preprocessed output)")
+        chain.append(JobRequest(kind="preprocess", dataset=dataset or MODEL_DATASET.get(model),
+                                preprocess_mode=preprocess_mode, input=preprocess_from, output=data_path,
+                                shards=shards, after=after, array_parallelism=pre_cap,
+                                **{k: v for k, v in common.items() if k not in _CHAIN_DROPS}))
+        after = []
+    chain.append(JobRequest(kind=kind, model=model, array=array, array_parallelism=main_cap,
+                            engine_args=engine, after=after, **common))
+    if then_evaluate:
+        if kind != "train":
+            raise RequestError("--then-evaluate: only with train")
+        chain.append(JobRequest(kind="evaluate", model=model, engine_args=engine,
+                                **{k: v for k, v in common.items() if k != "name"}))
+    return chain

@@ -18,16 +18,40 @@ def default_runs_dir(profile=None):
     return os.path.expanduser(defaults.get("runs_dir") or "recsys-runs")
 
 
+def check_runs_dir(runs_dir):
+    """Refuse (one line naming --runs-dir) a runs dir that is, or lies under, something other
+    than a directory, before anything is rendered or created."""
+    from .errors import RequestError
+
+    path = os.path.abspath(runs_dir)
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        what = ("exists and is not a directory" if probe == path
+                else f"lies under {probe!r}, which is not a directory")
+        raise RequestError(f"--runs-dir: {runs_dir!r} {what}")
+    return path
+
+
 def new_run_dir(runs_dir, name, create=True):
     """A fresh directory `<runs_dir>/<name>-<timestamp>[-n]` (created with logs/ when `create`)."""
+    from .errors import RequestError
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = os.path.abspath(os.path.join(runs_dir, f"{name}-{stamp}"))
+    base = os.path.join(check_runs_dir(runs_dir), f"{name}-{stamp}")
     path, n = base, 1
     while os.path.exists(path):
         n += 1
         path = f"{base}-{n}"
     if create:
-        os.makedirs(os.path.join(path, "logs"))
+        try:
+            os.makedirs(os.path.join(path, "logs"))
+        except OSError as exc:
+            raise RequestError(f"--runs-dir: cannot create {path!r}: {exc.strerror}") from None
     return path
 
 
@@ -37,6 +61,14 @@ def write_json(path, data):
     with open(tmp, "w") as handle:
         json.dump(data, handle, indent=2, sort_keys=False)
         handle.write("\n")
+    os.replace(tmp, path)
+
+
+def write_text(path, text):
+    """Write a text file atomically (temporary name, then rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as handle:
+        handle.write(text)
     os.replace(tmp, path)
 
 
@@ -64,4 +96,7 @@ def find_run(run=None, runs_dir=None):
 
 
 def load_run(run_dir):
-    return read_json(os.path.join(run_dir, "jobs.json"))
+    """The run's jobs.json as a typed jobs.records.RunRecord (version checked)."""
+    from .records import RunRecord
+
+    return RunRecord.load(run_dir)

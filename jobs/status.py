@@ -1,6 +1,7 @@
-"""Status of every job of a run with ONE Slurm call per poll.
+"""Status of every job of a run: poll/watch through the run's backend, and the Slurm
+backend's poll, which makes ONE Slurm call per poll.
 
-Source per poll: `sacct` for all unfinished jobs when the cluster has accounting (recorded at
+Source per Slurm poll: `sacct` for all unfinished jobs when the cluster has accounting (recorded at
 submission from `scontrol show config`), else one `squeue` call; a job that squeue no longer
 knows is settled from the exit record its batch script wrote (logs/<key>-<id>.info), and only
 when that is missing too from `scontrol show job`. Terminal states are cached in status.json,
@@ -8,7 +9,6 @@ so finished jobs are never asked about again. Parsing of sacct output and of arr
 (`123_[4-9%2]`) is submitit's (SlurmInfoWatcher.read_info, read_job_id).
 """
 
-import glob
 import os
 import time
 
@@ -29,9 +29,9 @@ def _base_state(state):
 
 
 def _expected_tasks(job):
-    if job.get("array_size"):
-        return [f"{job['job_id']}_{i}" for i in range(job["array_size"])]
-    return [job["job_id"]]
+    if job.array_size:
+        return [f"{job.job_id}_{i}" for i in range(job.array_size)]
+    return [job.job_id]
 
 
 def _expand(job_id):
@@ -74,7 +74,7 @@ def query_squeue(ids):
 
 def _from_info(run_dir, job, task):
     """State from the batch script's own record (exit_code=... at the end)."""
-    key = job["key"]
+    key = job.key
     path = os.path.join(run_dir, "logs", f"{key}-{task}.info")
     try:
         with open(path) as handle:
@@ -95,26 +95,31 @@ def _from_scontrol(task):
 
 
 def poll(run_dir, source=None):
-    """One status poll of a run. Returns {"jobs": [...], "done": bool, "calls": n, "source": s}."""
-    record = runs_mod.load_run(run_dir)
-    if record.get("scheduler") == "local":
-        from .local import local_status
+    """One status poll of a run (a jobs.records.StatusResult), asked of the run's backend."""
+    from .backends import backend_class
 
-        return local_status(run_dir, record)
+    record = runs_mod.load_run(run_dir)
+    return backend_class(record.scheduler)().poll(run_dir, record, source)
+
+
+def poll_slurm(run_dir, record, source=None):
+    """SlurmBackend.poll: one sacct or squeue call for every unfinished job of the run."""
+    from .records import JobStatus, StatusResult
+
     cache_path = os.path.join(run_dir, "status.json")
     try:
         cache = runs_mod.read_json(cache_path)
     except (OSError, ValueError):
         cache = {}
     before = CALLS["count"]
-    jobs = record.get("jobs", [])
+    jobs = record.jobs
     pending = [j for j in jobs if not all(cache.get(t) in TERMINAL for t in _expected_tasks(j))]
     states = dict(cache)
     used = "cache"
     if pending:
-        ids = [j["job_id"] for j in pending]
+        ids = [j.job_id for j in pending]
         source = source or os.environ.get("RECSYS_STATUS_SOURCE") or \
-            ("sacct" if record.get("accounting") else "squeue")
+            ("sacct" if record.accounting else "squeue")
         answer = query_sacct(ids) if source == "sacct" else None
         used = "sacct"
         if answer is None:
@@ -129,11 +134,11 @@ def poll(run_dir, source=None):
     out = []
     for job in jobs:
         tasks = {t: states.get(t, "UNKNOWN") for t in _expected_tasks(job)}
-        out.append({"key": job["key"], "job_id": job["job_id"], "name": job.get("name"),
-                    "state": summarize(list(tasks.values())), "tasks": tasks})
-    done = all(all(s in TERMINAL for s in j["tasks"].values()) for j in out)
-    return {"run_dir": run_dir, "jobs": out, "done": done, "calls": CALLS["count"] - before,
-            "source": used, "submission": record.get("state")}
+        out.append(JobStatus(key=job.key, job_id=job.job_id, name=job.name,
+                             state=summarize(list(tasks.values())), tasks=tasks))
+    done = all(all(s in TERMINAL for s in j.tasks.values()) for j in out)
+    return StatusResult(run_dir=run_dir, jobs=out, done=done, calls=CALLS["count"] - before,
+                        source=used, submission=record.state)
 
 
 def summarize(states):
@@ -170,12 +175,9 @@ def run_failed(result):
 
 
 def log_files(run_dir, key=None, rank=None):
-    """Log files of a run: batch outputs, or per-rank outputs when `rank` is given."""
-    logs = os.path.join(run_dir, "logs")
-    prefix = f"{key or '*'}-*"
-    if rank is not None:
-        return sorted(glob.glob(os.path.join(logs, f"{prefix}.rank{rank}.log")), key=os.path.getmtime)
-    found = glob.glob(os.path.join(logs, f"{prefix}.out"))
-    if not found:     # local runs have no batch output: show the ranks'
-        found = glob.glob(os.path.join(logs, f"{prefix}.rank*.log"))
-    return sorted(found, key=os.path.getmtime)
+    """Log files of a run: batch outputs, or per-rank outputs when `rank` is given (which
+    files those are is the run's backend's)."""
+    from .backends import backend_class
+
+    scheduler = runs_mod.load_run(run_dir).scheduler
+    return backend_class(scheduler)().log_files(run_dir, key=key, rank=rank)

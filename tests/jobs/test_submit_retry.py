@@ -103,3 +103,41 @@ def test_permanent_transient_failure_gives_up(flaky_sbatch, slurm_env, monkeypat
     with pytest.raises(SubmitError, match="still failing after 2 retries"):
         slurmcli.sbatch("/nonexistent.sbatch", "tok-none", retries=2, backoff=0.05)
     assert flaky_sbatch() == 3
+
+
+FAILING_SCANCEL = """#!/bin/bash
+echo "$*" >> "$FLAKY_DIR/scancel.log"
+echo "scancel: error: Kill job error on job id $1: Unable to contact slurm controller" >&2
+exit 1
+"""
+
+
+def test_failed_cancel_of_a_broken_chain_is_recorded_as_such(flaky_sbatch, slurm_env, monkeypatch, tmp_path):
+    shim = tmp_path / "shim" / "scancel"
+    shim.write_text(FAILING_SCANCEL)
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FLAKY_PLAN", "ok fatal")
+    with pytest.raises(SubmitError) as info:
+        submit([_hello(engine_args=["--sleep", "30"]), _hello(kind="evaluate")], "ci")
+    message = str(info.value)
+    assert "could NOT cancel them" in message and "Unable to contact" in message
+    assert "cancelled them" not in message and "\n" not in message
+    first_id = message.split("benchmark=")[1].split(";")[0]
+    assert (tmp_path / "shim" / "scancel.log").read_text().split() == [first_id]
+    [run] = os.listdir(tmp_path / "runs")
+    record = json.load(open(tmp_path / "runs" / run / "jobs.json"))
+    assert record["state"] == "cancel-failed" and record["error"] == message
+    assert [(j["job_id"], j["outcome"]) for j in record["jobs"]] == [(first_id, "cancel-failed")]
+    state = slurm_env.job_state(first_id)
+    assert state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED"), state  # not cancelled
+    slurm_env.run(["scancel", first_id])   # the cluster's own scancel (the shim is only on our PATH)
+
+
+def test_cancelled_partial_records_each_job_outcome(flaky_sbatch, slurm_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLAKY_PLAN", "ok fatal")
+    with pytest.raises(SubmitError, match="cancelled them"):
+        submit([_hello(engine_args=["--sleep", "30"]), _hello(kind="evaluate")], "ci")
+    [run] = os.listdir(tmp_path / "runs")
+    record = json.load(open(tmp_path / "runs" / run / "jobs.json"))
+    assert [j["outcome"] for j in record["jobs"]] == ["cancelled"]
+    assert slurm_env.wait_job(record["jobs"][0]["job_id"]) == "CANCELLED"

@@ -1,0 +1,167 @@
+"""Where jobs run: one Backend interface, one implementation per profile `scheduler`.
+
+Like submitit's Executor subclasses, a backend knows how to submit one planned job and how to
+poll, cancel, requeue and find the logs of what it submitted; everything else (planning, the
+run directory, request.json, jobs.json, breaking a chain cleanly) is the orchestrator's, in
+jobs.submit, and the same for every backend. The profile's `scheduler` picks the class through
+REGISTRY, the only place that maps names to backends. Implementations are imported lazily so
+that `recsys-submit --help` and `render` stay cheap.
+"""
+
+import abc
+import importlib
+import os
+from .errors import RequestError
+
+# scheduler name -> (module, class); the profile schema's `scheduler` choices come from here
+REGISTRY = {
+    "slurm": ("jobs.backends", "SlurmBackend"),
+    "local": ("jobs.local", "LocalBackend"),
+}
+SCHEDULERS = tuple(REGISTRY)
+
+
+def backend_class(scheduler):
+    """The Backend subclass of a scheduler name (one registry lookup)."""
+    try:
+        module, name = REGISTRY[scheduler]
+    except KeyError:
+        raise RequestError(f"scheduler: unknown scheduler {scheduler!r} "
+                           f"(choose from {', '.join(SCHEDULERS)})") from None
+    return getattr(importlib.import_module(module), name)
+
+
+def backend_for(profile):
+    """A backend instance for a loaded Profile."""
+    return backend_class(profile.scheduler)(profile)
+
+
+class Backend(abc.ABC):
+    """Submit, poll, cancel, requeue and list the logs of the jobs of one run."""
+
+    scheduler = ""
+    foreground = False      # submit() runs each job to its end by default (no queue to leave it in)
+    gpuless_ranks = False   # on a GPU-less node, --gpus-per-node counts CPU ranks
+
+    def __init__(self, profile=None):
+        self.profile = profile      # None when reading back a run (poll, cancel, ...)
+
+    # --- submission (called by jobs.submit in this order) ---
+    def max_array_size(self, requests):
+        """Largest array the plan may use."""
+        return int(self.profile.max_array_size or 1001)
+
+    def accounting(self):
+        """Whether status can ask an accounting database (recorded in jobs.json)."""
+        return False
+
+    @abc.abstractmethod
+    def check(self, specs, run_dir, wait):
+        """Refuse (RequestError) what this backend cannot run, before the run dir exists.
+        `wait` is the caller's choice (None: the backend's default); returns the effective one."""
+
+    @abc.abstractmethod
+    def submit(self, spec, run_dir, ids, wait, log=None):
+        """Submit one JobSpec; `ids` maps earlier keys to job ids. Returns [JobRecord].
+        Raises SubmitError/SlurmCommandError when it could not."""
+
+    def failure(self, run_dir, jobs):
+        """After a waited-for submit: why its jobs failed, or None (a chain stops there)."""
+        return None
+
+    # --- a submitted run ---
+    @abc.abstractmethod
+    def poll(self, run_dir, record, source=None):
+        """One jobs.records.StatusResult for the run."""
+
+    @abc.abstractmethod
+    def cancel(self, run_dir, jobs):
+        """Cancel jobs (JobRecords); raises SlurmCommandError when that failed."""
+
+    def requeue(self, run_dir, jobs):
+        raise RequestError(f"requeue: {self.scheduler} runs are not requeued; submit again")
+
+    def log_files(self, run_dir, key=None, rank=None):
+        """Batch outputs of the run, or one rank's outputs, oldest first."""
+        import glob
+
+        logs = os.path.join(run_dir, "logs")
+        prefix = f"{key or '*'}-*"
+        pattern = f"{prefix}.rank{rank}.log" if rank is not None else f"{prefix}.out"
+        return sorted(glob.glob(os.path.join(logs, pattern)), key=os.path.getmtime)
+
+
+class SlurmBackend(Backend):
+    """sbatch / squeue / sacct / scancel / scontrol through jobs.slurmcli."""
+
+    scheduler = "slurm"
+
+    def max_array_size(self, requests):
+        """The cluster's MaxArraySize, asked of Slurm only when the plan has an array."""
+        from . import slurmcli
+
+        default = super().max_array_size(requests)
+        if not any(r.array or r.shards for r in requests):
+            return default
+        return slurmcli.max_array_size(default)
+
+    def accounting(self):
+        from . import slurmcli
+
+        return slurmcli.accounting_enabled()
+
+    def check(self, specs, run_dir, wait):
+        if wait is not None:
+            flag = "--no-wait" if wait is False else "wait"
+            raise RequestError(f"{flag}: Slurm submissions never wait; follow a run with "
+                               "`recsys-submit status --watch` (--no-wait is for the local profile)")
+        from .render import render
+
+        for spec in specs:      # every value sbatch must take, checked before anything exists
+            render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token="0" * 16)
+        return False
+
+    def submit(self, spec, run_dir, ids, wait, log=None):
+        from . import slurmcli
+        from .records import JobRecord
+        from .render import render
+        from .runs import write_text
+
+        token = os.urandom(8).hex()
+        script = os.path.join(run_dir, f"{spec.key}.sbatch")
+        write_text(script, render(spec, run_dir, script, ids=ids, token=token))
+        job_id = slurmcli.sbatch(script, token, log=log)
+        return [JobRecord(key=spec.key, name=spec.name, job_id=job_id, array_size=spec.array_size,
+                          task_offset=spec.task_offset, ntasks=spec.nodes * spec.ntasks_per_node,
+                          script=script, token=token,
+                          after_ok=[ids[k] for k in spec.after_ok] + list(spec.external_after),
+                          after_any=[ids[k] for k in spec.after_any])]
+
+    def poll(self, run_dir, record, source=None):
+        from .status import poll_slurm
+
+        return poll_slurm(run_dir, record, source)
+
+    def cancel(self, run_dir, jobs):
+        from . import slurmcli
+
+        ids = [j.job_id for j in jobs]
+        if ids:
+            proc = slurmcli.run(["scancel"] + ids)
+            if proc.returncode != 0:
+                raise slurmcli.SlurmCommandError(f"scancel: {slurmcli.first_line(proc.stderr)}")
+        return ids
+
+    def requeue(self, run_dir, jobs):
+        from . import slurmcli
+
+        ids = [j.job_id for j in jobs]
+        if ids:
+            proc = slurmcli.run(["scontrol", "requeue", ",".join(ids)])
+            if proc.returncode != 0:
+                raise slurmcli.SlurmCommandError(f"scontrol requeue: {slurmcli.first_line(proc.stderr)}")
+            cache = os.path.join(run_dir, "status.json")
+            if os.path.exists(cache):
+                os.remove(cache)
+        return ids
+

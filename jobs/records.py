@@ -1,0 +1,159 @@
+"""Typed records of a run: request.json, jobs.json and the result of a status poll.
+
+One schema for every backend (Slurm and local write the same fields), each file carrying a
+`version`, so that a record written by another release is refused with one line instead of
+being misread. Records read like mappings too (`record["jobs"][0]["job_id"]`), which keeps
+the Python API's documented dict access working.
+"""
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .errors import RequestError
+from .runs import read_json, write_json
+
+RECORD_VERSION = 1
+
+# states of a submission (RunRecord.state)
+SUBMITTING, SUBMITTED, PARTIAL = "submitting", "submitted", "partial"
+CANCELLED_PARTIAL, CANCEL_FAILED = "cancelled-partial", "cancel-failed"
+# what became of one job (JobRecord.outcome) when its chain broke at submission
+OUTCOMES = ("submitted", "cancelled", "cancel-failed", "kept")
+
+
+class _Mapping:
+    """Read access by key, and plain data for JSON."""
+
+    def __getitem__(self, key):
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key):
+        return key in self._keys()
+
+    def get(self, key, default=None):
+        return getattr(self, key) if key in self._keys() else default
+
+    @classmethod
+    def _keys(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _check_version(data, path):
+    if not isinstance(data, dict):
+        raise RequestError(f"{path}: not a run record (expected a JSON object)")
+    version = data.get("version", RECORD_VERSION)    # records before versioning read as 1
+    if version != RECORD_VERSION:
+        raise RequestError(f"{path}: record version {version!r} is not known to this recsys-submit "
+                           f"(it reads version {RECORD_VERSION})")
+
+
+def _known(cls, data):
+    keys = cls._keys()
+    return {k: v for k, v in data.items() if k in keys}
+
+
+@dataclass
+class JobRecord(_Mapping):
+    """One submitted job (a Slurm job or array, or one local process tree)."""
+
+    key: str                                 # plan key: main, train, transform.0, ...
+    name: str
+    job_id: str                              # Slurm job id, or the local controller's pid
+    array_size: int = 0                      # Slurm array tasks (0: not an array)
+    task_offset: int = 0                     # first RECSYS_TASK_INDEX of this array chunk
+    task_index: Optional[int] = None         # local array task this process runs
+    ntasks: int = 1                          # local processes whose results settle the job
+    script: Optional[str] = None             # the rendered sbatch script (Slurm)
+    token: Optional[str] = None              # --comment=recsys:<token> (Slurm retries)
+    after_ok: List[str] = field(default_factory=list)
+    after_any: List[str] = field(default_factory=list)
+    outcome: str = "submitted"               # one of OUTCOMES
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**_known(cls, data))
+
+
+@dataclass
+class RunRecord(_Mapping):
+    """jobs.json: what a submission did, rewritten atomically after every job it submits."""
+
+    run_dir: str
+    profile: str
+    profile_path: Optional[str]
+    scheduler: str
+    accounting: bool = False                 # Slurm with slurmdbd: status asks sacct
+    state: str = SUBMITTING                  # SUBMITTING, SUBMITTED, PARTIAL, CANCELLED_PARTIAL, CANCEL_FAILED
+    jobs: List[JobRecord] = field(default_factory=list)
+    error: Optional[str] = None
+    foreground: bool = False                 # the jobs ran to their end before submit returned
+    version: int = RECORD_VERSION
+
+    def save(self):
+        write_json(os.path.join(self.run_dir, "jobs.json"), self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data, path="jobs.json"):
+        _check_version(data, path)
+        values = _known(cls, data)
+        values["jobs"] = [JobRecord.from_dict(j) for j in data.get("jobs", [])]
+        values["version"] = RECORD_VERSION
+        return cls(**values)
+
+    @classmethod
+    def load(cls, run_dir):
+        path = os.path.join(run_dir, "jobs.json")
+        try:
+            data = read_json(path)
+        except ValueError as exc:
+            raise RequestError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, path)
+
+
+@dataclass
+class RequestRecord(_Mapping):
+    """request.json: the requests and the profile as loaded, so a run can be reproduced."""
+
+    requests: List[Dict[str, Any]]
+    profile: Dict[str, Any]
+    version: int = RECORD_VERSION
+
+    def save(self, run_dir):
+        write_json(os.path.join(run_dir, "request.json"), self.to_dict())
+
+    @classmethod
+    def load(cls, run_dir):
+        path = os.path.join(run_dir, "request.json")
+        data = read_json(path)
+        _check_version(data, path)
+        return cls(**_known(cls, data))
+
+
+@dataclass
+class JobStatus(_Mapping):
+    """One job's state in a poll; `tasks` has one entry per array task."""
+
+    key: str
+    job_id: str
+    name: Optional[str]
+    state: str
+    tasks: Dict[str, str]
+
+
+@dataclass
+class StatusResult(_Mapping):
+    """One status poll of a run."""
+
+    run_dir: str
+    jobs: List[JobStatus]
+    done: bool
+    calls: int                               # Slurm commands this poll issued
+    source: str                              # sacct | squeue | cache | local
+    submission: Optional[str] = None         # RunRecord.state

@@ -1,0 +1,13 @@
+"""The words a job request is made of (job kinds, models, datasets, binding modes, ...).
+
+Their one home: the CLI builds its subcommands from KINDS without importing the request layer,
+and the request and profile layers validate against the same tuples.
+"""
+
+KINDS = ("train", "evaluate", "benchmark", "preprocess")
+MODELS = ("dlrm", "wide_deep", "ncf")
+DATASETS = ("criteo", "movielens", "outbrain")
+PAYLOADS = ("recsys", "hello")
+PREPROCESS_MODES = ("single", "array", "multinode")
+BIND_MODES = ("exclusive", "numa", "interleave", "off")
+MODEL_DATASET = {"dlrm": "criteo", "wide_deep": "outbrain", "ncf": "movielens"}
