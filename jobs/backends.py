@@ -42,6 +42,7 @@ class Backend(abc.ABC):
     scheduler = ""
     foreground = False      # submit() runs each job to its end by default (no queue to leave it in)
     gpuless_ranks = False   # on a GPU-less node, --gpus-per-node counts CPU ranks
+    max_nodes = None        # most nodes one job can span (None: as many as the profile has)
 
     def __init__(self, profile=None):
         self.profile = profile      # None when reading back a run (poll, cancel, ...)

@@ -162,10 +162,11 @@ class LocalBackend(Backend):
     scheduler = "local"
     foreground = True
     gpuless_ranks = True
+    max_nodes = 1
 
     def check(self, specs, run_dir, wait):
         for spec in specs:
-            if spec.nodes != 1:
+            if spec.nodes > self.max_nodes:
                 raise RequestError(f"--nodes: the local profile runs on one node, not {spec.nodes}")
         wait = self.foreground if wait is None else bool(wait)
         if not wait and len(specs) > 1:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from slurm.cpulist import parse_cpulist
 
-from .backends import SCHEDULERS  # the backend registry's names
+from .backends import SCHEDULERS, backend_class  # the backend registry
 from .topology import NodeType
 from .vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
 
@@ -311,8 +311,9 @@ def check_profile(ck: Checker, data: Dict[str, Any], name: str,
     else:
         node = node_from_raw(ck, raw_node, name)
     max_nodes = ck.integer(data, "max_nodes", "max_nodes", default=1, minimum=1)
-    if scheduler == "local" and max_nodes != 1:
-        raise ck.fail("max_nodes", "a local profile has exactly one node")
+    node_limit = backend_class(scheduler).max_nodes
+    if node_limit is not None and max_nodes > node_limit:
+        raise ck.fail("max_nodes", f"a {scheduler} profile has at most {node_limit} node(s)")
     default_time = ck.string(data, "default_time", "default_time", default="01:00:00")
     _check_time(ck, default_time, "default_time")
     switches = data.get("switches")
