@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.checkpoint import AtomicCheckpointer, StopRequest
+from recsys.config import TrainConfig
 
 
 # Weight digests (replica consistency check in the summary) only for models up to this size.
@@ -29,7 +30,7 @@ class StopTraining(Exception):
 
 
 class Engine:
-    def __init__(self, args, task, dist, logger):
+    def __init__(self, args: TrainConfig, task, dist, logger):
         self.args, self.task, self.dist, self.log = args, task, dist, logger
         self.model = task.build_model()
         self.groups = task.optimizer_groups(self.model)          # [(name, optimizer, variables)]

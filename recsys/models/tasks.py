@@ -12,15 +12,18 @@ import numpy as np
 import tensorflow as tf
 
 from recsys import metrics as M
+from recsys.config import TrainConfig
 from recsys.data import make_dataset, make_reader
+from recsys.errors import EngineError
 from recsys.models.embeddings import distributed_embeddings_module
 from recsys.optim import WarmupPolyDecay, make_optimizer
 
 
 class Task:
+    """Raises :class:`recsys.errors.EngineError` for a configuration it cannot run."""
     name = None
 
-    def __init__(self, args, spec, dist, logger):
+    def __init__(self, args: TrainConfig, spec, dist, logger):
         self.args, self.spec, self.dist, self.log = args, spec, dist, logger
         self.global_batch = args.batch_size
         self.local_batch = args.batch_size // dist.size
@@ -39,8 +42,8 @@ class Task:
         available = distributed_embeddings_module() is not None
         if not available:
             if mode == "model_parallel":
-                raise SystemExit("recsys.train: error: --embedding-placement model_parallel needs NVIDIA "
-                                 "distributed-embeddings, which is not importable here")
+                raise EngineError("--embedding-placement model_parallel needs NVIDIA "
+                                  "distributed-embeddings, which is not importable here")
             self.log.info("distributed-embeddings not importable: embedding tables replicated on every rank "
                           "(gradients allreduced)")
             return False
@@ -209,8 +212,8 @@ class NCFTask(Task):
 
     def steps_per_epoch(self):
         if len(self.sampler) < self.global_batch:
-            raise SystemExit(f"recsys.train: error: --batch-size {self.global_batch} is larger than an NCF "
-                             f"epoch ({len(self.sampler)} samples with negatives)")
+            raise EngineError(f"--batch-size {self.global_batch} is larger than an NCF "
+                              f"epoch ({len(self.sampler)} samples with negatives)")
         return len(self.sampler) // self.global_batch
 
     def _eval_arrays(self):
