@@ -123,7 +123,7 @@ class TrainConfig:
                 setattr(self, key, value)
         self.world_size = launcher_world_size()
         if self.model == "dlrm" and self.synthetic_data and not user_schedule:
-            pass  # ITEM8
+            self._scale_synthetic_schedule()
 
     def _scale_synthetic_schedule(self):
         """The synthetic DLRM schedule spans the run (warm-up, constant, decay to 0 at the last step)

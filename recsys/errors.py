@@ -19,3 +19,17 @@ class DataError(EngineError):
 class DivergedError(EngineError):
     """Non-finite loss or predictions: the run stops (exit 1), the last good checkpoint stays."""
     exit_code = 1
+
+
+def data_error_message(err) -> "str | None":
+    """The one-line message of a reader's data error that tf.data re-raised as an OpError, else None.
+
+    Readers run inside tf.data (``numpy_function``, ``from_generator``): their exception reaches
+    the engine as ``tf.errors.OpError`` whose text holds ``DataError: <message>``.
+    """
+    text = getattr(err, "message", None) or str(err)
+    for marker in ("DataError: ", "FeatureSpecError: "):
+        at = text.find(marker)
+        if at >= 0:
+            return text[at + len(marker):].splitlines()[0].strip()
+    return None

@@ -258,6 +258,8 @@ def run(args):
         from recsys.engine import Engine
         from recsys.models.tasks import TASKS
         task = TASKS[args.model](args, spec, dist, log)
+        if args.mode in ("train", "evaluate"):
+            task.check_data()
         _log_placement(args, spec, task, dist, log)
         engine = Engine(args, task, dist, log)
         if args.restore or args.mode in ("evaluate", "inference"):

@@ -71,6 +71,17 @@ class Task:
         return make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
                             drop_remainder=False)
 
+    def check_data(self):
+        """Checks that are cheap before training: every categorical id of small split-binary files
+        (larger ones are checked batch by batch as they are read)."""
+        from recsys.data.split_binary import CHECK_IDS_MAX_BYTES, SplitBinaryReader
+        for mapping in self.spec.mappings():
+            if self.spec.chunk_type(mapping) != "split_binary":
+                continue
+            reader = SplitBinaryReader(self.spec, mapping, 1, drop_remainder=False)
+            if reader.id_bytes <= CHECK_IDS_MAX_BYTES:
+                reader.check_ids()
+
     def steps_per_epoch(self):
         if self._steps is None:
             self._steps = make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size).num_batches
@@ -134,7 +145,7 @@ class WideDeepTask(Task):
         return WideDeep(self._tables("onehot_categorical"), self._tables("multihot_categorical"),
                         embedding_dim=a.embedding_dim, deep_hidden_units=a.deep_hidden_units,
                         deep_dropout=a.deep_dropout, combiner=a.combiner, model_parallel=self.model_parallel,
-                        column_slice_threshold=a.column_slice_threshold)
+                        column_slice_threshold=a.column_slice_threshold, seed=a.seed)
 
     def optimizer_groups(self, model):
         a = self.args
@@ -181,7 +192,8 @@ class NCFTask(Task):
     def build_model(self):
         from recsys.models.ncf import NeuMF
         a = self.args
-        return NeuMF(self.num_users, self.num_items, factors=a.factors, layers=a.layers, dropout=a.dropout)
+        return NeuMF(self.num_users, self.num_items, factors=a.factors, layers=a.layers, dropout=a.dropout,
+                     seed=a.seed)
 
     def optimizer_groups(self, model):
         a = self.args
@@ -218,9 +230,17 @@ class NCFTask(Task):
 
     def _eval_arrays(self):
         if self._eval is None:
-            tu, ti = self.ncf.load_pairs(self.spec, "test")
-            users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items, self.num_items,
-                                                self.args.valid_negative, seed=self.args.seed)
+            stored = self.ncf.stored_eval_set(self.spec)
+            if stored is not None:  # `preproc movielens --test-negatives N` wrote them: use those
+                users, items, _ = stored
+                self.log.info(f"NCF evaluation: the {items.shape[1] - 1} stored negatives per user of the test set")
+            else:
+                tu, ti = self.ncf.load_pairs(self.spec, "test")
+                try:
+                    users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items,
+                                                        self.num_items, self.args.valid_negative, seed=self.args.seed)
+                except ValueError as e:
+                    raise EngineError(f"{self.spec.origin}: {e}") from None
             # Uneven shards are fine: only sums are reduced.
             self._eval = self.ncf.shard((users, items), self.dist.rank, self.dist.size, equal=False)
         return self._eval
