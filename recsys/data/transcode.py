@@ -137,7 +137,7 @@ def _check_labels(col, where: str, first_row: int) -> None:
     bad = np.asarray(col.is_null()) | ~np.isin(x, (0.0, 1.0))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        value = "empty" if col.is_null()[row].as_py() else f"{x[row]:g}"
+        value = "empty or NaN" if col.is_null()[row].as_py() or np.isnan(x[row]) else f"{x[row]:g}"
         raise FeatureSpecError(f"{where}: row {first_row + row + 1}", f"label {value} is not 0 or 1")
 
 
