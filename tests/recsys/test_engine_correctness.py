@@ -189,7 +189,9 @@ def test_ncf_evaluates_against_stored_negatives(tiny_data, tmp_path):
 
 # ------------------------------------------------------------------ 4
 def _flags(model):
-    drop = ["--deep-dropout", "0.3"] if model == "wide_deep" else ["--dropout", "0.3"]
+    # larger batches: about 8 steps per epoch, so that 12 steps cross an epoch boundary
+    drop = (["--deep-dropout", "0.3", "--batch-size", "1024"] if model == "wide_deep"
+            else ["--dropout", "0.3", "--batch-size", "4096"])
     return [*SMALL[model], *drop, "--epochs", "2"]
 
 
