@@ -238,17 +238,12 @@ class Engine:
                     if float(stop_any.numpy()) > 0:      # every rank sees the same reduced flag
                         interrupted = True
                         raise StopTraining
-                if int(self.step_in_epoch.numpy()) >= steps_per_epoch:
-                    self._end_epoch()
-                    self.save("epoch")
-                    metrics = self.evaluate(log=True)
-                elif max_steps and int(self.global_step.numpy()) >= max_steps:
-                    break
-                else:
-                    # An epoch that yielded fewer batches than steps_per_epoch: the data changed size.
-                    self._end_epoch()
-                    self.save("epoch")
-                    metrics = self.evaluate(log=True)
+                at_max = max_steps and int(self.global_step.numpy()) >= max_steps
+                if at_max and int(self.step_in_epoch.numpy()) < steps_per_epoch:
+                    break       # mid-epoch: the final checkpoint and evaluation follow the loop
+                self._end_epoch()
+                self.save("epoch")
+                metrics = self.evaluate(log=True)
             if self._eval_step != int(self.global_step.numpy()):
                 # The run ended between evaluations (--max-steps, or a restore of the final step).
                 self.save("end")
