@@ -1,9 +1,11 @@
 """``python -m recsys.train`` / ``recsys-train``: train, evaluate, benchmark or run inference.
 
 One process per rank. With more than one rank (srun --mpi=pmix, mpirun) the
-engine joins Horovod; a single process never imports it. Every flag is checked
-(paths, feature spec, batch divisibility) before TensorFlow is imported, so a
-typo costs a one-line error, not a minute of start-up.
+engine joins Horovod; a single process never imports it. The parsed flags become
+one typed :class:`recsys.config.TrainConfig`, checked (paths, feature spec, batch
+divisibility) before TensorFlow is imported, so a typo costs a one-line error, not
+a minute of start-up. Errors below the entry point are :mod:`recsys.errors`
+exceptions, printed here as one line: exit 2 for bad input, 1 for divergence.
 
 Examples::
 

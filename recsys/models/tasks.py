@@ -228,6 +228,11 @@ class NCFTask(Task):
                               f"epoch ({len(self.sampler)} samples with negatives)")
         return len(self.sampler) // self.global_batch
 
+    def check_data(self):
+        """Also builds the evaluation set now: too few unseen items for the negatives fails before training."""
+        super().check_data()
+        self._eval_arrays()
+
     def _eval_arrays(self):
         if self._eval is None:
             stored = self.ncf.stored_eval_set(self.spec)

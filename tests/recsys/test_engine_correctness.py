@@ -143,6 +143,15 @@ def test_ncf_eval_negatives_are_distinct_and_never_positives():
         ncf.eval_set(tu, ti, users, items, num_items=150, num_negatives=110)
 
 
+def test_too_few_unseen_items_for_the_negatives_fails_before_training(tiny_data, tmp_path):
+    log = tmp_path / "log.jsonl"
+    res = run_train(["--model", "ncf", "--data-path", tiny_data("ncf"), *SMALL["ncf"], "--valid-negative", "1000",
+                     "--log-path", log])
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "--valid-negative" in _error_line(res)
+    assert not records(read_log(log), "step")
+
+
 def _with_stored_negatives(src, dst, negatives=20):
     """The tiny NCF dataset with a test mapping of 1 + N rows per user (positive first), as
     `preproc movielens --test-negatives N` writes it."""
