@@ -31,9 +31,8 @@ import os
 
 import numpy as np
 
-from preproc.outbrain import TABLES, header_of
+from preproc.outbrain_tables import DAY_MS, TABLES, header_of
 
-DAY_MS = 86_400_000
 DAYS = 13
 COUNTRIES = ["US", "GB", "CA", "AU", "IN", "DE", "PH", "ZA", "FR", "SG", "NZ", "IE", "MY", "NG", "BR"]
 US_STATES = ["CA", "TX", "FL", "NY", "PA", "IL", "OH", "GA", "NC", "MI", "NJ", "VA", "WA", "AZ", "MA"]

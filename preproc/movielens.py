@@ -42,17 +42,11 @@ import os
 
 from preproc import textio
 from preproc.errors import PreprocError
+from preproc.generate_movielens import generate
+from preproc.movielens_format import LAYOUTS, RATING_COLUMNS
 
 DESCRIPTION = "MovieLens ml-1m / ml-20m ratings -> NCF (user, item) parquet + feature_spec.yaml"
 log = logging.getLogger("preproc.movielens")
-
-RATING_COLUMNS = [("user", "bigint", True), ("item", "bigint", True),
-                  ("rating", "double", True), ("timestamp", "bigint", True)]
-LAYOUTS = {  # format: (file name, separator, header line)
-    "ml-1m": ("ratings.dat", "::", None),
-    "ml-20m": ("ratings.csv", ",", "userId,movieId,rating,timestamp"),
-}
-
 
 def locate_ratings(input_path: str, fmt: str | None = None) -> tuple[str, str]:
     """Return (ratings file, format) for a file or a directory holding one; no Spark, one-line errors."""
@@ -269,8 +263,6 @@ def add_arguments(stages) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from preproc.generate_movielens import generate
-
     try:
         path = generate(args.out, users=args.users, items=args.items, fmt=args.format, seed=args.seed)
     except ValueError as exc:

@@ -74,33 +74,11 @@ import os
 
 from preproc import textio
 from preproc.errors import PreprocError
+from preproc.generate_outbrain import generate
+from preproc.outbrain_tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES, header_of  # noqa: F401
 
 DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"
 log = logging.getLogger("preproc.outbrain")
-
-OUTBRAIN_EPOCH_MS = 1465876799998
-DAY_MS = 86_400_000
-
-# table -> [(column, spark type, required)]; the header line is the column names joined by ','.
-TABLES = {
-    "clicks_train": [("display_id", "bigint", True), ("ad_id", "bigint", True), ("clicked", "int", True)],
-    "events": [("display_id", "bigint", True), ("uuid", "string", True), ("document_id", "bigint", True),
-               ("timestamp", "bigint", True), ("platform", "string", False), ("geo_location", "string", False)],
-    "promoted_content": [("ad_id", "bigint", True), ("document_id", "bigint", True),
-                         ("campaign_id", "bigint", False), ("advertiser_id", "bigint", False)],
-    "documents_meta": [("document_id", "bigint", True), ("source_id", "bigint", False),
-                       ("publisher_id", "bigint", False), ("publish_time", "string", False)],
-    "documents_categories": [("document_id", "bigint", True), ("category_id", "bigint", True),
-                             ("confidence_level", "double", True)],
-    "documents_topics": [("document_id", "bigint", True), ("topic_id", "bigint", True),
-                         ("confidence_level", "double", True)],
-    "documents_entities": [("document_id", "bigint", True), ("entity_id", "string", True),
-                           ("confidence_level", "double", True)],
-    "page_views": [("uuid", "string", True), ("document_id", "bigint", True), ("timestamp", "bigint", True),
-                   ("platform", "string", False), ("geo_location", "string", False),
-                   ("traffic_source", "string", False)],
-}
-TABLE_FILE_ALIASES = {"page_views": ["page_views", "page_views_sample"]}
 
 CTR_CONTEXTS = ["ad_id", "ad_document_id", "campaign_id", "advertiser_id", "ad_source_id", "ad_publisher_id"]
 DOC_ATTRIBUTES = {"categories": ("documents_categories", "category_id"),
@@ -126,10 +104,6 @@ LABEL, MAP = "clicked", "display_id"
 
 
 # ---------------------------------------------------------------- input checks (no Spark)
-def header_of(table: str) -> str:
-    return ",".join(name for name, _, _ in TABLES[table])
-
-
 def locate_tables(input_dir: str) -> dict[str, str]:
     """{table: csv path} of the eight tables; one-line error for a missing, empty or mis-headed one."""
     from preproc.output import input_files
@@ -465,8 +439,6 @@ def add_arguments(stages) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from preproc.generate_outbrain import generate
-
     try:
         generate(args.out, displays=args.displays, seed=args.seed)
     except ValueError as exc:

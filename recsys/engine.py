@@ -12,16 +12,23 @@ applies its own.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 
 import numpy as np
 import tensorflow as tf
 
 from recsys.checkpoint import AtomicCheckpointer, StopRequest
+from recsys.config import TrainConfig
+from recsys.errors import DataError, DivergedError, data_error_message
 
 
 # Weight digests (replica consistency check in the summary) only for models up to this size.
 DIGEST_MAX_PARAMS = 50_000_000
+# Under --amp a non-finite loss is a step the loss scaler skips; this many in a row is divergence.
+AMP_MAX_SKIPPED_STEPS = 50
+# Version of the `summary` log record (docs/engine-log.md).
+SUMMARY_VERSION = 1
 
 
 class StopTraining(Exception):
@@ -29,7 +36,7 @@ class StopTraining(Exception):
 
 
 class Engine:
-    def __init__(self, args, task, dist, logger):
+    def __init__(self, args: TrainConfig, task, dist, logger):
         self.args, self.task, self.dist, self.log = args, task, dist, logger
         self.model = task.build_model()
         self.groups = task.optimizer_groups(self.model)          # [(name, optimizer, variables)]
@@ -41,6 +48,9 @@ class Engine:
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
         self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")  # set by SIGUSR2
+        self._eval_step = None                    # step of the last evaluation (None: none yet)
+        self._saved_step = self._saved_path = None  # step and path of the last checkpoint written
+        self._count_nonfinite, self._nonfinite = False, 0
         self._build()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
@@ -138,7 +148,10 @@ class Engine:
         return tf.sigmoid(self.model(inputs, training=False))
 
     def predict(self, inputs):
-        return self._predict(inputs)
+        out = self._predict(inputs)
+        if self._count_nonfinite:
+            self._nonfinite += int(tf.math.count_nonzero(~tf.math.is_finite(out)))
+        return out
 
     def weights_digest(self):
         """SHA-1 of all model weights (bitwise), to compare replicas or runs."""
@@ -161,32 +174,42 @@ class Engine:
         path = self.checkpointer.save(int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
                                       step_in_epoch=int(self.step_in_epoch.numpy()), reason=reason)
         self.dist.barrier()
+        self._saved_step, self._saved_path = int(self.global_step.numpy()), path
         if self.dist.is_chief:
             self.log.record("checkpoint", path=path, step=int(self.global_step.numpy()), reason=reason)
         return path
 
     # --- loops -----------------------------------------------------------------
     def train(self):
-        """Epoch loop with evaluation and a checkpoint after each epoch; returns the summary dict."""
+        """Epoch loop; after each epoch (and after the last step) a checkpoint, then an evaluation.
+
+        The checkpoint comes first so that an evaluation that fails (bad test data) loses no
+        trained step. The summary reports the evaluation and the checkpoint of the last step.
+        A non-finite loss stops the run (:class:`DivergedError`) without writing a checkpoint.
+        """
         a, dist = self.args, self.dist
         stop = StopRequest()
         max_steps = a.max_steps or None
         steps_per_epoch = self.task.steps_per_epoch()
-        total = max_steps or steps_per_epoch * a.epochs
+        total = min(max_steps or steps_per_epoch * a.epochs, steps_per_epoch * a.epochs)
         global_batch = self.task.global_batch
         self.broadcast_initial_state()
+        self._warn_schedule(total)
         metrics, timed_steps, timed_seconds = {}, 0, 0.0
-        losses = []
+        losses = []                      # (step, loss) of the first and the last step of this run
         interrupted = False
+        nonfinite_in_a_row = 0
         try:
             while int(self.epoch.numpy()) < a.epochs:
+                if max_steps and int(self.global_step.numpy()) >= max_steps:
+                    break
                 epoch = int(self.epoch.numpy())
                 skip = int(self.step_in_epoch.numpy())
                 ds = self.task.train_dataset(epoch)
                 if skip:
                     ds = ds.skip(skip)
                 t_last, n_last = time.perf_counter(), 0
-                for inputs, labels in ds:
+                for inputs, labels in self._data(ds):
                     if max_steps and int(self.global_step.numpy()) >= max_steps:
                         break
                     t0 = time.perf_counter()
@@ -194,11 +217,18 @@ class Engine:
                         self._stop_flag.assign(1.0)
                     loss, stop_any = self._train_step(inputs, labels)
                     step = int(self.global_step.numpy())
+                    # The stop flag is read every step anyway: reading the loss too costs no extra sync.
+                    loss_v = float(loss.numpy())
+                    if math.isfinite(loss_v):
+                        nonfinite_in_a_row = 0
+                    else:
+                        nonfinite_in_a_row += 1
+                        if not a.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
+                            self._diverged(step, f"the training loss is {loss_v}")
+                    losses[1:] = [(step, loss_v)]    # keeps the first, replaces the last
                     n_last += 1
                     if step % a.log_every == 0 or (max_steps and step >= max_steps):
-                        loss_v = float(loss.numpy())
                         now = time.perf_counter()
-                        losses.append((step, loss_v))
                         self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
                                       total_steps=total, lr=self._current_lr())
                         t_last, n_last = now, 0
@@ -208,16 +238,16 @@ class Engine:
                     if float(stop_any.numpy()) > 0:      # every rank sees the same reduced flag
                         interrupted = True
                         raise StopTraining
-                if max_steps and int(self.global_step.numpy()) >= max_steps:
-                    if int(self.step_in_epoch.numpy()) >= steps_per_epoch:
-                        self._end_epoch()
-                    break
+                at_max = max_steps and int(self.global_step.numpy()) >= max_steps
+                if at_max and int(self.step_in_epoch.numpy()) < steps_per_epoch:
+                    break       # mid-epoch: the final checkpoint and evaluation follow the loop
                 self._end_epoch()
-                metrics = self.evaluate(log=True)
                 self.save("epoch")
-            if not metrics or int(self.step_in_epoch.numpy()) != 0:
                 metrics = self.evaluate(log=True)
+            if self._eval_step != int(self.global_step.numpy()):
+                # The run ended between evaluations (--max-steps, or a restore of the final step).
                 self.save("end")
+                metrics = self.evaluate(log=True)
         except StopTraining:
             self.save("signal")
             if dist.is_chief:
@@ -225,6 +255,45 @@ class Engine:
         finally:
             stop.restore_handlers()
         return self._summary("train", timed_steps, timed_seconds, metrics, losses, interrupted)
+
+    def _data(self, ds):
+        """Iterate a dataset, turning a reader's data error (raised inside tf.data) into one line.
+
+        Before raising, the steps trained so far are checkpointed: bad data found late loses nothing.
+        """
+        it = iter(ds)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except tf.errors.OpError as err:
+                message = data_error_message(err)
+                if message is None:
+                    raise
+                if self.global_step.numpy() > 0 and self._saved_step != int(self.global_step.numpy()):
+                    self.save("data-error")
+                raise DataError(message) from None
+            yield batch
+
+    def _diverged(self, step, what):
+        latest = self.checkpointer.latest() if self.checkpointer is not None else None
+        if self.dist.is_chief:
+            self.log.record("diverged", step=step, reason=what, last_checkpoint=latest)
+        raise DivergedError(f"step {step}: {what}: the run diverged (lower --lr?); "
+                            + (f"last good checkpoint {latest}" if latest else "no checkpoint written"))
+
+    def _warn_schedule(self, total):
+        """Warn when a learning rate decays to 0 before the run's last step (later steps learn nothing)."""
+        for name, opt, _ in self.groups:
+            inner = opt.inner_optimizer if isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) else opt
+            schedule = getattr(inner, "_learning_rate", None)
+            end = getattr(schedule, "zero_from_step", lambda: None)()
+            if end is not None and end < total:
+                self.log.info(f"warning: the learning rate of optimizer '{name}' reaches 0 at step {end}, "
+                              f"before the run ends at step {total}: later steps do not learn "
+                              f"(see --decay-start-step / --decay-steps)", warning="lr_schedule_ends_early",
+                              lr_zero_step=end, total_steps=total)
 
     def _end_epoch(self):
         self.epoch.assign_add(1)
@@ -239,9 +308,24 @@ class Engine:
             return None
 
     def evaluate(self, log=False):
+        """Metrics of the task at the current step; non-finite predictions stop the run."""
         t0 = time.perf_counter()
-        metrics = self.task.evaluate(self)
+        step = int(self.global_step.numpy())
+        self._count_nonfinite, self._nonfinite = True, 0
+        try:
+            metrics = self.task.evaluate(self)
+        except tf.errors.OpError as err:
+            message = data_error_message(err)
+            if message is None:
+                raise
+            raise DataError(message) from None
+        finally:
+            self._count_nonfinite = False
+        nonfinite = int(self.dist.allreduce_sum(np.array([self._nonfinite], np.int64))[0])
+        if nonfinite:
+            self._diverged(step, f"{nonfinite} non-finite predictions at evaluation")
         metrics = {k: float(v) for k, v in metrics.items()}
+        self._eval_step = step
         if log:
             self.log.eval(int(self.global_step.numpy()), int(self.epoch.numpy()), metrics)
             self.log.record("eval_time", seconds=time.perf_counter() - t0)
@@ -254,20 +338,23 @@ class Engine:
         it = iter(self.task.benchmark_dataset())
         warm, steps = a.benchmark_warmup_steps, a.benchmark_steps
         times = []
-        loss = None
+        losses = []
         for i in range(warm + steps):
             inputs, labels = next(it)
             t0 = time.perf_counter()
             loss, _ = self._train_step(inputs, labels)
-            loss.numpy()                      # step boundary: wait for the device
+            loss_v = float(loss.numpy())      # step boundary: wait for the device
+            elapsed = time.perf_counter() - t0
+            if not math.isfinite(loss_v) and not a.amp:
+                self._diverged(i + 1, f"the training loss is {loss_v}")
+            losses[1:] = [(i + 1, loss_v)]            # keeps the first, replaces the last
             if i >= warm:
-                times.append(time.perf_counter() - t0)
+                times.append(elapsed)
             if (i + 1) % a.log_every == 0:
-                self.log.step(i + 1, 0, float(loss.numpy()),
-                              self.task.global_batch / max(times[-1] if times else 1e-9, 1e-9),
+                # this step's own rate (warm-up included), not a division by a placeholder time
+                self.log.step(i + 1, 0, loss_v, self.task.global_batch / max(elapsed, 1e-9),
                               total_steps=warm + steps)
-        return self._summary("benchmark", len(times), float(np.sum(times)), {},
-                             [(warm + steps, float(loss.numpy()))], False, step_times=times)
+        return self._summary("benchmark", len(times), float(np.sum(times)), {}, losses, False, step_times=times)
 
     def inference(self):
         """Timed forward passes over the test data (warm-up batches excluded)."""
@@ -297,7 +384,9 @@ class Engine:
                    timed_steps=timed_steps, excluded_warmup_steps=self.args.benchmark_warmup_steps,
                    throughput_samples_per_s=(timed_steps * batch / timed_seconds) if timed_seconds > 0 else None,
                    mean_step_time_ms=(1000.0 * timed_seconds / timed_steps) if timed_steps else None,
-                   interrupted=interrupted)
+                   interrupted=interrupted, summary_version=SUMMARY_VERSION,
+                   eval_step=self._eval_step if metrics else None,
+                   checkpoint=self._saved_path)
         if sum(int(np.prod(v.shape)) for v in self.model.weights) <= DIGEST_MAX_PARAMS:
             out["weights_digest"] = self.weights_digest()
             if self.dist.size > 1:
@@ -306,7 +395,8 @@ class Engine:
         if step_times:
             out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
         if losses:
-            out["first_loss"], out["final_loss"] = losses[0][1], losses[-1][1]
+            out["first_loss_step"], out["first_loss"] = losses[0]
+            out["final_loss_step"], out["final_loss"] = losses[-1]
         out.update(metrics)
         self.log.summary(**out)
         return out

@@ -24,6 +24,10 @@ evaluation gives the same number as a single process on the whole set:
   negatives; rank = number of negatives scoring **>=** the positive
   (pessimistic ties); hit if rank < k, NDCG = log(2)/log(rank+2) on a hit.
 * BCE: mean binary cross-entropy of probabilities (clipped to [eps, 1-eps]).
+
+A non-finite score makes every metric NaN (never a perfect score: NaN compares
+False, so it would otherwise rank ahead of everything); the engine stops the
+run on non-finite predictions before it reports them.
 """
 from __future__ import annotations
 
@@ -65,17 +69,24 @@ class AucHistogram:
 
     def __init__(self, num_thresholds: int = DEFAULT_THRESHOLDS):
         self.num_thresholds = int(num_thresholds)
-        self.pos = np.zeros(self.num_thresholds, dtype=np.int64)
-        self.neg = np.zeros(self.num_thresholds, dtype=np.int64)
+        # float64: exact counts up to 2**53, and a NaN (non-finite score seen) survives the allreduce
+        self.pos = np.zeros(self.num_thresholds, dtype=np.float64)
+        self.neg = np.zeros(self.num_thresholds, dtype=np.float64)
 
     def update(self, labels, probs) -> None:
+        """Count scores by bucket; a non-finite score poisons the histogram (its AUC is NaN)."""
         y = _flat(labels) > 0.5
-        b = np.clip((_flat(probs) * self.num_thresholds).astype(np.int64), 0, self.num_thresholds - 1)
+        p = _flat(probs)
+        finite = np.isfinite(p)
+        if not finite.all():
+            self.pos[0] = np.nan
+            y, p = y[finite], p[finite]
+        b = np.clip((p * self.num_thresholds).astype(np.int64), 0, self.num_thresholds - 1)
         self.pos += np.bincount(b[y], minlength=self.num_thresholds)
         self.neg += np.bincount(b[~y], minlength=self.num_thresholds)
 
     def sums(self) -> np.ndarray:
-        """[2, num_thresholds] int64 (pos, neg) for one allreduce."""
+        """[2, num_thresholds] float64 counts (pos, neg) for one allreduce (NaN stays NaN)."""
         return np.stack([self.pos, self.neg])
 
     def result(self) -> float:
@@ -87,7 +98,7 @@ def auc_from_histograms(pos, neg) -> float:
     pos = np.asarray(pos, dtype=np.float64).reshape(-1)
     neg = np.asarray(neg, dtype=np.float64).reshape(-1)
     n_pos, n_neg = pos.sum(), neg.sum()
-    if n_pos == 0 or n_neg == 0:
+    if not (np.isfinite(n_pos) and np.isfinite(n_neg)) or n_pos == 0 or n_neg == 0:
         return float("nan")
     neg_below = np.cumsum(neg) - neg
     return float((pos * (neg_below + 0.5 * neg)).sum() / (n_pos * n_neg))
@@ -115,6 +126,8 @@ def map_at_k_sums(scores, labels, groups, k: int = 12) -> Tuple[float, int]:
     ap = np.bincount(group_idx, weights=precision, minlength=start.size)
     has_click = clicks > 0
     ap = ap[has_click] / np.minimum(clicks[has_click], k)
+    if not np.isfinite(s).all():  # a NaN score must not rank anywhere: the metric is NaN
+        return float("nan"), int(has_click.sum())
     return float(ap.sum()), int(has_click.sum())
 
 
@@ -129,6 +142,8 @@ def hit_rate_and_ndcg_sums(scores_pos, scores_neg, k: int = 10) -> Tuple[float, 
     """(hits, sum of NDCG, users) for scores_pos [U] against scores_neg [U, N]."""
     pos = _flat(scores_pos)
     neg = np.asarray(scores_neg, dtype=np.float64).reshape(pos.size, -1)
+    if not (np.isfinite(pos).all() and np.isfinite(neg).all()):
+        return float("nan"), float("nan"), int(pos.size)  # NaN compares False: it would rank first
     rank = (neg >= pos[:, None]).sum(axis=1)
     hit = rank < k
     ndcg = np.where(hit, np.log(2.0) / np.log(rank + 2.0), 0.0)

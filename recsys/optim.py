@@ -30,6 +30,12 @@ class WarmupPolyDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
             lr = tf.where(step >= start, decayed, lr)
         return lr
 
+    def zero_from_step(self):
+        """First step whose learning rate is 0 (the decay ended at end_lr 0), or None if it never is."""
+        if self.decay_steps > 0 and self.end_lr == 0:
+            return max(self.decay_start_step, self.warmup_steps) + self.decay_steps
+        return None
+
     def get_config(self):
         return dict(base_lr=self.base_lr, warmup_steps=self.warmup_steps,
                     decay_start_step=self.decay_start_step, decay_steps=self.decay_steps,

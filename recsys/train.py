@@ -1,9 +1,11 @@
 """``python -m recsys.train`` / ``recsys-train``: train, evaluate, benchmark or run inference.
 
 One process per rank. With more than one rank (srun --mpi=pmix, mpirun) the
-engine joins Horovod; a single process never imports it. Every flag is checked
-(paths, feature spec, batch divisibility) before TensorFlow is imported, so a
-typo costs a one-line error, not a minute of start-up.
+engine joins Horovod; a single process never imports it. The parsed flags become
+one typed :class:`recsys.config.TrainConfig`, checked (paths, feature spec, batch
+divisibility) before TensorFlow is imported, so a typo costs a one-line error, not
+a minute of start-up. Errors below the entry point are :mod:`recsys.errors`
+exceptions, printed here as one line: exit 2 for bad input, 1 for divergence.
 
 Examples::
 
@@ -21,8 +23,9 @@ import sys
 import socket
 import tempfile
 
-from recsys.distributed import launcher_world_size
-from recsys.models.defaults import MODEL_DEFAULTS, resolved
+from recsys.config import TrainConfig
+from recsys.errors import EngineError
+from recsys.models.defaults import MODEL_DEFAULTS
 from slurm.cpulist import parse_cpulist
 
 MODELS = ("dlrm", "wide_deep", "ncf")
@@ -146,80 +149,9 @@ def build_parser():
     return p
 
 
-def _fail(message):
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def resolve(args):
-    """Fill unset flags from the model's defaults and check everything that needs no TensorFlow."""
-    defaults = resolved(args.model, args.synthetic and not args.data_path and not args.feature_spec)
-    for key, value in defaults.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    world = launcher_world_size()
-    for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints"):
-        if getattr(args, flag) < 1:
-            _fail(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps"):
-        if getattr(args, flag) < 0:
-            _fail(f"--{flag.replace('_', '-')} must be >= 0")
-    if args.batch_size % world:
-        _fail(f"--batch-size {args.batch_size} is not divisible by the {world} ranks")
-    if args.lr <= 0:
-        _fail(f"--lr must be > 0, got {args.lr}")
-    if args.model == "dlrm" and args.interaction == "dot" and args.bottom_mlp[-1] != args.embedding_dim:
-        _fail(f"--bottom-mlp last width {args.bottom_mlp[-1]} must equal --embedding-dim {args.embedding_dim}")
-    if args.model == "dlrm" and args.top_mlp[-1] != 1:
-        _fail(f"--top-mlp must end with 1, got {args.top_mlp}")
-    if args.model == "ncf" and args.layers[0] % 2:
-        _fail(f"--layers first width must be even, got {args.layers[0]}")
-    for flag in ("deep_dropout", "dropout"):
-        v = getattr(args, flag, None)
-        if v is not None and not 0 <= v < 1:
-            _fail(f"--{flag.replace('_', '-')} must be in [0, 1), got {v}")
-    # data
-    if args.feature_spec:
-        if not os.path.isfile(args.feature_spec):
-            _fail(f"--feature-spec {args.feature_spec}: no such file")
-    elif args.data_path:
-        if not os.path.isdir(args.data_path):
-            _fail(f"--data-path {args.data_path}: no such directory")
-        args.feature_spec = os.path.join(args.data_path, "feature_spec.yaml")
-        if not os.path.isfile(args.feature_spec):
-            _fail(f"--data-path {args.data_path}: no feature_spec.yaml in it")
-    elif not args.synthetic:
-        _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
-    if args.feature_spec:
-        from recsys.feature_spec import FeatureSpec, FeatureSpecError
-        try:
-            spec = FeatureSpec.from_yaml(args.feature_spec)
-            spec.validate()
-            from recsys.data.layout import model_kind
-            kind = model_kind(spec)
-        except (FeatureSpecError, OSError, ValueError) as e:
-            _fail(str(e))
-        if kind != args.model:
-            _fail(f"{args.feature_spec}: a {kind} dataset, not for --model {args.model}")
-    # checkpoints
-    if args.restore and not args.checkpoint_dir:
-        _fail("--restore needs --checkpoint-dir")
-    if args.mode == "evaluate":
-        from recsys.checkpoint import AtomicCheckpointer
-        if not args.checkpoint_dir or AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest() is None:
-            _fail(f"--mode evaluate needs a checkpoint in --checkpoint-dir ({args.checkpoint_dir or 'not given'})")
-    if args.checkpoint_dir:
-        parent = os.path.dirname(os.path.abspath(args.checkpoint_dir))
-        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
-            _fail(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
-        if not os.path.isdir(args.checkpoint_dir) and not os.access(parent, os.W_OK):
-            _fail(f"--checkpoint-dir {args.checkpoint_dir}: parent directory missing or not writable")
-    if args.log_path:
-        parent = os.path.dirname(os.path.abspath(args.log_path))
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            _fail(f"--log-path {args.log_path}: directory {parent} missing or not writable")
-    args.world_size = world
-    return args
+def resolve(args) -> TrainConfig:
+    """The checked :class:`~recsys.config.TrainConfig` of a parsed command line (no TensorFlow)."""
+    return TrainConfig.from_args(args)
 
 
 def _synthetic_dir(args):
@@ -313,11 +245,13 @@ def run(args):
             temporary = prepare_synthetic(args, dist, log)
         from recsys.feature_spec import FeatureSpec
         spec = FeatureSpec.from_yaml(args.feature_spec)
-        params = {k: v for k, v in vars(args).items()}
+        params = args.as_dict()
         log.record("params", **params, horovod=dist.hvd is not None, gpus=len(gpus), affinity_cpus=cpus)
         from recsys.engine import Engine
         from recsys.models.tasks import TASKS
         task = TASKS[args.model](args, spec, dist, log)
+        if args.mode in ("train", "evaluate"):
+            task.check_data()
         _log_placement(args, spec, task, dist, log)
         engine = Engine(args, task, dist, log)
         if args.restore or args.mode in ("evaluate", "inference"):
@@ -356,12 +290,19 @@ def _log_placement(args, spec, task, dist, log):
             log.info(line)
 
 
+def _fail(message, code=2):
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
 def main(argv=None):
-    args = resolve(build_parser().parse_args(argv))
     from recsys.feature_spec import FeatureSpecError
     try:
-        return run(args)
-    except FeatureSpecError as err:  # bad or too small dataset: one line, not a traceback
+        cfg = resolve(build_parser().parse_args(argv))
+        return run(cfg)
+    except EngineError as err:     # bad flags or data, divergence: one line, not a traceback
+        _fail(str(err), err.exit_code)
+    except FeatureSpecError as err:  # bad or too small dataset
         _fail(str(err))
 
 

@@ -8,7 +8,7 @@ user). As in the reference:
   uniformly at random, resampled each epoch (:class:`TrainSampler`);
   negatives that happen to be a known positive of the user are redrawn;
 * evaluation: each test positive is ranked against ``num_negatives`` (100)
-  items the user never interacted with, drawn once with a fixed seed
+  distinct items the user never interacted with, drawn once with a fixed seed
   (:func:`eval_set`), or against the negatives the preprocessing stored
   (``metadata.test_samples_per_series`` = 1 + N, :func:`stored_eval_set`);
   the metric is HR@10/NDCG@10 from recsys.metrics.
@@ -106,20 +106,45 @@ class TrainSampler:
         return users[perm].astype(np.int32), items[perm].astype(np.int32), labels[perm]
 
 
+def _draw_distinct_negatives(rng, users, num_items, known, count):
+    """[U, count] items per user: distinct within the row, none a known positive of the user
+    (sampling without replacement from the items the user never interacted with, as the reference)."""
+    users = np.asarray(users, dtype=np.int64)
+    positives = np.bincount(known // num_items, minlength=int(users.max()) + 1 if users.size else 0)
+    short = np.flatnonzero(num_items - positives[users] < count)
+    if short.size:
+        u = int(users[short[0]])
+        raise ValueError(f"user {u} has only {num_items - positives[u]} items it never interacted with, "
+                         f"fewer than the {count} evaluation negatives (--valid-negative)")
+    items = rng.integers(0, num_items, size=(users.size, count))
+    rows = np.arange(users.size)[:, None]
+    for _ in range(10_000):
+        bad = np.isin(users[:, None] * num_items + items, known)
+        order = np.argsort(items, axis=1, kind="stable")
+        sorted_items = np.take_along_axis(items, order, axis=1)
+        repeat = np.zeros(items.shape, bool)
+        repeat[:, 1:] = sorted_items[:, 1:] == sorted_items[:, :-1]    # later copies of an item
+        bad[rows, order] |= repeat
+        if not bad.any():
+            return items
+        items[bad] = rng.integers(0, num_items, size=int(bad.sum()))
+    raise ValueError("could not draw distinct evaluation negatives: some users interacted with almost every item")
+
+
 def eval_set(test_users, test_items, train_users, train_items, num_items: int, num_negatives: int = 100,
              seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(users [U], items [U, 1 + num_negatives], labels) with the positive in column 0.
 
-    Negatives exclude the user's train and test positives. Score the items
-    matrix row-wise and pass ``scores[:, 0]`` and ``scores[:, 1:]`` to
-    ``recsys.metrics.hit_rate_and_ndcg``.
+    A user's negatives are distinct and exclude the user's train and test
+    positives. Score the items matrix row-wise and pass ``scores[:, 0]`` and
+    ``scores[:, 1:]`` to ``recsys.metrics.hit_rate_and_ndcg``.
     """
     tu = np.asarray(test_users, dtype=np.int64)
     ti = np.asarray(test_items, dtype=np.int64)
     known = _known(np.concatenate([np.asarray(train_users), tu]), np.concatenate([np.asarray(train_items), ti]), num_items)
     rng = np.random.default_rng([seed, 101])
-    _, neg = _draw_negatives(rng, tu, num_items, known, num_negatives)
-    items = np.concatenate([ti[:, None], neg.reshape(tu.size, num_negatives)], axis=1)
+    neg = _draw_distinct_negatives(rng, tu, num_items, known, num_negatives)
+    items = np.concatenate([ti[:, None], neg], axis=1)
     labels = np.zeros(items.shape, np.float32)
     labels[:, 0] = 1.0
     return tu.astype(np.int32), items.astype(np.int32), labels

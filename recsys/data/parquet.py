@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from recsys.data.layout import Layout, channel_features, check_shard
+from recsys.errors import DataError
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
 
@@ -107,13 +108,23 @@ class ParquetReader:
         self.layout = Layout(spec, mapping, source_of)
 
     def _read_file(self, k: int, rng: Optional[np.random.Generator]):
-        """Yield flat dicts, one per row group of file k (rows permuted when rng is given)."""
+        """Yield flat dicts, one per row group of file k (rows permuted when rng is given).
+
+        A file that cannot be decoded (corrupt page, truncated) is a DataError naming it."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
-        files = [(pq.ParquetFile(path), feats, path) for path, feats in self.file_groups[k]]
+
+        def read(path, what, fn):
+            try:
+                return fn()
+            except (OSError, pa.ArrowException) as e:
+                raise DataError(f"{path}: {what}: cannot decode the parquet data "
+                                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        files = [(read(path, "footer", lambda: pq.ParquetFile(path)), feats, path) for path, feats in self.file_groups[k]]
         for rg in range(files[0][0].num_row_groups):
             cols = {}
             for pf, feats, path in files:
-                table = pf.read_row_group(rg, columns=feats)
+                table = read(path, f"row group {rg}", lambda: pf.read_row_group(rg, columns=feats))
                 for f in feats:
                     col = table.column(f)
                     if col.null_count:

@@ -22,6 +22,13 @@ slice of each memory-mapped file, so a rank only touches its own bytes.
 
 Shuffling permutes the order of the rank's batches each epoch (rows inside a
 batch keep their stored order: the preprocessing shuffles rows).
+
+Categorical ids outside [0, cardinality) are a :class:`recsys.errors.DataError`
+naming the file, row and feature: :meth:`SplitBinaryReader.check_ids` scans
+whole files (the engine calls it before training when the files are small,
+``CHECK_IDS_MAX_BYTES``), and every batch read is checked too (a min/max per
+column), so an embedding lookup never sees a bad id (on GPU it would silently
+read zeros).
 """
 from __future__ import annotations
 
@@ -30,7 +37,11 @@ from typing import Dict, List
 import numpy as np
 
 from recsys.data.layout import Layout, channel_features, check_shard
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.errors import DataError
+from recsys.feature_spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
+
+# Up to this many bytes of categorical ids per mapping, the engine checks every id before training.
+CHECK_IDS_MAX_BYTES = 1 << 30
 
 
 class SplitBinaryReader:
@@ -57,6 +68,9 @@ class SplitBinaryReader:
         self.widths: List[int] = []
         self._maps: List[np.ndarray] = []
         source_of = {}
+        categorical = {f for ch in CATEGORICAL_CHANNELS for f in spec.features(ch)}
+        # (map index, [(column, feature, cardinality)], file) of the categorical id files
+        self._id_checks = []
         for i, chunk in enumerate(spec.chunks(mapping)):
             if chunk["type"] != "split_binary":
                 raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}[{i}]",
@@ -75,7 +89,32 @@ class SplitBinaryReader:
             self._maps.append(mm)
             for col, f in enumerate(chunk["features"]):
                 source_of[f] = (key, col)
+            cols = [(col, f, spec.cardinality(f)) for col, f in enumerate(chunk["features"]) if f in categorical]
+            if cols:
+                self._id_checks.append((len(self._maps) - 1, cols, spec.path(chunk["files"][0])))
         self.layout = Layout(spec, mapping, source_of)
+
+    @property
+    def id_bytes(self) -> int:
+        """Bytes of categorical id files (what :meth:`check_ids` reads)."""
+        return sum(self._maps[k].nbytes for k, _, _ in self._id_checks)
+
+    def check_ids(self, rows_per_read: int = 1 << 20) -> None:
+        """Scan every categorical id of the mapping; DataError at the first one out of range."""
+        for lo in range(0, self.rows, rows_per_read):
+            self._check_rows([np.asarray(m[lo:lo + rows_per_read]) for m in self._maps], lo)
+
+    def _check_rows(self, arrays: List[np.ndarray], first_row: int) -> None:
+        for k, cols, path in self._id_checks:
+            block = arrays[k]
+            if not block.size:
+                continue
+            for col, feature, card in cols:
+                ids = block[:, col]
+                if ids.min() < 0 or ids.max() >= card:
+                    row = int(np.flatnonzero((ids < 0) | (ids >= card))[0])
+                    raise DataError(f"{path}: row {first_row + row}: id {int(ids[row])} of {feature} "
+                                    f"outside [0, {card})")
 
     def batch_ids(self) -> np.ndarray:
         """Global batch indices of this rank, in file order."""
@@ -85,7 +124,9 @@ class SplitBinaryReader:
 
     def read_flat(self, batch_id: int) -> List[np.ndarray]:
         lo = int(batch_id) * self.batch_size
-        return [np.array(m[lo:lo + self.batch_size]) for m in self._maps]
+        arrays = [np.array(m[lo:lo + self.batch_size]) for m in self._maps]
+        self._check_rows(arrays, lo)
+        return arrays
 
     def read_batch(self, batch_id: int) -> Dict[str, np.ndarray]:
         return dict(zip(self.keys, self.read_flat(batch_id)))

@@ -17,8 +17,9 @@ the transcoder applies **no** numerical transform unless a feature declares
 transform is never applied twice) and records it under
 ``metadata.transcoded_transforms``. Empty numerical or categorical fields
 read as 0; multi-hot fields hold ``;``-separated ids (empty = no id).
-Categorical ids must lie in [0, cardinality): anything else is an error
-naming the feature and the file.
+Categorical ids must lie in [0, cardinality) and labels must be 0 or 1 (not
+empty, not NaN): anything else is an error naming the file, the column and,
+for labels, the row.
 
 Output: split_binary writes ``<mapping>/label.bin``, ``numerical.bin`` (all
 numerical features interleaved), ``cat_<i>.bin`` per categorical (dtype by
@@ -130,13 +131,28 @@ def _parse_multihot(column, where: str):
     return pa.ListArray.from_arrays(pa.array(offsets), ints)
 
 
-def _convert_block(spec: FeatureSpec, batch, columns: List[str], path: str) -> dict:
-    """One CSV record batch -> feature arrays, checked and (when declared) transformed."""
+def _check_labels(col, where: str, first_row: int) -> None:
+    """A label is 0 or 1: an empty field, NaN or any other value is an error naming its row."""
+    x = col.to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = np.asarray(col.is_null()) | ~np.isin(x, (0.0, 1.0))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        value = "empty or NaN" if col.is_null()[row].as_py() or np.isnan(x[row]) else f"{x[row]:g}"
+        raise FeatureSpecError(f"{where}: row {first_row + row + 1}", f"label {value} is not 0 or 1")
+
+
+def _convert_block(spec: FeatureSpec, batch, columns: List[str], path: str, first_row: int = 0) -> dict:
+    """One CSV record batch -> feature arrays, checked and (when declared) transformed.
+
+    ``first_row``: rows of the file before this batch (error messages give 1-based file lines)."""
     out = {}
     categorical = {f for ch in CATEGORICAL_CHANNELS for f in spec.features(ch)}
+    labels = set(spec.features("label")) | set(spec.features("label_ch"))
     for f in columns:
         col = batch.column(f)
         where = f"{path}: column {columns.index(f)} ({f})"
+        if f in labels:
+            _check_labels(col, where, first_row)
         if spec.is_multihot(f):
             lists = _parse_multihot(col, where)
             vals = lists.values.to_numpy()
@@ -220,8 +236,10 @@ def transcode(spec: FeatureSpec, input_dir: str, output_dir: str, fmt: str, num_
             writer = ChunkWriter(out, mapping)
             rows, part, previous = 0, 0, None
             for path in files:
+                file_rows = 0
                 for batch in _read_csv(path, spec, columns, delimiter, block_bytes):
-                    data = _convert_block(spec, batch, columns, path)
+                    data = _convert_block(spec, batch, columns, path, file_rows)
+                    file_rows += batch.num_rows
                     n = batch.num_rows
                     mv = data[map_feats[0]] if map_feats else None
                     lo = 0

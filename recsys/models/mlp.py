@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from recsys.models.dropout import ResumableDropout
 
-def mlp(units, name, dropout=0.0, last_linear=False, last_dtype=None):
+
+def mlp(units, name, dropout=0.0, last_linear=False, last_dtype=None, seed=0):
     """Dense+ReLU stack (+dropout); ``last_linear`` leaves the final layer without activation.
 
     ``last_dtype='float32'`` keeps the logit layer in fp32 under mixed precision.
+    ``seed``: the dropout after layer i draws from stream ``seed + i`` (resumable, see
+    recsys.models.dropout).
     """
     layers = []
     for i, n in enumerate(units):
@@ -19,5 +23,5 @@ def mlp(units, name, dropout=0.0, last_linear=False, last_dtype=None):
             kernel_initializer=tf.keras.initializers.GlorotNormal(),
             bias_initializer=tf.keras.initializers.RandomNormal(stddev=(1.0 / n) ** 0.5), **kw))
         if dropout and not last:
-            layers.append(tf.keras.layers.Dropout(dropout))
+            layers.append(ResumableDropout(dropout, seed=seed + i, name=f"{name}_dropout_{i}"))
     return tf.keras.Sequential(layers, name=name)

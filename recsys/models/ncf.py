@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from recsys.models.embeddings import EmbeddingGroup
+from recsys.models.dropout import ResumableDropout
 from recsys.models.mlp import mlp
 
 
@@ -12,15 +13,16 @@ class NeuMF(tf.keras.Model):
     """inputs: {'user': [B] int, 'item': [B] int}; returns logits [B, 1] f32."""
 
     def __init__(self, num_users, num_items, factors=64, layers=(256, 256, 128, 64), dropout=0.5,
-                 name="neumf"):
+                 seed=0, name="neumf"):
         super().__init__(name=name)
         if layers[0] % 2:
             raise ValueError(f"the first NCF MLP layer ({layers[0]}) must be even (user+item halves)")
         half = layers[0] // 2
         self.embeddings = EmbeddingGroup([num_users, num_items, num_users, num_items],
                                          [factors, factors, half, half])
-        self.mlp = mlp(list(layers[1:]), "mlp_tower", dropout=dropout) if len(layers) > 1 else None
-        self.drop = tf.keras.layers.Dropout(dropout)
+        self.mlp = (mlp(list(layers[1:]), "mlp_tower", dropout=dropout, seed=seed * 100 + 1)
+                    if len(layers) > 1 else None)
+        self.drop = ResumableDropout(dropout, seed=seed * 100, name="input_dropout")
         self.out = tf.keras.layers.Dense(1, name="neumf_out", dtype="float32")
 
     def call(self, inputs, training=False):

@@ -12,15 +12,18 @@ import numpy as np
 import tensorflow as tf
 
 from recsys import metrics as M
+from recsys.config import TrainConfig
 from recsys.data import make_dataset, make_reader
+from recsys.errors import EngineError
 from recsys.models.embeddings import distributed_embeddings_module
 from recsys.optim import WarmupPolyDecay, make_optimizer
 
 
 class Task:
+    """Raises :class:`recsys.errors.EngineError` for a configuration it cannot run."""
     name = None
 
-    def __init__(self, args, spec, dist, logger):
+    def __init__(self, args: TrainConfig, spec, dist, logger):
         self.args, self.spec, self.dist, self.log = args, spec, dist, logger
         self.global_batch = args.batch_size
         self.local_batch = args.batch_size // dist.size
@@ -39,8 +42,8 @@ class Task:
         available = distributed_embeddings_module() is not None
         if not available:
             if mode == "model_parallel":
-                raise SystemExit("recsys.train: error: --embedding-placement model_parallel needs NVIDIA "
-                                 "distributed-embeddings, which is not importable here")
+                raise EngineError("--embedding-placement model_parallel needs NVIDIA "
+                                  "distributed-embeddings, which is not importable here")
             self.log.info("distributed-embeddings not importable: embedding tables replicated on every rank "
                           "(gradients allreduced)")
             return False
@@ -67,6 +70,17 @@ class Task:
     def eval_dataset(self):
         return make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
                             drop_remainder=False)
+
+    def check_data(self):
+        """Checks that are cheap before training: every categorical id of small split-binary files
+        (larger ones are checked batch by batch as they are read)."""
+        from recsys.data.split_binary import CHECK_IDS_MAX_BYTES, SplitBinaryReader
+        for mapping in self.spec.mappings():
+            if self.spec.chunk_type(mapping) != "split_binary":
+                continue
+            reader = SplitBinaryReader(self.spec, mapping, 1, drop_remainder=False)
+            if reader.id_bytes <= CHECK_IDS_MAX_BYTES:
+                reader.check_ids()
 
     def steps_per_epoch(self):
         if self._steps is None:
@@ -131,7 +145,7 @@ class WideDeepTask(Task):
         return WideDeep(self._tables("onehot_categorical"), self._tables("multihot_categorical"),
                         embedding_dim=a.embedding_dim, deep_hidden_units=a.deep_hidden_units,
                         deep_dropout=a.deep_dropout, combiner=a.combiner, model_parallel=self.model_parallel,
-                        column_slice_threshold=a.column_slice_threshold)
+                        column_slice_threshold=a.column_slice_threshold, seed=a.seed)
 
     def optimizer_groups(self, model):
         a = self.args
@@ -178,7 +192,8 @@ class NCFTask(Task):
     def build_model(self):
         from recsys.models.ncf import NeuMF
         a = self.args
-        return NeuMF(self.num_users, self.num_items, factors=a.factors, layers=a.layers, dropout=a.dropout)
+        return NeuMF(self.num_users, self.num_items, factors=a.factors, layers=a.layers, dropout=a.dropout,
+                     seed=a.seed)
 
     def optimizer_groups(self, model):
         a = self.args
@@ -209,15 +224,28 @@ class NCFTask(Task):
 
     def steps_per_epoch(self):
         if len(self.sampler) < self.global_batch:
-            raise SystemExit(f"recsys.train: error: --batch-size {self.global_batch} is larger than an NCF "
-                             f"epoch ({len(self.sampler)} samples with negatives)")
+            raise EngineError(f"--batch-size {self.global_batch} is larger than an NCF "
+                              f"epoch ({len(self.sampler)} samples with negatives)")
         return len(self.sampler) // self.global_batch
+
+    def check_data(self):
+        """Also builds the evaluation set now: too few unseen items for the negatives fails before training."""
+        super().check_data()
+        self._eval_arrays()
 
     def _eval_arrays(self):
         if self._eval is None:
-            tu, ti = self.ncf.load_pairs(self.spec, "test")
-            users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items, self.num_items,
-                                                self.args.valid_negative, seed=self.args.seed)
+            stored = self.ncf.stored_eval_set(self.spec)
+            if stored is not None:  # `preproc movielens --test-negatives N` wrote them: use those
+                users, items, _ = stored
+                self.log.info(f"NCF evaluation: the {items.shape[1] - 1} stored negatives per user of the test set")
+            else:
+                tu, ti = self.ncf.load_pairs(self.spec, "test")
+                try:
+                    users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items,
+                                                        self.num_items, self.args.valid_negative, seed=self.args.seed)
+                except ValueError as e:
+                    raise EngineError(f"{self.spec.origin}: {e}") from None
             # Uneven shards are fine: only sums are reduced.
             self._eval = self.ncf.shard((users, items), self.dist.rank, self.dist.size, equal=False)
         return self._eval

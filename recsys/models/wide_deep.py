@@ -17,7 +17,7 @@ class WideDeep(tf.keras.Model):
 
     def __init__(self, onehot, multihot, embedding_dim=64, deep_hidden_units=(1024,) * 5,
                  deep_dropout=0.1, combiner="sum", model_parallel=False, column_slice_threshold=None,
-                 name="wide_deep"):
+                 seed=0, name="wide_deep"):
         super().__init__(name=name)
         self.onehot_names = [n for n, _ in onehot]
         self.multihot_names = [n for n, _ in multihot]
@@ -30,7 +30,7 @@ class WideDeep(tf.keras.Model):
                                               column_slice_threshold=column_slice_threshold,
                                               name="deep_embeddings")
         self.deep = mlp(list(deep_hidden_units) + [1], "deep_mlp", dropout=deep_dropout,
-                        last_linear=True, last_dtype="float32")
+                        last_linear=True, last_dtype="float32", seed=seed * 100)
 
     def _ids(self, inputs):
         ids = [inputs["onehot_categorical"][n] for n in self.onehot_names]

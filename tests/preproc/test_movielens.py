@@ -136,7 +136,9 @@ def test_generated_data_files_reader_and_training(spark, tmp_path):
     if not os.path.exists(os.path.join(REPO, "recsys", "train.py")):
         pytest.skip("recsys.train (ENGINE) is not in this checkout")
     proc = subprocess.run([sys.executable, "-m", "recsys.train", "--model", "ncf", "--data-path", str(out),
-                           "--max-steps", "5", "--batch-size", "64"],
+                           "--max-steps", "5", "--batch-size", "64",
+                           # 80 items: 100 distinct unseen negatives per user do not exist
+                           "--valid-negative", "20"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "hr_at_10" in proc.stdout + proc.stderr

@@ -138,3 +138,19 @@ def test_bce_matches_sklearn_log_loss():
     total, n = M.binary_cross_entropy_sums(y.reshape(-1, 1), p.reshape(-1, 1))
     assert n == 1000 and total / n == pytest.approx(log_loss(y, p), rel=1e-9)
     assert np.isfinite(M.binary_cross_entropy([1, 0], [0.0, 1.0]))  # clipped, not inf
+
+
+# ------------------------------------------------------- non-finite scores
+def test_nan_scores_never_give_perfect_metrics():
+    """NaN compares False: without a guard a NaN positive ranks first (HR = NDCG = 1)."""
+    hits, ndcg, users = M.hit_rate_and_ndcg_sums(np.full(3, np.nan), np.zeros((3, 100)))
+    assert math.isnan(hits) and math.isnan(ndcg) and users == 3
+    assert all(math.isnan(v) for v in M.hit_rate_and_ndcg([np.nan], [[0.1, 0.2]]))
+    assert math.isnan(M.map_at_k([np.nan, 0.1], [1, 0], [1, 1]))
+    h = M.AucHistogram()
+    h.update([1, 0, 1, 0], [0.9, 0.1, np.nan, 0.2])
+    assert math.isnan(h.result())
+    other = M.AucHistogram()
+    other.update([1, 0], [0.9, 0.1])
+    assert math.isnan(M.auc_from_histograms(*(h.sums() + other.sums())))   # survives the allreduce
+    assert math.isnan(M.binary_cross_entropy([1, 0], [np.nan, 0.1]))
