@@ -228,7 +228,22 @@ def resolve(args):
     args.world_size = world
     choice = _resolve_placement(args, world)
     args.placement_mode, args.placement_reason = choice.mode, choice.reason
+    _check_sharded_checkpoint(args)
     return args
+
+
+def _check_sharded_checkpoint(args):
+    """A sharded checkpoint to restore must be complete and of this model: checked before anything runs."""
+    if not args.checkpoint_dir or not (args.restore or args.mode in ("evaluate", "inference")):
+        return
+    from recsys.checkpoint import AtomicCheckpointer, CheckpointError
+    from recsys.sharded_checkpoint import signature, validate
+    latest = AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest()
+    if latest is not None:
+        try:
+            validate(latest, signature(args.model, args.embedding_tables))
+        except CheckpointError as e:
+            _fail(str(e))
 
 
 def _memory_budget_gb(args):
@@ -274,6 +289,7 @@ def _resolve_placement(args, world):
     tables = [(f, c, dim) for f, c in cards]
     if args.model == "wide_deep":          # the wide part: one 1-wide table per feature
         tables += [(f"{f}/wide", c, 1) for f, c in cards]
+    args.embedding_tables = tables
     optimizer = {"dlrm": args.optimizer, "wide_deep": args.optimizer, "ncf": "adam"}[args.model]
     overrides = {k: getattr(args, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers")
                  if getattr(args, k, None) is not None}
