@@ -232,3 +232,37 @@ def make_checkpointer(args, checkpoint, model, dist, counters, optimizers=(), lo
                                    keep=args.keep_checkpoints,
                                    signature=signature(args.model, tables) if tables else None, log=log)
     return AtomicCheckpointer(args.checkpoint_dir, checkpoint, keep=args.keep_checkpoints, writer=dist.is_chief)
+
+
+def checkpoint_weights(path):
+    """{name: ndarray} of a checkpoint's model weights, whatever its layout: ``table:<group>/<t>`` is a
+    whole table (slices joined), ``dense:<key>`` a dense weight. Lets tests and tools compare a
+    model-parallel run with a replicated one."""
+    import re
+
+    import numpy as np
+    import tensorflow as tf
+    sharded = is_sharded(path)
+    reader = tf.train.load_checkpoint(os.path.join(rank_dir(path, 0) if sharded else path, PREFIX))
+    out = {}
+    table_re = re.compile(r"^model/([^/]+)/tables/(\d+)/embeddings/")
+    for key in reader.get_variable_to_shape_map():
+        if not key.startswith("model/") or "OPTIMIZER_SLOT" in key:
+            continue
+        m = table_re.match(key)
+        if m and not sharded:
+            out[f"table:{m.group(1)}/{int(m.group(2))}"] = reader.get_tensor(key)
+        elif not m and "/_mp/" not in key:
+            out[f"dense:{key}"] = reader.get_tensor(key)
+    if sharded:
+        meta = read_meta(path)
+        saved = {}
+        for r in meta["writers"]:
+            with open(os.path.join(rank_dir(path, r), TABLES)) as f:
+                for p in json.load(f):
+                    saved.setdefault((p["group"], p["table"]), []).append(
+                        (p["col_start"], p["col_end"], os.path.join(rank_dir(path, r), p["file"])))
+        for group, info in meta["groups"].items():
+            for t, (rows, dim) in enumerate(zip(info["cardinalities"], info["dims"])):
+                out[f"table:{group}/{t}"] = _assemble(saved.get((group, t), []), 0, dim, (rows, dim), np)
+    return out

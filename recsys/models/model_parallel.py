@@ -165,7 +165,10 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
         result = []
         for t, i in enumerate(ids):
             if t in self.dp_tables:
-                result.append(combine(tf.gather(self.dp_tables[t], tf.maximum(i, 0)), i, self.combiners[t]))
+                # Named explicitly: Horovod matches the (allreduced) gradients of these replicated tables
+                # across ranks by name, and the op counters differ per rank (different shard counts).
+                vec = tf.gather(self.dp_tables[t], tf.maximum(i, 0), name=f"replicated_table_{t}")
+                result.append(combine(vec, i, self.combiners[t]))
             else:
                 pieces = [p for _, p in sorted(columns[t], key=lambda x: x[0])]
                 result.append(pieces[0] if len(pieces) == 1 else tf.concat(pieces, 1))
