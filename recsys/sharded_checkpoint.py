@@ -93,7 +93,7 @@ def _pieces(group, rank):
     """{(table, c0, c1): variable} this rank writes / fills for ``group``."""
     if group._mp is not None:
         out = dict(group._mp.shard_map())
-        out.update({(t, 0, group.dims[t]): v for t, v in group._mp.dp_tables.items()})
+        out.update(group._mp.replicated_map())
         return out, bool(group._mp.dp_tables) and rank == 0
     if group._dist is not None:
         return {}, False                       # distributed-embeddings: same world size only

@@ -104,7 +104,7 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
                 name=slice_key(s), shape=[s.rows, s.col_end - s.col_start], trainable=True,
                 initializer=ColumnSeededUniform(self.seed, s.table, s.col_start))
         for t in self.replicated_tables:
-            self.dp_tables[t] = self.add_weight(
+            self.dp_tables[f"t{t}"] = self.add_weight(
                 name=f"t{t}", shape=[self.cardinalities[t], self.dims[t]], trainable=True,
                 initializer=ColumnSeededUniform(self.seed, t, 0))
         super().build(input_shape)
@@ -116,6 +116,10 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
     def shard_map(self):
         """{(table, col_start, col_end): variable} of this rank's slices."""
         return {(s.table, s.col_start, s.col_end): self.shards[slice_key(s)] for s in self.mine}
+
+    def replicated_map(self):
+        """{(table, 0, dim): variable} of the small tables every rank holds."""
+        return {(t, 0, self.dims[t]): self.dp_tables[f"t{t}"] for t in self.replicated_tables}
 
     def call(self, ids):
         ids = [tf.cast(i, self.id_dtype) for i in ids]
@@ -164,10 +168,10 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
                 columns.setdefault(s.table, []).append((s.col_start, piece))
         result = []
         for t, i in enumerate(ids):
-            if t in self.dp_tables:
+            if f"t{t}" in self.dp_tables:
                 # Named explicitly: Horovod matches the (allreduced) gradients of these replicated tables
                 # across ranks by name, and the op counters differ per rank (different shard counts).
-                vec = tf.gather(self.dp_tables[t], tf.maximum(i, 0), name=f"replicated_table_{t}")
+                vec = tf.gather(self.dp_tables[f"t{t}"], tf.maximum(i, 0), name=f"replicated_table_{t}")
                 result.append(combine(vec, i, self.combiners[t]))
             else:
                 pieces = [p for _, p in sorted(columns[t], key=lambda x: x[0])]
