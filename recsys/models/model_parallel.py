@@ -151,7 +151,7 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
             back = tf.reshape(tf.concat(out, 1), [-1])
             back_splits = per_source * width
         else:
-            back = tf.zeros([0], self.compute_dtype)
+            back = tf.zeros([0], self.dtype)            # the tables' dtype, as the other ranks send
             back_splits = tf.zeros([self.world], tf.int32)
         # 3. vectors back to the rank that asked; gradients return the same way, scaled to the average.
         widths = [sum(s.col_end - s.col_start for s in self.by_rank[r]) for r in range(self.world)]
