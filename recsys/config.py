@@ -79,7 +79,9 @@ class TrainConfig:
     benchmark_warmup_steps: int = 20
     benchmark_steps: int = 100
     embedding_placement: str = "auto"
+    embedding_memory_gb: Optional[float] = None
     column_slice_threshold: Optional[int] = None
+    data_parallel_threshold: Optional[int] = None
     sparse_as_dense: bool = False
     affinity: str = "off"
     intra_op_threads: int = 0
@@ -92,6 +94,9 @@ class TrainConfig:
     embedding_optimizer: Optional[str] = None
     world_size: int = 1
     synthetic_schedule_scaled: bool = False
+    embedding_tables: Optional[list] = None     # [(feature, rows, width)] the placement plans
+    placement_mode: Optional[str] = None        # replicated | model_parallel (from --embedding-placement)
+    placement_reason: Optional[str] = None
 
     @classmethod
     def from_args(cls, namespace) -> "TrainConfig":

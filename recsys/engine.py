@@ -57,11 +57,13 @@ class Engine:
                                    **{f"optimizer_{n}": o for n, o, _ in self.groups})
         self.checkpointer = None
         if args.checkpoint_dir:
-            # Replicated weights: rank 0 writes. Model-parallel tables would need every rank's shard.
-            self.checkpointer = AtomicCheckpointer(args.checkpoint_dir, ckpt, keep=args.keep_checkpoints,
-                                                   writer=dist.is_chief or task.model_parallel)
-            if task.model_parallel and dist.size > 1:
-                self.checkpointer.directory = f"{args.checkpoint_dir}/rank{dist.rank}"
+            # Replicated weights: rank 0 writes; model-parallel tables: every rank its shard.
+            from recsys.sharded_checkpoint import make_checkpointer
+            self.checkpointer = make_checkpointer(
+                args, ckpt, self.model, dist, dict(global_step=self.global_step, epoch=self.epoch,
+                                                   step_in_epoch=self.step_in_epoch),
+                optimizers=[o.inner_optimizer if isinstance(o, tf.keras.mixed_precision.LossScaleOptimizer) else o
+                            for _, o, _ in self.groups], log=logger)
         # Without XLA the gradient code is traced inline into the step (one graph, no nested call).
         self._grad_fn = (tf.function(self._gradients, jit_compile=True, reduce_retracing=True)
                          if args.xla else self._gradients)

@@ -130,9 +130,17 @@ def build_parser():
                     help="steps excluded from throughput figures (benchmark/inference, and train summaries)")
     pf.add_argument("--benchmark-steps", type=int, default=100, help="timed steps in benchmark/inference mode")
     pf.add_argument("--embedding-placement", choices=("auto", "replicated", "model_parallel"), default="auto",
-                    help="auto: model-parallel tables when NVIDIA distributed-embeddings is importable, else replicated")
+                    help="model_parallel: each rank holds its share of the tables (recsys.placement), ids and "
+                         "vectors exchanged with alltoall (NVIDIA distributed-embeddings when importable, else "
+                         "Horovod); auto: model parallel when replicated tables do not fit --embedding-memory-gb")
+    pf.add_argument("--embedding-memory-gb", type=float, default=None,
+                    help="memory budget per rank for embeddings + dense weights (default: $RECSYS_EMBEDDING_MEMORY_GB "
+                         "from the profile, else the job's or node's memory / ranks on the node)")
     pf.add_argument("--column-slice-threshold", type=int, default=None,
-                    help="model-parallel: split tables with more elements than this by columns")
+                    help="model-parallel: split tables with more elements than this by columns "
+                         "(tables are also split automatically until memory is balanced)")
+    pf.add_argument("--data-parallel-threshold", type=int, default=None,
+                    help="model-parallel: keep tables with fewer elements than this replicated")
     pf.add_argument("--sparse-as-dense", action="store_true",
                     help="allreduce embedding gradients densely instead of allgathering IndexedSlices")
     pf.add_argument("--affinity", choices=AFFINITY, default="off",
@@ -150,8 +158,90 @@ def build_parser():
 
 
 def resolve(args) -> TrainConfig:
-    """The checked :class:`~recsys.config.TrainConfig` of a parsed command line (no TensorFlow)."""
-    return TrainConfig.from_args(args)
+    """The checked :class:`~recsys.config.TrainConfig` of a parsed command line, with the embedding
+    placement decided and a checkpoint to restore checked (all before TensorFlow starts)."""
+    cfg = TrainConfig.from_args(args)
+    choice = _resolve_placement(cfg, cfg.world_size)
+    cfg.placement_mode, cfg.placement_reason = choice.mode, choice.reason
+    _check_sharded_checkpoint(cfg)
+    return cfg
+
+
+def _refuse(message):
+    raise EngineError(message)
+
+
+def _check_sharded_checkpoint(args):
+    """A sharded checkpoint to restore must be complete and of this model: checked before anything runs."""
+    if not args.checkpoint_dir or not (args.restore or args.mode in ("evaluate", "inference")):
+        return
+    from recsys.checkpoint import AtomicCheckpointer, CheckpointError
+    from recsys.sharded_checkpoint import signature, validate
+    latest = AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest()
+    if latest is not None:
+        try:
+            validate(latest, signature(args.model, args.embedding_tables))
+        except CheckpointError as e:
+            _refuse(str(e))
+
+
+def _memory_budget_gb(args):
+    """--embedding-memory-gb, else the profile's value exported by the job, else memory / local ranks."""
+    if args.embedding_memory_gb is not None:
+        if args.embedding_memory_gb <= 0:
+            _refuse(f"--embedding-memory-gb must be > 0, got {args.embedding_memory_gb}")
+        return args.embedding_memory_gb
+    env = os.environ.get("RECSYS_EMBEDDING_MEMORY_GB")
+    if env:
+        try:
+            return float(env)
+        except ValueError:
+            _refuse(f"RECSYS_EMBEDDING_MEMORY_GB={env!r} is not a number")
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1")
+                .split("(")[0] or 1)
+    if os.environ.get("SLURM_MEM_PER_NODE", "").isdigit():
+        return int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20 / 1e9 / max(1, local)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / max(1, local)
+    except (ValueError, OSError):
+        return None
+
+
+def _resolve_placement(args, world):
+    """Where the embedding tables go, decided (and checked against the budget) before TensorFlow starts."""
+    from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count
+    from recsys.placement import OPTIMIZER_SLOTS, PlacementError, choose_placement
+    if args.embedding_placement == "model_parallel" and args.xla:
+        _refuse("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
+    for flag in ("column_slice_threshold", "data_parallel_threshold"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            _refuse(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.feature_spec:
+        from recsys.feature_spec import FeatureSpec
+        spec = FeatureSpec.from_yaml(args.feature_spec)
+    else:
+        from recsys.data.synthetic import default_spec
+        spec = default_spec(args.model)
+    dim = args.factors if args.model == "ncf" else args.embedding_dim
+    cards = [(f, spec.cardinality(f)) for ch in CATEGORICAL_CHANNELS[args.model] if ch in spec.channel_spec
+             for f in spec.features(ch)]
+    tables = [(f, c, dim) for f, c in cards]
+    if args.model == "wide_deep":          # the wide part: one 1-wide table per feature
+        tables += [(f"{f}/wide", c, 1) for f, c in cards]
+    args.embedding_tables = tables
+    optimizer = {"dlrm": args.optimizer, "wide_deep": args.optimizer, "ncf": "adam"}[args.model]
+    overrides = {k: getattr(args, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers")
+                 if getattr(args, k, None) is not None}
+    dense = dense_param_count(args.model, n_tables=len(cards), embedding_dim=dim, **overrides)
+    budget = _memory_budget_gb(args)
+    try:
+        return choose_placement(args.embedding_placement, world, tables, dense_params=dense,
+                                optimizer_slots=OPTIMIZER_SLOTS.get(optimizer, 2),
+                                budget_bytes=None if budget is None else int(budget * 1e9),
+                                column_slice_threshold=args.column_slice_threshold,
+                                data_parallel_threshold=args.data_parallel_threshold, model=args.model)
+    except PlacementError as e:
+        _refuse(str(e))
 
 
 def _synthetic_dir(args):
@@ -282,10 +372,14 @@ def _log_placement(args, spec, task, dist, log):
     dim = args.factors if args.model == "ncf" else args.embedding_dim
     tables = [(f, spec.cardinality(f), dim) for ch in CATEGORICAL_CHANNELS[args.model]
               if ch in spec.channel_spec for f in spec.features(ch)]
-    plan = plan_placement(tables, dist.size, bytes_per_param=4, model_parallel=task.model_parallel,
-                          dense_params=0, column_slice_threshold=args.column_slice_threshold and args.column_slice_threshold * 4)
+    th = lambda v: v and v * 4  # noqa: E731  (elements -> fp32 bytes)
+    plan = plan_placement(tables, dist.size, bytes_per_param=4, model_parallel=bool(task.model_parallel),
+                          dense_params=0, column_slice_threshold=th(args.column_slice_threshold),
+                          data_parallel_threshold=th(args.data_parallel_threshold), auto_slice=True)
     if dist.is_chief:
-        log.record("placement", **plan.as_dict())
+        from recsys.models.embeddings import model_parallel_implementation
+        impl = model_parallel_implementation() if task.model_parallel else "replicated"
+        log.record("placement", **plan.as_dict(), implementation=impl)
         for line in format_plan(plan).splitlines()[:1 + min(dist.size, 8)]:
             log.info(line)
 

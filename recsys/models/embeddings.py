@@ -1,13 +1,16 @@
-"""Embedding tables: replicated Keras layers, or model-parallel via NVIDIA distributed-embeddings.
+"""Embedding tables: replicated Keras layers, or model parallel (tables spread over ranks).
 
-distributed-embeddings (not on PyPI; shipped in NVIDIA's Merlin TensorFlow
-containers) loads a CUDA op at import, so it is only importable on GPU nodes.
-When it is missing the engine keeps every table on every rank (replicated,
-gradients allreduced as IndexedSlices) and says so once in the log.
+Model parallel uses NVIDIA distributed-embeddings when it is importable (GPU
+nodes with its CUDA op; not on PyPI, shipped in NVIDIA's Merlin TensorFlow
+containers), else :class:`recsys.models.model_parallel.ModelParallelEmbedding`
+on Horovod alltoall, which runs on CPU and GPU ranks. Both take the placement
+thresholds of ``recsys.placement``.
 """
 from __future__ import annotations
 
 import tensorflow as tf
+
+from recsys.models.model_parallel import ColumnSeededUniform, ModelParallelEmbedding, combine, new_table_seed
 
 
 def distributed_embeddings_module():
@@ -19,12 +22,18 @@ def distributed_embeddings_module():
     return dmp
 
 
+def model_parallel_implementation():
+    """Which model-parallel implementation this process would run."""
+    return "distributed-embeddings" if distributed_embeddings_module() is not None else "horovod-alltoall"
+
+
 class EmbeddingGroup(tf.keras.layers.Layer):
     """All embedding tables of a model; call(list of [B] or [B, hot] id tensors) -> list of [B, d].
 
-    ``model_parallel=True`` (needs distributed-embeddings and Horovod) places whole
-    tables / column slices on ranks with its ``DistributedEmbedding`` wrapper,
-    which does the alltoall exchange of lookups itself.
+    ``model_parallel``: False (every rank holds every table), or a
+    :class:`recsys.placement.PlacementChoice` / True to spread the tables over
+    the Horovod ranks (distributed-embeddings' ``DistributedEmbedding`` when
+    importable, else our alltoall layer).
     """
 
     def __init__(self, cardinalities, dims, combiners=None, model_parallel=False,
@@ -33,19 +42,40 @@ class EmbeddingGroup(tf.keras.layers.Layer):
         self.cardinalities = [int(c) for c in cardinalities]
         self.dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims] * len(cardinalities))]
         self.combiners = combiners or [None] * len(self.cardinalities)
-        self.tables = [
-            tf.keras.layers.Embedding(
-                c, d, embeddings_initializer=tf.keras.initializers.RandomUniform(-(c ** -0.5), c ** -0.5),
-                name=f"table_{i}")
-            for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
+        self.seed = new_table_seed()
         self.model_parallel = bool(model_parallel)
-        self._dist = None
+        data_parallel_threshold = getattr(model_parallel, "data_parallel_threshold", None)
+        column_slice_threshold = getattr(model_parallel, "column_slice_threshold", None) or column_slice_threshold
+        self._dist = self._mp = None
+        self.tables = []
+        if self.model_parallel and distributed_embeddings_module() is None:
+            self._mp = ModelParallelEmbedding(self.cardinalities, self.dims, self.combiners, self.seed,
+                                              column_slice_threshold=column_slice_threshold,
+                                              data_parallel_threshold=data_parallel_threshold, name="mp")
+            return
+        self.tables = [
+            tf.keras.layers.Embedding(c, d, embeddings_initializer=ColumnSeededUniform(self.seed, i), name=f"table_{i}")
+            for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
         if self.model_parallel:
             dmp = distributed_embeddings_module()
+            kw = {} if data_parallel_threshold is None else {"data_parallel_threshold": data_parallel_threshold}
             self._dist = dmp.DistributedEmbedding(
-                self.tables, strategy="memory_balanced", column_slice_threshold=column_slice_threshold)
+                self.tables, strategy="memory_balanced", column_slice_threshold=column_slice_threshold, **kw)
+
+    @property
+    def implementation(self):
+        return ("horovod-alltoall" if self._mp is not None else
+                "distributed-embeddings" if self._dist is not None else "replicated")
+
+    def local_variables(self):
+        """Variables that live on this rank only (neither broadcast nor allreduced)."""
+        if self._mp is not None:
+            return self._mp.local_variables()
+        return list(self.trainable_variables) if self._dist is not None else []
 
     def call(self, ids):
+        if self._mp is not None:
+            return self._mp(ids)
         if self._dist is not None:
             outs = self._dist([tf.maximum(i, 0) for i in ids])
         else:
@@ -55,10 +85,4 @@ class EmbeddingGroup(tf.keras.layers.Layer):
     @staticmethod
     def _combine(vectors, ids, combiner):
         """Multi-hot: sum or mean over the valid (>= 0) ids of each row; padding is -1."""
-        if ids.shape.rank == 1:
-            return vectors
-        mask = tf.cast(ids >= 0, vectors.dtype)[..., None]
-        total = tf.reduce_sum(vectors * mask, axis=1)
-        if combiner == "mean":
-            total = total / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
-        return total
+        return combine(vectors, ids, combiner)

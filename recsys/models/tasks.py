@@ -15,7 +15,6 @@ from recsys import metrics as M
 from recsys.config import TrainConfig
 from recsys.data import make_dataset, make_reader
 from recsys.errors import EngineError
-from recsys.models.embeddings import distributed_embeddings_module
 from recsys.optim import WarmupPolyDecay, make_optimizer
 
 
@@ -34,20 +33,9 @@ class Task:
 
     # --- embeddings placement ------------------------------------------------
     def _choose_placement(self):
-        mode = self.args.embedding_placement
-        if mode == "replicated" or self.dist.size == 1 or self.name == "ncf":
-            if self.dist.size > 1 and mode != "replicated":
-                self.log.info("embedding tables replicated on every rank (NCF tables are small)")
-            return False
-        available = distributed_embeddings_module() is not None
-        if not available:
-            if mode == "model_parallel":
-                raise EngineError("--embedding-placement model_parallel needs NVIDIA "
-                                  "distributed-embeddings, which is not importable here")
-            self.log.info("distributed-embeddings not importable: embedding tables replicated on every rank "
-                          "(gradients allreduced)")
-            return False
-        return True
+        """False (replicated) or the PlacementChoice resolved by recsys.train before TensorFlow started."""
+        from recsys.models.model_parallel import placement_for_task
+        return placement_for_task(self.args, self.dist, self.log, self.name)
 
     def local_variable_ids(self, model):
         """ids of the variables that live on this rank only (model-parallel embedding shards);
@@ -55,8 +43,8 @@ class Task:
         from recsys.models.embeddings import EmbeddingGroup
         if not self.model_parallel:
             return set()
-        return {id(v) for layer in model.submodules if isinstance(layer, EmbeddingGroup) and layer.model_parallel
-                for v in layer.trainable_variables}
+        return {id(v) for layer in model.submodules if isinstance(layer, EmbeddingGroup)
+                for v in layer.local_variables()}
 
     # --- data -------------------------------------------------------------------
     def train_dataset(self, epoch):
@@ -68,8 +56,12 @@ class Task:
                             shuffle=False, repeat=True)
 
     def eval_dataset(self):
-        return make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
-                            drop_remainder=False)
+        ds = make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
+                          drop_remainder=False)
+        if self.model_parallel:      # every batch is an alltoall: ranks step together
+            from recsys.models.model_parallel import lockstep
+            return lockstep(ds, self.dist)
+        return ds
 
     def check_data(self):
         """Checks that are cheap before training: every categorical id of small split-binary files

@@ -23,7 +23,8 @@ class WideDeep(tf.keras.Model):
         self.multihot_names = [n for n, _ in multihot]
         cards = [c for _, c in onehot] + [c for _, c in multihot]
         combiners = [None] * len(onehot) + [combiner] * len(multihot)
-        self.wide_embeddings = EmbeddingGroup(cards, 1, combiners=["sum"] * len(cards), name="wide_embeddings")
+        self.wide_embeddings = EmbeddingGroup(cards, 1, combiners=["sum"] * len(cards), model_parallel=model_parallel,
+                                              name="wide_embeddings")
         self.wide_numerical = tf.keras.layers.Dense(1, use_bias=True, name="wide_numerical", dtype="float32")
         self.deep_embeddings = EmbeddingGroup(cards, embedding_dim, combiners=combiners,
                                               model_parallel=model_parallel,

@@ -66,3 +66,85 @@ def test_cli_with_feature_spec(tiny_data):
                           "1000000000,1000000000,1000000000,1000000000", "--gpus", "1", "--gpu-memory-gb", "16"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "DOES NOT FIT" in res.stdout
+
+
+# MLPerf DLRM Criteo 1TB, 40M-hash cardinalities (the 26 categorical features).
+CRITEO_1TB_40M = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+                  11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
+
+
+def _covers_every_column_once(plan, tables):
+    for i, (_, _, dim) in enumerate(tables):
+        cols = sorted((s.col_start, s.col_end) for s in plan.slices if s.table == i)
+        assert cols[0][0] == 0 and cols[-1][1] == dim
+        assert all(a[1] == b[0] for a, b in zip(cols, cols[1:])), (i, cols)
+
+
+def test_criteo_1tb_on_8_ranks_auto_slicing_balances_memory():
+    tables = [(f"cat_{i}", c, 128) for i, c in enumerate(CRITEO_1TB_40M)]
+    unsliced = plan_placement(tables, 8)
+    assert unsliced.imbalance > 70                      # the old plan: 19.07 GiB vs 0.26 GiB
+    plan = plan_placement(tables, 8, auto_slice=True, capacity_bytes=int(80e9 * 0.9))
+    assert plan.imbalance <= 1.25, [b / 2**30 for b in plan.rank_bytes]
+    assert plan.fits
+    total = sum(c * 128 * 4 for c in CRITEO_1TB_40M)
+    assert sum(plan.embedding_bytes) == total                          # nothing lost or counted twice
+    _covers_every_column_once(plan, tables)
+    for r in range(8):                                                  # a rank holds one slice per table
+        held = [s.table for s in plan.tables_on(r)]
+        assert len(held) == len(set(held))
+    assert "max/min per-rank memory" in format_plan(plan)
+
+
+def test_auto_slicing_leaves_a_balanced_plan_alone_and_is_deterministic():
+    tables = [("t0", 100, 8), ("t1", 400, 8), ("t2", 300, 8), ("t3", 200, 8)]
+    plan = plan_placement(tables, 2, auto_slice=True)
+    assert all((s.col_start, s.col_end) == (0, 8) for s in plan.slices)
+    assert plan_placement(tables, 2, auto_slice=True).slices == plan.slices
+
+
+def test_small_tables_stay_data_parallel_below_threshold():
+    tables = [("big", 1000, 16), ("tiny", 10, 16), ("mid", 500, 16)]
+    plan = plan_placement(tables, 2, data_parallel_threshold=10 * 16 * 4 + 1, auto_slice=True)
+    tiny = [s for s in plan.slices if s.name == "tiny"]
+    assert len(tiny) == 2 and all(s.replicated for s in tiny) and {s.rank for s in tiny} == {0, 1}
+    assert not any(s.replicated for s in plan.slices if s.name != "tiny")
+    assert sum(plan.embedding_bytes) == (1000 + 500) * 64 + 2 * 10 * 64
+    assert plan.as_dict()["replicated_tables"] == ["tiny"]
+
+
+def _train(*argv, env_extra=None):
+    import os
+    env = dict(os.environ)
+    for k in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMIX_", "SLURM_"))] + ["WORLD_SIZE"]:
+        env.pop(k, None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "recsys.train", *argv], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--embedding-placement", "model_parallel"], {}, "needs at least 2 ranks, this run has 1"),
+    (["--embedding-placement", "model_parallel", "--embedding-memory-gb", "1e-6"], {"WORLD_SIZE": "2"},
+     "model_parallel does not fit: rank"),
+    (["--embedding-placement", "auto", "--embedding-memory-gb", "1e-6"], {"WORLD_SIZE": "2"},
+     "neither placement fits"),
+    (["--embedding-placement", "model_parallel", "--xla"], {"WORLD_SIZE": "2"}, "cannot be used with --xla"),
+])
+def test_placement_errors_are_one_line_before_tensorflow(argv, env, message, tmp_path):
+    """Bad placement requests fail in the argument layer: exit 2, one line, TensorFlow never imported."""
+    res = _train("--model", "dlrm", "--synthetic", "--log-path", str(tmp_path / "log.jsonl"), *argv, env_extra=env)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("recsys-train: error: --embedding-placement"), lines
+    assert message in lines[0]
+    assert not (tmp_path / "log.jsonl").exists()           # nothing started
+
+
+def test_auto_picks_model_parallel_when_replicated_does_not_fit():
+    from recsys.placement import choose_placement
+    tables = [(f"t{i}", 1000, 16) for i in range(8)]                   # 64 kB each, 512 kB in all
+    choice = choose_placement("auto", 4, tables, budget_bytes=200_000)
+    assert choice.model_parallel and "do not fit" in choice.reason
+    assert choose_placement("auto", 4, tables, budget_bytes=10**9).mode == "replicated"
+    assert choose_placement("auto", 1, tables, budget_bytes=10**9).mode == "replicated"

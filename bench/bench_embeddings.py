@@ -1,0 +1,161 @@
+"""Model-parallel vs replicated embedding tables (DLRM, CPU ranks under mpirun): memory and throughput.
+
+In one run, for small tables (26 tables, about 1 MB in all) and large ones
+(``--large-gib`` of fp32 tables, 8 equal tables), at 2 and 4 ranks:
+
+* memory: each rank's table bytes (its share of the plan, which the tests show
+  equals its variables) and its process RSS (peak VmHWM and VmRSS at the end of
+  the run) with model-parallel vs replicated tables; the ratio model-parallel /
+  replicated per rank (goal at 4 ranks: <= 1/4 + 10 %);
+* throughput: samples/s of ``--mode benchmark`` (warm-up steps excluded),
+  model-parallel / replicated, and where the ratio crosses 1 (crossover);
+* bytes moved per step, from the shapes (not sniffed off the wire): the
+  model-parallel path's two alltoalls (ids out, vectors back) plus the
+  backward alltoall of the vector gradients, vs the replicated path's
+  allgather of the embedding gradients (IndexedSlices: values + ids, every
+  rank receives every rank's). The dense MLP allreduce is the same in both.
+
+    python bench/bench_embeddings.py [--large-gib 2] [--ranks 2,4] [--steps 20] [--json out.json]
+
+Needs Open MPI and Horovod (tests/install.sh). Memory: the replicated run at
+4 ranks holds 4 copies of the large tables (about 4 x (large + 0.6) GiB).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIM = 32
+BATCH = 4096
+FLAGS = ["--embedding-dim", str(DIM), "--bottom-mlp", "64,32", "--top-mlp", "64,32,1", "--batch-size", str(BATCH),
+         "--eval-batch-size", str(BATCH), "--lr", "0.1", "--warmup-steps", "0", "--decay-steps", "0",
+         "--optimizer", "sgd", "--intra-op-threads", "1", "--inter-op-threads", "1"]
+MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+# Runs recsys.train in a rank, then reports the rank's memory (a file per rank).
+RANK_WRAPPER = r"""
+import json, os, sys
+from recsys.train import main
+rc = main(sys.argv[2:])
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+kb = lambda k: int(status[k].split()[0]) * 1024
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "peak_rss": kb("VmHWM"), "rss": kb("VmRSS"), "rc": rc}, f)
+"""
+
+
+def make_data(root, cardinalities, rows):
+    from recsys.data import synthetic
+    spec = synthetic.default_spec("dlrm", cardinalities=cardinalities, num_files=4)
+    synthetic.generate(spec, root, {"train": rows, "test": BATCH}, seed=3)
+    return root
+
+
+def run(np_, data, placement, steps, warmup, workdir):
+    out = tempfile.mkdtemp(prefix=f"{placement}-{np_}-", dir=workdir)
+    log = os.path.join(out, "log.jsonl")
+    env = dict(os.environ, **MPI_ENV, PYTHONPATH=REPO)
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--bind-to", "none"]
+    for k in sorted(set(MPI_ENV) | {"PATH", "PYTHONPATH"}):
+        cmd += ["-x", k]
+    cmd += [sys.executable, "-c", RANK_WRAPPER, out, "--model", "dlrm", "--data-path", data, *FLAGS,
+            "--mode", "benchmark", "--benchmark-steps", str(steps), "--benchmark-warmup-steps", str(warmup),
+            "--embedding-placement", placement, "--embedding-memory-gb", "1000", "--log-path", log,
+            "--log-every", "1000"]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=env, text=True, capture_output=True, cwd=REPO)
+    if res.returncode != 0:
+        raise SystemExit(f"bench_embeddings: {placement} on {np_} ranks failed:\n{res.stderr[-3000:]}")
+    recs = [json.loads(x) for x in open(log) if x.strip()]
+    summary = [r for r in recs if r["type"] == "summary"][-1]
+    plan = [r for r in recs if r["type"] == "placement"][-1]
+    ranks = [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(np_)]
+    return {"ranks": np_, "placement": placement, "samples_per_s": summary["throughput_samples_per_s"],
+            "table_bytes": plan["rank_bytes"], "peak_rss": [r["peak_rss"] for r in ranks],
+            "rss": [r["rss"] for r in ranks], "wall_s": time.perf_counter() - t0}
+
+
+def bytes_per_step(cardinalities, world):
+    """(alltoall bytes, allgather bytes) moved between ranks per training step, summed over ranks."""
+    n, off = len(cardinalities), (world - 1) / world          # ids/vectors for another rank
+    ids = BATCH * n * 4 * off                                  # int32 ids out
+    vectors = BATCH * n * DIM * 4 * off                        # fp32 vectors back, and their gradients
+    alltoall = ids + 2 * vectors
+    # every rank receives the other ranks' IndexedSlices (local batch rows x tables x (dim values + 1 id))
+    allgather = world * (world - 1) * (BATCH // world) * n * (DIM + 1) * 4
+    return alltoall, allgather
+
+
+def gib(x):
+    return x / 2**30
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--large-gib", type=float, default=2.0, help="fp32 size of the large tables (GiB)")
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--json", help="also write the results here")
+    a = p.parse_args(argv)
+    ranks = [int(x) for x in a.ranks.split(",")]
+    rows = int(a.large_gib * 2**30 / (8 * DIM * 4))
+    sets = {"small": [int(c) for c in (10, 101, 1002, 23, 504, 8, 2006, 57, 208, 10009, 20, 111, 1012, 33,
+                                       514, 18, 2016, 67, 218, 10019, 30, 121, 1022, 43, 524, 28)],
+            "large": [rows] * 8}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as work:
+        for name, cards in sets.items():
+            data = make_data(os.path.join(work, name), cards, rows=BATCH * 8)
+            for np_ in ranks:
+                for placement in ("replicated", "model_parallel"):
+                    r = run(np_, data, placement, a.steps, a.warmup, work)
+                    r.update(tables=name, table_gib=gib(sum(cards) * DIM * 4))
+                    r["alltoall_bytes"], r["allgather_bytes"] = bytes_per_step(cards, np_)
+                    results.append(r)
+                    print(f"# {name} {placement} {np_} ranks: {r['samples_per_s']:.0f} samples/s, "
+                          f"peak RSS {[round(gib(x), 2) for x in r['peak_rss']]} GiB ({r['wall_s']:.0f} s)",
+                          file=sys.stderr, flush=True)
+    by = {(r["tables"], r["ranks"], r["placement"]): r for r in results}
+    print("\nMemory per rank, model parallel / replicated (same run; goal at 4 ranks <= 0.25 + 0.10)")
+    print("| tables | ranks | table GiB/rank rep | table GiB/rank MP (max) | table ratio | peak RSS GiB rep | "
+          "peak RSS GiB MP (max) | RSS ratio | end RSS ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in sets:
+        for np_ in ranks:
+            rep, mp = by[(name, np_, "replicated")], by[(name, np_, "model_parallel")]
+            print(f"| {name} ({rep['table_gib']:.3f} GiB) | {np_} | {gib(max(rep['table_bytes'])):.3f} | "
+                  f"{gib(max(mp['table_bytes'])):.3f} | {max(mp['table_bytes']) / max(rep['table_bytes']):.3f} | "
+                  f"{gib(max(rep['peak_rss'])):.2f} | {gib(max(mp['peak_rss'])):.2f} | "
+                  f"{max(mp['peak_rss']) / max(rep['peak_rss']):.3f} | {max(mp['rss']) / max(rep['rss']):.3f} |")
+    print("\nThroughput (samples/s, global batch %d) and bytes moved per step" % BATCH)
+    print("| tables | ranks | replicated | model parallel | MP / rep | alltoall MB/step (MP) | "
+          "allgather MB/step (rep) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in sets:
+        for np_ in ranks:
+            rep, mp = by[(name, np_, "replicated")], by[(name, np_, "model_parallel")]
+            print(f"| {name} | {np_} | {rep['samples_per_s']:.0f} | {mp['samples_per_s']:.0f} | "
+                  f"{mp['samples_per_s'] / rep['samples_per_s']:.2f} | {mp['alltoall_bytes'] / 1e6:.2f} | "
+                  f"{rep['allgather_bytes'] / 1e6:.2f} |")
+    cross = [f"{name}@{np_}" for name in sets for np_ in ranks
+             if by[(name, np_, "model_parallel")]["samples_per_s"] >= by[(name, np_, "replicated")]["samples_per_s"]]
+    print(f"\nmodel parallel at least as fast as replicated for: {', '.join(cross) or 'none of the measured points'}")
+    print("reproduce: python " + " ".join(shlex.quote(x) for x in ["bench/bench_embeddings.py", *(argv or sys.argv[1:])]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Checkpoints of models whose embedding tables are spread over ranks (model parallel).
+
+Layout (format ``sharded-v1``)::
+
+    ckpt-<step>/meta.json            written last by rank 0: step, world size, the plan
+                                     (who holds which table columns), the model signature
+    ckpt-<step>/rank-<r>/ckpt.*      rank r's tf.train.Checkpoint: dense weights, its own
+                                     table slices, optimizer state, counters
+    ckpt-<step>/rank-<r>/tables.json the table slices rank r wrote as .npy (group, table,
+                                     columns, file), to re-shard at another world size
+    ckpt-<step>/rank-<r>/DONE        the rank finished writing
+
+Every rank writes into one temporary directory; rank 0 renames it to
+``ckpt-<step>`` only after every rank's DONE is there, so a checkpoint is
+complete or absent. Restore at the same world size reads each rank's own
+TF checkpoint (bitwise, optimizer included); at another world size (or into a
+replicated model, e.g. evaluation on one rank) it restores the dense weights
+and counters from rank 0 and assembles each table slice the new plan gives
+this rank from the saved columns (optimizer slots of the tables restart).
+Pure Python until a save/restore: the argument layer validates a checkpoint
+(:func:`validate`) without TensorFlow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from recsys.checkpoint import META, PREFIX, AtomicCheckpointer, CheckpointError
+
+FORMAT = "sharded-v1"
+TABLES = "tables.json"
+DONE = "DONE"
+
+
+def rank_dir(path, rank):
+    return os.path.join(path, f"rank-{rank:05d}")
+
+
+def read_meta(path):
+    with open(os.path.join(path, META)) as f:
+        return json.load(f)
+
+
+def is_sharded(path):
+    try:
+        return read_meta(path).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def signature(model, tables):
+    """What must match for a checkpoint to be restored: the model and its tables ``[(name, rows, dim)]``."""
+    return {"model": model, "tables": [[str(n), int(r), int(d)] for n, r, d in tables]}
+
+
+def validate(path, expected_signature=None):
+    """Raise CheckpointError (one line) unless ``path`` is a complete sharded checkpoint of this model."""
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable {META} ({e})")
+    if meta.get("format") != FORMAT:
+        return meta
+    missing = []
+    for r in meta["writers"]:
+        d = rank_dir(path, r)
+        if not os.path.isfile(os.path.join(d, DONE)) or not os.path.isfile(os.path.join(d, TABLES)):
+            missing.append(f"rank-{r:05d}")
+            continue
+        with open(os.path.join(d, TABLES)) as f:
+            missing += [f"rank-{r:05d}/{p['file']}" for p in json.load(f) if not os.path.isfile(os.path.join(d, p["file"]))]
+        if not any(n.startswith(PREFIX + ".index") for n in os.listdir(d)):
+            missing.append(f"rank-{r:05d}/{PREFIX}.index")
+    if missing:
+        raise CheckpointError(f"{path}: incomplete sharded checkpoint, missing {', '.join(missing[:4])}"
+                              + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""))
+    if expected_signature is not None and meta.get("signature") != expected_signature:
+        got = meta.get("signature") or {}
+        raise CheckpointError(f"{path}: checkpoint of another model ({got.get('model')}, "
+                              f"{len(got.get('tables', []))} tables) than this run ({expected_signature['model']}, "
+                              f"{len(expected_signature['tables'])} tables, or different sizes)")
+    return meta
+
+
+def _groups(model):
+    from recsys.models.embeddings import EmbeddingGroup
+    return [m for m in model.submodules if isinstance(m, EmbeddingGroup)]
+
+
+def _pieces(group, rank):
+    """{(table, c0, c1): variable} this rank writes / fills for ``group``."""
+    if group._mp is not None:
+        out = dict(group._mp.shard_map())
+        out.update(group._mp.replicated_map())
+        return out, bool(group._mp.dp_tables) and rank == 0
+    if group._dist is not None:
+        return {}, False                       # distributed-embeddings: same world size only
+    return {(t, 0, group.dims[t]): layer.embeddings for t, layer in enumerate(group.tables)}, rank == 0
+
+
+def has_local_tables(model):
+    return any(g._mp is not None or g._dist is not None for g in _groups(model))
+
+
+class ShardedCheckpointer(AtomicCheckpointer):
+    """Same interface as AtomicCheckpointer (latest/save/restore), collective over the ranks."""
+
+    def __init__(self, directory, checkpoint, model, dist, counters, optimizers=(), keep=3, signature=None, log=None):
+        super().__init__(directory, checkpoint, keep=keep, writer=True)
+        self.model, self.dist, self.counters, self.signature, self.log = model, dist, counters, signature, log
+        self.optimizers = list(optimizers)
+        self.sharded_model = has_local_tables(model)
+
+    def _writers(self):
+        return list(range(self.dist.size)) if self.sharded_model else [0]
+
+    def save(self, step, **meta):
+        import numpy as np
+        dist = self.dist
+        final = os.path.join(self.directory, f"ckpt-{int(step):010d}")
+        tmp = os.path.join(self.directory, f".tmp-ckpt-{int(step):010d}")
+        if dist.is_chief:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        dist.barrier()
+        if dist.rank in self._writers():
+            d = rank_dir(tmp, dist.rank)
+            os.makedirs(d)
+            self.checkpoint.write(os.path.join(d, PREFIX))
+            listing = []
+            for group in _groups(self.model):
+                pieces, replicated_too = _pieces(group, dist.rank)
+                own = group._mp.shard_map() if group._mp is not None else {}
+                for (t, c0, c1), var in sorted(pieces.items()):
+                    if (t, c0, c1) not in own and not replicated_too:
+                        continue
+                    name = f"{group.name}.t{t}.c{c0}-{c1}.npy"
+                    np.save(os.path.join(d, name), var.numpy())
+                    listing.append({"group": group.name, "table": t, "col_start": c0, "col_end": c1,
+                                    "shape": list(var.shape), "file": name})
+            _write_json(os.path.join(d, TABLES), listing)
+            _write_json(os.path.join(d, DONE), {"rank": dist.rank, "saved_at": time.time()})
+        dist.barrier()
+        if dist.is_chief:
+            groups = {g.name: {"cardinalities": g.cardinalities, "dims": g.dims} for g in _groups(self.model)}
+            info = dict(meta, step=int(step), saved_at=time.time(), format=FORMAT, world_size=dist.size,
+                        writers=self._writers(), sharded_model=self.sharded_model, groups=groups,
+                        signature=self.signature)
+            validate_layout = [r for r in info["writers"] if not os.path.isfile(os.path.join(rank_dir(tmp, r), DONE))]
+            if validate_layout:
+                raise CheckpointError(f"{tmp}: ranks {validate_layout} did not finish writing")
+            _write_json(os.path.join(tmp, META), info)
+            if os.path.exists(final):          # same step saved twice (epoch end, then signal): replace
+                old = final + f".old-{os.getpid()}"
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, final)
+            self._prune()
+        dist.barrier()
+        return final
+
+    def restore(self, path=None):
+        import numpy as np
+        path = path or self.latest()
+        if path is None:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        meta = validate(path, self.signature)
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: a replicated checkpoint; restore it with --embedding-placement replicated")
+        same_layout = meta["world_size"] == self.dist.size and meta["sharded_model"] == self.sharded_model
+        if same_layout:
+            src = rank_dir(path, self.dist.rank if self.sharded_model else 0)
+            self.checkpoint.read(os.path.join(src, PREFIX)).assert_existing_objects_matched()
+        else:
+            import tensorflow as tf
+            tf.train.Checkpoint(model=self.model, **self.counters).read(
+                os.path.join(rank_dir(path, 0), PREFIX)).expect_partial()
+            saved = {}
+            for r in meta["writers"]:
+                with open(os.path.join(rank_dir(path, r), TABLES)) as f:
+                    for p in json.load(f):
+                        saved.setdefault((p["group"], p["table"]), []).append((p["col_start"], p["col_end"],
+                                                                                os.path.join(rank_dir(path, r), p["file"])))
+            for group in _groups(self.model):
+                pieces, _ = _pieces(group, self.dist.rank)
+                for (t, c0, c1), var in pieces.items():
+                    var.assign(_assemble(saved.get((group.name, t), []), c0, c1, tuple(var.shape), np))
+            for opt in self.optimizers:            # learning-rate schedules continue from the step
+                opt.iterations.assign(self.counters["global_step"])
+            if self.log is not None and self.dist.is_chief:
+                self.log.info(f"re-sharded {path}: written by {meta['world_size']} rank(s), restored on "
+                              f"{self.dist.size}; table optimizer state restarts")
+        meta["path"] = path
+        return meta
+
+
+def _assemble(pieces, c0, c1, shape, np):
+    """Columns [c0, c1) of one table from the saved column slices (read memory-mapped)."""
+    out = np.empty(shape, np.float32)
+    filled = 0
+    for a0, a1, file in sorted(pieces):
+        lo, hi = max(a0, c0), min(a1, c1)
+        if lo >= hi:
+            continue
+        out[:, lo - c0:hi - c0] = np.load(file, mmap_mode="r")[:, lo - a0:hi - a0]
+        filled += hi - lo
+    if filled != c1 - c0:
+        raise CheckpointError(f"table columns {c0}:{c1} are not all in the checkpoint ({filled} found)")
+    return out
+
+
+def _write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def make_checkpointer(args, checkpoint, model, dist, counters, optimizers=(), log=None):
+    """The checkpointer of a run: sharded when tables are spread over ranks or the newest checkpoint is
+    sharded (e.g. evaluation on one rank), else the replicated AtomicCheckpointer (rank 0 writes)."""
+    latest = AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest()
+    if has_local_tables(model) or (latest is not None and is_sharded(latest)):
+        tables = getattr(args, "embedding_tables", None)
+        return ShardedCheckpointer(args.checkpoint_dir, checkpoint, model, dist, counters, optimizers,
+                                   keep=args.keep_checkpoints,
+                                   signature=signature(args.model, tables) if tables else None, log=log)
+    return AtomicCheckpointer(args.checkpoint_dir, checkpoint, keep=args.keep_checkpoints, writer=dist.is_chief)
+
+
+def checkpoint_weights(path):
+    """{name: ndarray} of a checkpoint's model weights, whatever its layout: ``table:<group>/<t>`` is a
+    whole table (slices joined), ``dense:<key>`` a dense weight. Lets tests and tools compare a
+    model-parallel run with a replicated one."""
+    import re
+
+    import numpy as np
+    import tensorflow as tf
+    sharded = is_sharded(path)
+    reader = tf.train.load_checkpoint(os.path.join(rank_dir(path, 0) if sharded else path, PREFIX))
+    out = {}
+    table_re = re.compile(r"^model/([^/]+)/tables/(\d+)/embeddings/")
+    for key in reader.get_variable_to_shape_map():
+        if not key.startswith("model/") or "OPTIMIZER_SLOT" in key:
+            continue
+        m = table_re.match(key)
+        if m and not sharded:
+            out[f"table:{m.group(1)}/{int(m.group(2))}"] = reader.get_tensor(key)
+        elif not m and "/_mp/" not in key:
+            out[f"dense:{key}"] = reader.get_tensor(key)
+    if sharded:
+        meta = read_meta(path)
+        saved = {}
+        for r in meta["writers"]:
+            with open(os.path.join(rank_dir(path, r), TABLES)) as f:
+                for p in json.load(f):
+                    saved.setdefault((p["group"], p["table"]), []).append(
+                        (p["col_start"], p["col_end"], os.path.join(rank_dir(path, r), p["file"])))
+        for group, info in meta["groups"].items():
+            for t, (rows, dim) in enumerate(zip(info["cardinalities"], info["dims"])):
+                out[f"table:{group}/{t}"] = _assemble(saved.get((group, t), []), 0, dim, (rows, dim), np)
+    return out

@@ -1,0 +1,210 @@
+"""Model-parallel embedding tables on Horovod alltoall, with real ranks (mpirun, srun --mpi=pmix).
+
+The model-parallel runs are compared with replicated runs of the same world size: same data
+per rank, same initial weights (tables are seeded per column), so only the floating-point
+order of the gradient sums differs. Stated tolerance: losses within 1e-5 absolute, final
+weights within rtol 1e-4 / atol 1e-6 (observed differences are around 1e-7).
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import MPI_ENV, REPO, SMALL, base_env, mpirun_cmd, read_log, records, run_train, summary, train_cmd
+
+pytestmark = [pytest.mark.horovod,
+              pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")]
+
+LOSS_TOL = 1e-5
+WEIGHT_RTOL, WEIGHT_ATOL = 1e-4, 1e-6
+STEPS = 8
+
+
+def _args(model, data, placement, ck, log, *extra):
+    return ["--model", model, "--data-path", data, *SMALL[model], "--epochs", "1", "--max-steps", STEPS,
+            "--log-every", "1", "--embedding-placement", placement, "--checkpoint-dir", ck, "--log-path", log,
+            *(["--deep-dropout", "0"] if model == "wide_deep" else []), *extra]
+
+
+def _mpirun(np_, args, timeout=400):
+    res = subprocess.run(mpirun_cmd(np_, train_cmd(*args)), env=base_env(), cwd=REPO, text=True,
+                         capture_output=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _run(tmp, np_, model, data, placement, *extra):
+    ck, log = tmp / f"ck-{placement}", tmp / f"{placement}.jsonl"
+    res = _mpirun(np_, _args(model, data, placement, ck, log, *extra))
+    return dict(log=read_log(log), ck=ck, stderr=res.stderr)
+
+
+def _latest(ck):
+    return sorted(p for p in ck.iterdir() if p.name.startswith("ckpt-"))[-1]
+
+
+def _weights(ck):
+    from recsys.sharded_checkpoint import checkpoint_weights
+    return checkpoint_weights(str(_latest(ck)))
+
+
+def _assert_same_training(mp, rep):
+    lm = [(r["step"], r["loss"]) for r in records(mp["log"], "step")]
+    lr = [(r["step"], r["loss"]) for r in records(rep["log"], "step")]
+    assert len(lm) == STEPS and [s for s, _ in lm] == [s for s, _ in lr]
+    np.testing.assert_allclose([x for _, x in lm], [x for _, x in lr], rtol=0, atol=LOSS_TOL)
+    wm, wr = _weights(mp["ck"]), _weights(rep["ck"])
+    assert sorted(wm) == sorted(wr) and any(k.startswith("table:") for k in wm)
+    for key in wr:
+        np.testing.assert_allclose(wm[key], wr[key], rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL, err_msg=key)
+    assert summary(mp["log"])["step"] == STEPS
+
+
+def _assert_each_rank_holds_its_plan_share(ck, world, column_slice_threshold=None, data_parallel_threshold=None):
+    from recsys.placement import plan_for_group
+    path = _latest(ck)
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["world_size"] == world and meta["writers"] == list(range(world))
+    for group, info in meta["groups"].items():
+        plan = plan_for_group(info["cardinalities"], info["dims"], world, column_slice_threshold,
+                              data_parallel_threshold)
+        for r in range(world):
+            listing = json.loads((path / f"rank-{r:05d}" / "tables.json").read_text())
+            held = sorted((p["table"], p["col_start"], p["col_end"], tuple(p["shape"])) for p in listing
+                          if p["group"] == group)
+            want = sorted((s.table, s.col_start, s.col_end, (s.rows, s.col_end - s.col_start))
+                          for s in plan.slices if s.rank == r and (not s.replicated or r == 0))
+            assert held == want, (group, r)
+            assert held, f"rank {r} holds no table of {group}"
+
+
+@pytest.fixture(scope="module")
+def dlrm_two_rank_runs(tiny_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dlrm-mp")
+    data = tiny_data("dlrm")
+    return tmp, {p: _run(tmp, 2, "dlrm", data, p) for p in ("replicated", "model_parallel")}
+
+
+def test_dlrm_two_ranks_model_parallel_matches_replicated(dlrm_two_rank_runs):
+    _, runs = dlrm_two_rank_runs
+    mp, rep = runs["model_parallel"], runs["replicated"]
+    _assert_same_training(mp, rep)
+    assert "implementation: horovod-alltoall" in mp["stderr"]
+    placement = records(mp["log"], "placement")[-1]
+    assert placement["model_parallel"] and placement["implementation"] == "horovod-alltoall"
+    _assert_each_rank_holds_its_plan_share(mp["ck"], 2)
+    # evaluation metrics identical to the replicated path
+    sm, sr = summary(mp["log"]), summary(rep["log"])
+    assert sm["auc"] == pytest.approx(sr["auc"], abs=1e-6) and sm["bce"] == pytest.approx(sr["bce"], abs=1e-6)
+    # replicas differ in their tables (each holds its share), unlike the replicated run
+    assert len(set(sm["replica_weight_digests"])) == 2 and len(set(sr["replica_weight_digests"])) == 1
+
+
+def test_dlrm_model_parallel_resume_same_world_is_bitwise(dlrm_two_rank_runs, tiny_data):
+    tmp, runs = dlrm_two_rank_runs
+    straight = summary(runs["model_parallel"]["log"])
+    ck, log1, log2 = tmp / "resume-ck", tmp / "resume1.jsonl", tmp / "resume2.jsonl"
+    data = tiny_data("dlrm")
+    args = _args("dlrm", data, "model_parallel", ck, log1)
+    args[args.index("--max-steps") + 1] = 3
+    _mpirun(2, args)
+    _mpirun(2, _args("dlrm", data, "model_parallel", ck, log2, "--restore"))
+    resumed = summary(read_log(log2))
+    assert [r["step"] for r in records(read_log(log2), "step")][0] == 4
+    assert resumed["step"] == STEPS
+    assert resumed["replica_weight_digests"] == straight["replica_weight_digests"]   # every rank's shard, bitwise
+
+
+@pytest.fixture(scope="module")
+def wide_deep_four_files(tmp_path_factory):
+    """Wide & Deep data with one parquet file per rank for 4 ranks."""
+    from recsys.data import synthetic
+    out = tmp_path_factory.mktemp("data-wide-deep-4")
+    synthetic.generate(synthetic.default_spec("wide_deep", num_files=4), str(out), {"train": 4096, "test": 2048},
+                       seed=7)
+    return out
+
+
+def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(wide_deep_four_files, tmp_path):
+    """4 ranks, multi-hot (mean combiner), wide and deep groups, column slices and small replicated tables;
+    then the 4-rank checkpoint re-sharded to 2 ranks and to 1 rank gives the same predictions."""
+    data = wide_deep_four_files
+    extra = ["--combiner", "mean", "--column-slice-threshold", "2000", "--data-parallel-threshold", "100"]
+    mp = _run(tmp_path, 4, "wide_deep", data, "model_parallel", *extra)
+    rep = _run(tmp_path, 4, "wide_deep", data, "replicated", *extra)
+    _assert_same_training(mp, rep)
+    _assert_each_rank_holds_its_plan_share(mp["ck"], 4, 2000, 100)
+    listing = [json.loads((_latest(mp["ck"]) / f"rank-{r:05d}" / "tables.json").read_text()) for r in range(4)]
+    sliced = [p for rank in listing for p in rank if p["col_end"] - p["col_start"] < 8 and p["group"] == "deep_embeddings"]
+    assert sliced, "the threshold should have split some deep tables by columns"
+    final = summary(mp["log"])
+    # re-shard: evaluate the 4-rank checkpoint on 2 ranks (model parallel) and on 1 rank (replicated)
+    for np_, placement in ((2, "model_parallel"), (1, "auto")):
+        log = tmp_path / f"eval-{np_}.jsonl"
+        args = ["--model", "wide_deep", "--data-path", data, *SMALL["wide_deep"], "--deep-dropout", "0", *extra,
+                "--mode", "evaluate", "--checkpoint-dir", mp["ck"], "--log-path", log,
+                "--embedding-placement", placement]
+        if np_ == 1:
+            res = run_train(args)
+            assert res.returncode == 0, res.stderr[-3000:]
+        else:
+            res = _mpirun(np_, args)
+        assert f"restored on {np_}" in res.stderr
+        s = summary(read_log(log))
+        assert s["step"] == STEPS
+        for key in ("auc", "map_at_12", "bce"):
+            assert s[key] == pytest.approx(final[key], abs=1e-6), (np_, key)
+
+
+def _eval_args(data, ck, log, *extra):
+    return ["--model", "dlrm", "--data-path", data, *SMALL["dlrm"], "--mode", "evaluate", "--checkpoint-dir", ck,
+            "--log-path", log, *extra]
+
+
+def _tree(path):
+    return sorted((str(p.relative_to(path)), p.stat().st_mtime_ns) for p in path.rglob("*"))
+
+
+def test_incomplete_or_foreign_sharded_checkpoint_is_refused(dlrm_two_rank_runs, tiny_data, tmp_path):
+    _, runs = dlrm_two_rank_runs
+    ck = tmp_path / "ck"
+    shutil.copytree(runs["model_parallel"]["ck"], ck)
+    data = tiny_data("dlrm")
+    # another model: a different embedding width
+    res = run_train(_eval_args(data, ck, tmp_path / "a.jsonl", "--embedding-dim", "16", "--bottom-mlp", "16,16"),
+                    timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "checkpoint of another model" in res.stderr
+    # a missing shard
+    shard = next((_latest(ck) / "rank-00001").glob("*.npy"))
+    shard.unlink()
+    before = _tree(ck)
+    res = run_train(_eval_args(data, ck, tmp_path / "b.jsonl"), timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "incomplete sharded checkpoint" in res.stderr and shard.name in res.stderr
+    res = run_train(["--model", "dlrm", "--data-path", data, *SMALL["dlrm"], "--epochs", "1", "--restore",
+                     "--checkpoint-dir", ck], timeout=60)
+    assert res.returncode == 2 and "incomplete sharded checkpoint" in res.stderr
+    assert _tree(ck) == before                                        # nothing overwritten
+    assert not (tmp_path / "b.jsonl").exists()
+
+
+@pytest.mark.slurm
+def test_srun_pmix_model_parallel_matches_replicated(slurm_cluster, dlrm_two_rank_runs, tiny_data, tmp_path):
+    _, runs = dlrm_two_rank_runs
+    env = dict(slurm_cluster.env)
+    env.update(MPI_ENV)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    cmd = ["srun", "--mpi=pmix", "-N2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=1",
+           "-p", slurm_cluster.partition, "--time=5",
+           *train_cmd(*_args("dlrm", tiny_data("dlrm"), "model_parallel", ck, log))]
+    res = slurm_cluster.run(cmd, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    mp = dict(log=read_log(log), ck=ck)
+    assert summary(mp["log"])["world_size"] == 2
+    _assert_same_training(mp, runs["replicated"])
+    _assert_each_rank_holds_its_plan_share(ck, 2)
