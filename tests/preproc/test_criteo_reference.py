@@ -253,3 +253,32 @@ def test_rule_flags_are_checked_before_spark(tmp_path, raw):
         assert result.returncode == 2, result.stderr
         assert message in result.stderr.strip().splitlines()[-1], result.stderr
         assert "Spark" not in result.stderr and not (tmp_path / "o").exists()
+
+
+def test_array_shards_and_small_splits_give_the_one_shard_bytes(spark, raw, default_run, tmp_path, monkeypatch):
+    """Two transform shards (the shuffle bucket merged in finalize) and tiny input splits: same bytes."""
+    from preproc import criteo_transform
+    from preproc.criteo_dictionary import build_dictionary
+    from preproc.criteo_finalize import finalize
+
+    reference, _ = default_run
+    monkeypatch.setattr(criteo_transform, "PIECE_BITS", 2)
+    previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "4096")
+    try:
+        files, last_day = plan(raw)
+        staging = Staging(tmp_path / "dataset")
+        meta = build_dictionary(spark, staging, files, last_day, parse_thresholds(THRESHOLDS), "skip", Rules())
+        for shard in range(2):
+            criteo_transform.transform_shard(spark, staging, meta, shard, 2, "skip")
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
+    assert len({p.parent.name for p in staging.shards.rglob("piece-train-bucket-*/order.bin")}) == 1
+    assert len(list(staging.shards.rglob("piece-train-bucket-*/order.bin"))) == 2  # one per shard: merged
+    finalize(staging, overwrite=False)
+    bins = sorted(p.relative_to(reference) for p in reference.glob("*/*.bin"))
+    assert len(bins) == 3 * 28
+    for rel in bins:
+        assert (staging.output / rel).read_bytes() == (reference / rel).read_bytes(), rel
+    for name in ("feature_spec.yaml", VALIDATION_SPEC):
+        assert (staging.output / name).read_text() == (reference / name).read_text()
