@@ -44,19 +44,20 @@ from preproc.criteo_layout import (_MASK31, _MIX, CAT_FEATURES, MAPPINGS, NUM_CA
                                    categorical_dtype, parse_thresholds, shuffle_buckets, test_rows)
 
 
-def _mix31_sql(x: str) -> str:
-    """criteo_layout.mix31 in DuckDB SQL (BIGINT; products stay below 2**61)."""
-    x = f"((xor({x}, ({x}) >> 15) * {_MIX[0]}) & {_MASK31})"
-    x = f"((xor({x}, {x} >> 12) * {_MIX[1]}) & {_MASK31})"
-    return f"xor({x}, {x} >> 15)"
+def _mix31_sql(x: str, name: str) -> list[str]:
+    """criteo_layout.mix31 in DuckDB SQL: select items ending in column ``name`` (one alias per step,
+    so the expression does not grow 8-fold per mix; products stay below 2**61)."""
+    return [f"{x} AS {name}_a",
+            f"(xor({name}_a, {name}_a >> 15) * {_MIX[0]}) & {_MASK31} AS {name}_b",
+            f"(xor({name}_b, {name}_b >> 12) * {_MIX[1]}) & {_MASK31} AS {name}_c",
+            f"xor({name}_c, {name}_c >> 15) AS {name}"]
 
 
-def shuffle_key_sql(seed: int, file_idx: str, line: str) -> str:
-    """criteo_layout.shuffle_key in DuckDB SQL."""
-    salt = _mix31_sql(f"xor({seed}::BIGINT, {_mix31_sql(f'{file_idx}::BIGINT')})")
-    hi = _mix31_sql(f"xor({line}, {salt})")
-    lo = _mix31_sql(f"xor({hi}, {_mix31_sql(line)})")
-    return f"({hi} * {1 << 31} + {lo})"
+def shuffle_key_sql(seed: int, file_idx: str, line: str, name: str = "shuffle_key") -> list[str]:
+    """criteo_layout.shuffle_key in DuckDB SQL: select items ending in column ``name``."""
+    return (_mix31_sql(f"{file_idx}::BIGINT", "k_file") + _mix31_sql(f"xor({seed}::BIGINT, k_file)", "k_salt")
+            + _mix31_sql(f"xor({line}::BIGINT, k_salt)", "k_hi") + _mix31_sql(f"{line}::BIGINT", "k_line")
+            + _mix31_sql("xor(k_hi, k_line)", "k_lo") + [f"k_hi * {1 << 31} + k_lo AS {name}"])
 
 
 def duckdb_pipeline(raw: Path, out: Path, thresholds: list[int], threads: int, seed: int = 0) -> dict:
@@ -90,16 +91,17 @@ def duckdb_pipeline(raw: Path, out: Path, thresholds: list[int], threads: int, s
     bounds = {"train": f"r.day < {last}", "test": f"r.day = {last} AND r.rn <= {cut}",
               "validation": f"r.day = {last} AND r.rn > {cut}"}
     train_lines = con.execute(f"SELECT count(*) FROM rows WHERE day < {last}").fetchone()[0]
-    key = shuffle_key_sql(seed, "r.day", "(r.rn - 1)")
-    order = {"train": f"({key}) % {shuffle_buckets(train_lines)}, {key}, r.day, r.rn",
+    key = ", ".join(shuffle_key_sql(seed, "r.day", "(r.rn - 1)"))
+    order = {"train": f"shuffle_key % {shuffle_buckets(train_lines)}, shuffle_key, r.day, r.rn",
              "test": "r.day, r.rn", "validation": "r.day, r.rn"}
+    extra = {"train": f", {key}", "test": "", "validation": ""}
     rows = {}
     for mapping in MAPPINGS:
         (out / mapping).mkdir(parents=True)
         handles = {name: open(out / mapping / name, "wb") for name in
                    ["label.bin", "numerical.bin"] + [f"{c}.bin" for c in CAT_FEATURES]}
-        cursor = con.execute(f"SELECT CAST(r.label AS TINYINT) AS label, {nums}, {ids} FROM rows r {joins} "
-                             f"WHERE {bounds[mapping]} ORDER BY {order[mapping]}")
+        cursor = con.execute(f"SELECT CAST(r.label AS TINYINT) AS label, {nums}, {ids}{extra[mapping]} "
+                             f"FROM rows r {joins} WHERE {bounds[mapping]} ORDER BY {order[mapping]}")
         count = 0
         while True:
             batch = cursor.fetch_df_chunk(64)

@@ -58,23 +58,35 @@ def record_sizes(cardinalities: list[int]) -> dict[str, int]:
     return sizes
 
 
-def _mix31_column(x):
-    """``criteo_layout.mix31`` as a Spark column expression (same integer arithmetic)."""
+def _with_mix31(frame, source, target: str):
+    """``frame`` + column ``target`` = ``criteo_layout.mix31(source)``, one projection per step.
+
+    Each step reads its input twice; written as one expression the tree would
+    grow 8-fold per mix (and the shuffle key nests five), so every step is its
+    own column (the optimizer does not inline a column used twice).
+    """
     from pyspark.sql import functions as F
 
-    x = (x.bitwiseXOR(F.shiftright(x, 15)) * F.lit(_MIX[0])).bitwiseAND(F.lit(_MASK31))
-    x = (x.bitwiseXOR(F.shiftright(x, 12)) * F.lit(_MIX[1])).bitwiseAND(F.lit(_MASK31))
-    return x.bitwiseXOR(F.shiftright(x, 15))
+    frame = frame.withColumn(f"{target}_a", source)
+    for step, (shift, factor) in enumerate(((15, _MIX[0]), (12, _MIX[1]))):
+        x = F.col(f"{target}_{'ab'[step]}")
+        frame = frame.withColumn(f"{target}_{'bc'[step]}",
+                                 (x.bitwiseXOR(F.shiftright(x, shift)) * F.lit(factor)).bitwiseAND(F.lit(_MASK31)))
+    x = F.col(f"{target}_c")
+    return frame.withColumn(target, x.bitwiseXOR(F.shiftright(x, 15))).drop(*[f"{target}_{c}" for c in "abc"])
 
 
-def shuffle_key_column(seed: int, file_idx, line):
-    """``criteo_layout.shuffle_key`` as a Spark column expression."""
+def with_shuffle_key(frame, seed: int, file_idx: str = "file_idx", line: str = "line", target: str = "key"):
+    """``frame`` + column ``target`` = ``criteo_layout.shuffle_key(seed, file_idx, line)`` (Spark version)."""
     from pyspark.sql import functions as F
 
-    salt = _mix31_column(F.lit(seed).cast("long").bitwiseXOR(_mix31_column(file_idx.cast("long"))))
-    hi = _mix31_column(line.bitwiseXOR(salt))
-    lo = _mix31_column(hi.bitwiseXOR(_mix31_column(line)))
-    return hi * F.lit(1 << 31) + lo
+    frame = _with_mix31(frame, F.col(file_idx).cast("long"), "_k_file")
+    frame = _with_mix31(frame, F.lit(seed).cast("long").bitwiseXOR(F.col("_k_file")), "_k_salt")
+    frame = _with_mix31(frame, F.col(line).bitwiseXOR(F.col("_k_salt")), "_k_hi")
+    frame = _with_mix31(frame, F.col(line), "_k_line")
+    frame = _with_mix31(frame, F.col("_k_hi").bitwiseXOR(F.col("_k_line")), "_k_lo")
+    return (frame.withColumn(target, F.col("_k_hi") * F.lit(1 << 31) + F.col("_k_lo"))
+            .drop("_k_file", "_k_salt", "_k_hi", "_k_line", "_k_lo"))
 
 
 def numerical_column(x, rule: str):
@@ -194,9 +206,13 @@ def transform_shard(spark, staging: Staging, dictionary: dict, shard: int, num_s
             columns += [F.coalesce(F.col(f"id{i}"), F.lit(0)).cast("int").alias(f"id{i}") for i in range(NUM_CAT)]
             frame = frame.select(*columns)
             shuffled = (F.col("mapping") == "train") & F.lit(shuffle)
-            key = shuffle_key_column(rules.seed, F.col("file_idx"), F.col("line"))
+            if shuffle:
+                frame = with_shuffle_key(frame, rules.seed)
+            else:
+                frame = frame.withColumn("key", F.lit(None).cast("long"))
+            key = F.col("key")
             frame = frame.select(
-                "*", F.when(shuffled, key).alias("key"),
+                "*",
                 F.when(shuffled, F.pmod(key, F.lit(int(dictionary["shuffle_buckets"])))).otherwise(F.lit(-1))
                 .cast("long").alias("bucket"),
                 F.when(shuffled, F.lit(-1)).otherwise(F.col("file_idx")).alias("g_file"),
