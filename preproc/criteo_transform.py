@@ -141,7 +141,7 @@ def _piece_writer(out_dir: str, dtypes: list[str]):
     return write
 
 
-def _line_numbers(spark, rows, file_indexes: list[int], paths: dict[int, str]):
+def _line_numbers(spark, rows, file_indexes: list[int]):
     """(DataFrame file_idx, block, first, offset) of the splits of ``file_indexes``, {file_idx: lines}."""
     from pyspark.sql import functions as F
 
@@ -178,7 +178,7 @@ def transform_shard(spark, staging: Staging, dictionary: dict, shard: int, num_s
                      ", ".join(p.name for _, _, p in files))
             rows = read_days(spark, files)
             numbered = [idx for idx, day, _ in files if shuffle or day == last_day]
-            offsets, lines = _line_numbers(spark, rows, numbered, {idx: str(p) for idx, _, p in files})
+            offsets, lines = _line_numbers(spark, rows, numbered)
             for f in dictionary["files"]:
                 if f["file_idx"] in lines and lines[f["file_idx"]] != f["lines"]:
                     raise PreprocError(f"{f['path']}: {lines[f['file_idx']]} lines now, {f['lines']} when the "
