@@ -282,3 +282,24 @@ def test_array_shards_and_small_splits_give_the_one_shard_bytes(spark, raw, defa
         assert (staging.output / rel).read_bytes() == (reference / rel).read_bytes(), rel
     for name in ("feature_spec.yaml", VALIDATION_SPEC):
         assert (staging.output / name).read_text() == (reference / name).read_text()
+
+
+def test_reader_refuses_a_validation_spec_with_other_features(tmp_path):
+    """``metadata.mapping_specs`` is followed only to a spec describing the same features (no Spark needed)."""
+    from recsys.data import make_reader
+    from recsys.feature_spec import FeatureSpec, FeatureSpecError
+
+    def spec(mappings, cardinality, metadata=None):
+        features = {"label": {"dtype": "bool"}, "num_0": {"dtype": "float16"},
+                    "cat_0": {"dtype": "int8", "cardinality": cardinality}}
+        source = {m: [{"type": "split_binary", "features": [f], "files": [f"{m}/{f}.bin"]}
+                      for f in features] for m in mappings}
+        return FeatureSpec(features, source, {"label": ["label"], "numerical": ["num_0"], "categorical": ["cat_0"]},
+                           metadata or {}, base_directory=str(tmp_path))
+
+    spec(["train", "test"], 5, {"mapping_specs": {"validation": VALIDATION_SPEC}}).to_yaml()
+    spec(["validation"], 6).to_yaml(str(tmp_path / VALIDATION_SPEC))
+    with pytest.raises(FeatureSpecError, match="features or channels differ"):
+        make_reader(str(tmp_path / "feature_spec.yaml"), "validation", batch_size=2)
+    with pytest.raises(FeatureSpecError, match="mapping not in spec"):
+        make_reader(str(tmp_path / "feature_spec.yaml"), "nosuch", batch_size=2)
