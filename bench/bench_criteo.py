@@ -5,9 +5,12 @@ through
 
 * ``spark``: ``python -m preproc criteo run`` (JVM start, dictionary, transform,
   finalize; what a user runs), and
-* ``duckdb``: the same semantics written in DuckDB SQL (ids by descending count
-  then value, threshold, log(3 + max(x, 0)), day split, split-binary files in
-  input order), in one process, with all cores.
+* ``duckdb``: the same rules (the defaults, NVIDIA's reference; docs/criteo.md)
+  written in DuckDB SQL: dictionary over all days, ids by descending count then
+  value, threshold, ln(x + 3) with 0 for missing and x <= -3, the last day cut
+  at half of its lines, training rows ordered by the seeded shuffle key of
+  ``criteo_layout.shuffle_key`` (same integer arithmetic in SQL), the
+  reference's id dtypes; in one process, with all cores.
 
 Each runs as its own process; wall time and the peak resident memory of the
 whole process tree (JVM and Python workers included; sampled every 0.1 s with
@@ -37,12 +40,28 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from preproc.criteo_layout import (CAT_FEATURES, MAPPINGS, NUM_CAT, NUM_INT, categorical_dtype,  # noqa: E402
-                                   parse_thresholds, test_rows)
+from preproc.criteo_layout import (_MASK31, _MIX, CAT_FEATURES, MAPPINGS, NUM_CAT, NUM_INT,  # noqa: E402
+                                   categorical_dtype, parse_thresholds, shuffle_buckets, test_rows)
 
 
-def duckdb_pipeline(raw: Path, out: Path, thresholds: list[int], threads: int) -> dict:
-    """Dictionary + transform + split-binary output with DuckDB (the baseline)."""
+def _mix31_sql(x: str, name: str) -> list[str]:
+    """criteo_layout.mix31 in DuckDB SQL: select items ending in column ``name`` (one alias per step,
+    so the expression does not grow 8-fold per mix; products stay below 2**61)."""
+    return [f"{x} AS {name}_a",
+            f"(xor({name}_a, {name}_a >> 15) * {_MIX[0]}) & {_MASK31} AS {name}_b",
+            f"(xor({name}_b, {name}_b >> 12) * {_MIX[1]}) & {_MASK31} AS {name}_c",
+            f"xor({name}_c, {name}_c >> 15) AS {name}"]
+
+
+def shuffle_key_sql(seed: int, file_idx: str, line: str, name: str = "shuffle_key") -> list[str]:
+    """criteo_layout.shuffle_key in DuckDB SQL: select items ending in column ``name``."""
+    return (_mix31_sql(f"{file_idx}::BIGINT", "k_file") + _mix31_sql(f"xor({seed}::BIGINT, k_file)", "k_salt")
+            + _mix31_sql(f"xor({line}::BIGINT, k_salt)", "k_hi") + _mix31_sql(f"{line}::BIGINT", "k_line")
+            + _mix31_sql("xor(k_hi, k_line)", "k_lo") + [f"k_hi * {1 << 31} + k_lo AS {name}"])
+
+
+def duckdb_pipeline(raw: Path, out: Path, thresholds: list[int], threads: int, seed: int = 0) -> dict:
+    """Dictionary + transform + split-binary output with DuckDB (the baseline), default rules."""
     import duckdb
 
     days = sorted(raw.glob("day_*"), key=lambda p: int(p.name.split("_")[1]))
@@ -59,10 +78,11 @@ def duckdb_pipeline(raw: Path, out: Path, thresholds: list[int], threads: int) -
     cards = []
     for i in range(NUM_CAT):
         con.execute(f"""CREATE TABLE dict{i} AS SELECT value, row_number() OVER (ORDER BY n DESC, value) AS id
-            FROM (SELECT c{i} AS value, count(*) AS n FROM rows WHERE day < {last} AND c{i} <> '' GROUP BY 1)
+            FROM (SELECT c{i} AS value, count(*) AS n FROM rows WHERE c{i} <> '' GROUP BY 1)
             WHERE n >= {thresholds[i]}""")
         cards.append(con.execute(f"SELECT count(*) FROM dict{i}").fetchone()[0] + 1)
-    nums = ", ".join(f"CAST(ln(3 + greatest(coalesce(CAST(nullif(i{i}, '') AS BIGINT), 0), 0)) AS FLOAT) AS n{i}"
+    nums = ", ".join(f"CAST(CASE WHEN CAST(nullif(i{i}, '') AS DOUBLE) + 3 > 0 "
+                     f"THEN ln(CAST(nullif(i{i}, '') AS DOUBLE) + 3) ELSE 0 END AS FLOAT) AS n{i}"
                      for i in range(NUM_INT))
     ids = ", ".join(f"coalesce(d{i}.id, 0)::INTEGER AS id{i}" for i in range(NUM_CAT))
     joins = " ".join(f"LEFT JOIN dict{i} d{i} ON r.c{i} = d{i}.value" for i in range(NUM_CAT))
@@ -70,13 +90,18 @@ def duckdb_pipeline(raw: Path, out: Path, thresholds: list[int], threads: int) -
     cut = test_rows(last_rows)
     bounds = {"train": f"r.day < {last}", "test": f"r.day = {last} AND r.rn <= {cut}",
               "validation": f"r.day = {last} AND r.rn > {cut}"}
+    train_lines = con.execute(f"SELECT count(*) FROM rows WHERE day < {last}").fetchone()[0]
+    key = ", ".join(shuffle_key_sql(seed, "r.day", "(r.rn - 1)"))
+    order = {"train": f"shuffle_key % {shuffle_buckets(train_lines)}, shuffle_key, r.day, r.rn",
+             "test": "r.day, r.rn", "validation": "r.day, r.rn"}
+    extra = {"train": f", {key}", "test": "", "validation": ""}
     rows = {}
     for mapping in MAPPINGS:
         (out / mapping).mkdir(parents=True)
         handles = {name: open(out / mapping / name, "wb") for name in
                    ["label.bin", "numerical.bin"] + [f"{c}.bin" for c in CAT_FEATURES]}
-        cursor = con.execute(f"SELECT CAST(r.label AS TINYINT) AS label, {nums}, {ids} FROM rows r {joins} "
-                             f"WHERE {bounds[mapping]} ORDER BY r.day, r.rn")
+        cursor = con.execute(f"SELECT CAST(r.label AS TINYINT) AS label, {nums}, {ids}{extra[mapping]} "
+                             f"FROM rows r {joins} WHERE {bounds[mapping]} ORDER BY {order[mapping]}")
         count = 0
         while True:
             batch = cursor.fetch_df_chunk(64)

@@ -4,8 +4,12 @@
 
 ``generate --out DIR [--rows N] [--days D] [--seed S]``
     small raw day files in the real layout (preproc.criteo_generate).
-``dictionary --input IN --output OUT [--threshold T|col:T,...] [--days D]``
-    value -> id tables over the training days (preproc.criteo_dictionary).
+``dictionary --input IN --output OUT [--threshold T|col:T,...] [--days D] [rules]``
+    value -> id tables (preproc.criteo_dictionary). The rules
+    (``--dictionary-days all|train --train-order shuffle|input --seed S
+    --numerical reference|clamp --spec-layout reference|combined``, defaults =
+    NVIDIA's reference, docs/criteo.md) are recorded in dictionary.json and
+    followed by the later stages.
 ``transform --output OUT [--shard I --num-shards N]``
     one array task: the day files of shard I (preproc.criteo_transform). I
     defaults to $RECSYS_TASK_INDEX, else $SLURM_ARRAY_TASK_ID; N to
@@ -19,7 +23,7 @@
 Intermediate results live in ``OUT.stages/`` (next to OUT) and are removed by
 finalize. Every stage writes to a temporary directory, verifies it and renames
 it, so re-running any stage (a failed or requeued array task) is safe. The
-semantics (split, dictionary order, numerical formula, dtypes) are in
+semantics (split, dictionary order, numerical formula, dtypes, shuffle) are in
 preproc.criteo_layout.
 """
 from __future__ import annotations
@@ -93,6 +97,23 @@ def _dictionary_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", default=str(layout.DEFAULT_THRESHOLD),
                         help="frequency threshold: values seen fewer than T times map to 0; global T and/or "
                              "per column col:T (cat_<i> or C<k>), e.g. '15,C3:2' (default 15)")
+    parser.add_argument("--dictionary-days", choices=layout.DICTIONARY_DAYS, default="all",
+                        help="count values over all days, the test day included (all, the reference) or the "
+                             "training days only (train: no test-day leak)")
+    parser.add_argument("--train-order", choices=layout.TRAIN_ORDERS, default="shuffle",
+                        help="training rows shuffled, deterministic for --seed (shuffle, the reference) or in "
+                             "input order (input)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the training-row shuffle (default 0)")
+    parser.add_argument("--numerical", choices=tuple(layout.NUMERICAL_RULES), default="reference",
+                        help="reference: ln(x+3), 0 if missing or x <= -3; clamp: ln(3+max(x,0)), missing = ln 3")
+    parser.add_argument("--spec-layout", choices=layout.SPEC_LAYOUTS, default="reference",
+                        help="reference: feature_spec.yaml with train/test (NVIDIA's loaders) + "
+                             f"{layout.VALIDATION_SPEC}; combined: one spec with train/test/validation")
+
+
+def rules_from_args(args) -> layout.Rules:
+    return layout.Rules(dictionary_days=args.dictionary_days, train_order=args.train_order, seed=args.seed,
+                        numerical=args.numerical, spec_layout=args.spec_layout)
 
 
 def _env_int(*names: str) -> int | None:
@@ -120,8 +141,9 @@ def _shard_arguments(args) -> tuple[int, int]:
 
 
 def _plan(args) -> tuple[list[tuple[int, int, Path]], int, list[int]]:
-    """Checks that need no Spark: input days, thresholds, output. Returns (files, last day, thresholds)."""
+    """Checks that need no Spark: input days, thresholds, rules, output. Returns (files, last day, thresholds)."""
     thresholds = layout.parse_thresholds(args.threshold)
+    rules_from_args(args)
     days = layout.day_files(input_files(args.input), args.days)
     check_output_free(args.output, args.overwrite)
     files = [(idx, day, path) for idx, (day, path) in enumerate(days)]
@@ -153,10 +175,12 @@ def cmd_dictionary(args) -> int:
     files, last_day, thresholds = _plan(args)
     settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
     spark = session_or_plan(settings, "criteo-dictionary", args.dry_run,
-                            ["stage dictionary", f"thresholds {thresholds}"] + _describe_files(files, last_day))
+                            ["stage dictionary", f"thresholds {thresholds}", f"rules {rules_from_args(args)}"]
+                            + _describe_files(files, last_day))
     if spark is None:
         return 0
-    build_dictionary(spark, layout.Staging(args.output), files, last_day, thresholds, args.bad_rows)
+    build_dictionary(spark, layout.Staging(args.output), files, last_day, thresholds, args.bad_rows,
+                     rules_from_args(args))
     return 0
 
 
@@ -200,18 +224,18 @@ def cmd_run(args) -> int:
     files, last_day, thresholds = _plan(args)
     settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
     spark = session_or_plan(settings, "criteo-run", args.dry_run,
-                            ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}"]
-                            + _describe_files(files, last_day))
+                            ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}",
+                             f"rules {rules_from_args(args)}"] + _describe_files(files, last_day))
     if spark is None:
         return 0
-    report = run(spark, files, last_day, thresholds, args.output,
-                 overwrite=args.overwrite, bad_row_policy=args.bad_rows, keep_stages=args.keep_stages)
+    report = run(spark, files, last_day, thresholds, args.output, overwrite=args.overwrite,
+                 bad_row_policy=args.bad_rows, keep_stages=args.keep_stages, rules=rules_from_args(args))
     print(format_report(report))
     return 0
 
 
 def run(spark, files, last_day: int, thresholds: list[int], output: str, overwrite: bool = False,
-        bad_row_policy: str = "skip", keep_stages: bool = False) -> dict:
+        bad_row_policy: str = "skip", keep_stages: bool = False, rules: layout.Rules = layout.Rules()) -> dict:
     """The whole pipeline in one Spark application (also the API the tests and the benchmark use)."""
     from preproc.criteo_dictionary import build_dictionary
     from preproc.criteo_finalize import finalize
@@ -221,7 +245,7 @@ def run(spark, files, last_day: int, thresholds: list[int], output: str, overwri
 
     staging = layout.Staging(output)
     start = time.perf_counter()
-    meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy)
+    meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy, rules)
     log.info("run: dictionary stage took %.1f s", time.perf_counter() - start)
     start = time.perf_counter()
     transform_shard(spark, staging, meta, 0, 1, bad_row_policy)

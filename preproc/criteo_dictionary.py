@@ -1,17 +1,21 @@
-"""Dictionary stage: per categorical column, value -> id by descending frequency over the training days.
+"""Dictionary stage: per categorical column, value -> id by descending frequency.
 
-One pass over the training days counts, in the same aggregation, every
-(column, value) pair and the total and bad rows of every file (as pseudo-columns
--1 and -2), so bad rows are reported without a second read. Ids: 1.. by
+One pass over every day file counts, in the same aggregation, the (column,
+value) pairs of the dictionary days (all days, as the reference, or the
+training days only: ``Rules.dictionary_days``) and the total and bad rows of
+every file, the last day included (as pseudo-columns -1 and -2), so bad rows
+are reported, and ``--bad-rows fatal`` stops, before anything is transformed. Ids: 1.. by
 descending count, ties by ascending value; values below the column's threshold
 are left out (they, unseen values and missing values become 0 in the transform).
 
 Output (``<output>.stages/dictionary/``, written atomically):
 
 * ``values/col=<i>/*.parquet``: (value string, id int) of kept values;
-* ``dictionary.json``: thresholds, cardinalities (kept + 1), distinct values and
+* ``dictionary.json`` (``format`` = criteo_layout.SPEC_VERSION): the rules,
+  thresholds, cardinalities (kept + 1), distinct values and
   the cardinality each column would have at T = 0, 3, 15 (for the size report),
-  the input files with their days, sizes and bad-row counts, and a random id that
+  the input files with their days, sizes, lines and bad-row counts, the number of
+  shuffle buckets, and a random id that
   the transform shards record so finalize can refuse shards of an older dictionary.
 """
 from __future__ import annotations
@@ -19,10 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 from preproc import bad_rows
-from preproc.criteo_layout import NUM_CAT, REPORT_THRESHOLDS, Staging
+from preproc.criteo_layout import (MAX_FILE_LINES, NUM_CAT, REPORT_THRESHOLDS, SPEC_VERSION, Rules, Staging,
+                                   shuffle_buckets)
 from preproc.criteo_read import read_days
 from preproc.errors import PreprocError
 from preproc.output import atomic_dir
@@ -32,15 +38,16 @@ FILE_TOTAL, FILE_BAD = -1, -2
 
 
 def build_dictionary(spark, staging: Staging, files: list[tuple[int, int, Path]], last_day: int,
-                     thresholds: list[int], bad_row_policy: str) -> dict:
-    """Count, threshold and number the categorical values of the training days; returns dictionary.json."""
+                     thresholds: list[int], bad_row_policy: str, rules: Rules = Rules()) -> dict:
+    """Count, threshold and number the categorical values of the dictionary days; returns dictionary.json."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    train_files = [f for f in files if f[1] < last_day]
-    rows = read_days(spark, train_files)
-    pairs = [F.struct(F.lit(i).alias("col"), F.col(f"c{i}").alias("value")) for i in range(NUM_CAT)]
+    rows = read_days(spark, files)
+    counted = F.lit(True) if rules.dictionary_days == "all" else F.col("day") < F.lit(last_day)
+    pairs = [F.struct(F.lit(i).alias("col"), F.when(counted, F.col(f"c{i}")).alias("value"))
+             for i in range(NUM_CAT)]
     file_name = F.col("file_idx").cast("string")
     pairs.append(F.struct(F.lit(FILE_TOTAL).alias("col"), file_name.alias("value")))
     pairs.append(F.struct(F.lit(FILE_BAD).alias("col"), F.when(F.col("bad"), file_name).alias("value")))
@@ -48,12 +55,17 @@ def build_dictionary(spark, staging: Staging, files: list[tuple[int, int, Path]]
               .where(F.col("value").isNotNull()).groupBy("col", "value").count()
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        log.info("dictionary: counting values of %d training day file(s)", len(train_files))
+        log.info("dictionary: counting values of %s of %d day file(s)", rules.dictionary_days, len(files))
         per_file = {(r["col"], int(r["value"])): r["count"] for r in counts.where(F.col("col") < 0).collect()}
-        paths = {idx: str(path) for idx, _, path in train_files}
+        paths = {idx: str(path) for idx, _, path in files}
         stats = {paths[idx]: (per_file.get((FILE_BAD, idx), 0), per_file.get((FILE_TOTAL, idx), 0))
                  for idx in paths}
         report = bad_rows.enforce(stats, bad_row_policy, what="criteo dictionary")
+        lines = {idx: per_file.get((FILE_TOTAL, idx), 0) for idx in paths}
+        too_long = [paths[i] for i, n in lines.items() if n > MAX_FILE_LINES]
+        if too_long:
+            raise PreprocError(f"{too_long[0]}: more than {MAX_FILE_LINES} lines in one day file (split it)")
+        train_lines = sum(lines[idx] for idx, day, _ in files if day < last_day)
 
         threshold_map = F.create_map(*[F.lit(x) for i, t in enumerate(thresholds) for x in (i, t)])
         values = counts.where(F.col("col") >= 0)
@@ -71,14 +83,17 @@ def build_dictionary(spark, staging: Staging, files: list[tuple[int, int, Path]]
             numbered.select("col", "value", "id").write.partitionBy("col").parquet(str(tmp / "values"))
             kept_counts = _kept_per_column(tmp / "values")
             meta = {
+                "format": SPEC_VERSION,
                 "id": uuid.uuid4().hex,
+                "rules": asdict(rules),
+                "shuffle_buckets": shuffle_buckets(train_lines),
                 "thresholds": thresholds,
                 "cardinalities": [kept_counts.get(i, 0) + 1 for i in range(NUM_CAT)],
                 "distinct": [int(summary[i]["distinct"]) if i in summary else 0 for i in range(NUM_CAT)],
                 "cardinality_at": {str(t): [int(summary[i][f"kept_{t}"] or 0) + 1 if i in summary else 1
                                             for i in range(NUM_CAT)] for t in REPORT_THRESHOLDS},
-                "files": [{"file_idx": idx, "day": day, "path": str(path), "bytes": path.stat().st_size}
-                          for idx, day, path in files],
+                "files": [{"file_idx": idx, "day": day, "path": str(path), "bytes": path.stat().st_size,
+                           "lines": lines[idx]} for idx, day, path in files],
                 "last_day": last_day,
                 "bad_rows": report,
             }
@@ -117,5 +132,8 @@ def load_dictionary_meta(staging: Staging) -> dict:
     if not path.is_file():
         raise PreprocError(f"{staging.dictionary}: no finished dictionary stage (run the dictionary stage first)")
     meta = json.loads(path.read_text())
+    if meta.get("format") != SPEC_VERSION:
+        raise PreprocError(f"{path}: format {meta.get('format')!r}, this version reads {SPEC_VERSION} "
+                           "(re-run the dictionary stage)")
     _verify_dictionary(staging.dictionary, meta)
     return meta

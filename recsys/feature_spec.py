@@ -15,7 +15,8 @@ The format is the one of the reference recommenders (hpc-facts.md section 4)::
       label: [label]
       numerical: [num_0, ...]
       categorical: [cat_0, ...]
-    metadata: {}             # free-form
+    metadata: {}             # free-form; mapping_specs: {validation: other.yaml} names specs of
+                             # further mappings (NVIDIA's DLRM loaders accept only train/test)
 
 File paths are relative to the directory holding the YAML. Chunk types:
 ``split_binary`` (one raw little-endian file per chunk, rows of the chunk's
@@ -167,6 +168,19 @@ class FeatureSpec:
 
     def mappings(self) -> List[str]:
         return list(self.source_spec)
+
+    def for_mapping(self, mapping: str) -> "FeatureSpec":
+        """This spec, or the one ``metadata.mapping_specs`` names for ``mapping`` (same features required)."""
+        other = (self.metadata.get("mapping_specs") or {}).get(mapping)
+        if mapping in self.source_spec or not other:
+            return self
+        spec = FeatureSpec.from_yaml(os.path.join(self.base_directory, str(other)))
+        if spec.feature_spec != self.feature_spec or spec.channel_spec != self.channel_spec:
+            raise FeatureSpecError(f"{spec.origin}", f"features or channels differ from {self.origin}")
+        if mapping not in spec.source_spec:
+            raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}", "mapping not in the spec that "
+                                   f"{self.origin} names for it")
+        return spec
 
     def chunks(self, mapping: str) -> List[dict]:
         if mapping not in self.source_spec:

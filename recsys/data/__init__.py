@@ -40,7 +40,7 @@ def make_reader(spec, mapping: str, batch_size: int, rank: int = 0, world_size: 
     number on every rank) and False for other mappings (every row read once
     over all ranks, last batch short; reduce metric sums at the end).
     """
-    spec = _as_spec(spec)
+    spec = _as_spec(spec).for_mapping(mapping)
     kind = spec.chunk_type(mapping)
     if drop_remainder is None:
         drop_remainder = mapping == "train"

@@ -4,6 +4,9 @@ The hand-built log has 3 days (day_0, day_1 train; day_2 split into test and
 validation) and is designed so that every rule is visible in a few rows: ids by
 frequency with ties, global and per-column thresholds, missing and unseen
 values, the numerical transform, the split of the last day and bad rows.
+The pipeline runs here with our stricter rules (``STRICT``: dictionary over the
+training days, input order, clamped numericals, one spec with three mappings);
+the reference rules, the defaults, are pinned in test_criteo_reference.py.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 from preproc import criteo
-from preproc.criteo_layout import NUM_CAT, NUM_INT, Staging, day_files, parse_thresholds
+from preproc.criteo_layout import NUM_CAT, NUM_INT, Rules, Staging, day_files, parse_thresholds
 from preproc.errors import PreprocError
 from preproc.output import input_files
 
@@ -48,6 +51,7 @@ DAY1 += [line(i % 2, {}, {2: f"v{i:03d}"}) for i in range(8, 200)]  # cat_0 miss
 DAY2 = [line(1, {0: 10}, {0: "aaaa"}), line(0, {}, {0: "eeee"}), line(1, {}, {0: "dddd", 1: "x1"}),
         line(0, {}, {0: "bbbb"}), line(1, {}, {0: "cccc"})]
 THRESHOLDS = "2,cat_1:1,C3:0"
+STRICT = Rules(dictionary_days="train", train_order="input", numerical="clamp", spec_layout="combined")
 
 
 def write_days(directory: Path, days) -> Path:
@@ -76,7 +80,7 @@ def plan(input_dir, days=None):
 def run_output(spark, hand_built, tmp_path_factory):
     files, last_day = plan(hand_built)
     out = tmp_path_factory.mktemp("criteo_out") / "dataset"
-    report = criteo.run(spark, files, last_day, parse_thresholds(THRESHOLDS), str(out))
+    report = criteo.run(spark, files, last_day, parse_thresholds(THRESHOLDS), str(out), rules=STRICT)
     return out, report
 
 
@@ -171,7 +175,7 @@ def test_array_stages_match_single_run_and_rerun_is_safe(spark, hand_built, run_
     reference, _ = run_output
     files, last_day = plan(hand_built)
     staging = Staging(tmp_path / "dataset")
-    meta = build_dictionary(spark, staging, files, last_day, parse_thresholds(THRESHOLDS), "skip")
+    meta = build_dictionary(spark, staging, files, last_day, parse_thresholds(THRESHOLDS), "skip", STRICT)
     transform_shard(spark, staging, meta, 0, 2, "skip")
     first = {p.relative_to(staging.shards): p.read_bytes() for p in staging.shards.rglob("*.bin")}
     transform_shard(spark, staging, meta, 0, 2, "skip")  # re-run of a finished task: same bytes
@@ -209,7 +213,7 @@ def test_row_order_survives_many_splits_and_pieces(spark, hand_built, run_output
     try:
         files, last_day = plan(hand_built)
         out = tmp_path / "split"
-        criteo.run(spark, files, last_day, parse_thresholds(THRESHOLDS), str(out), keep_stages=True)
+        criteo.run(spark, files, last_day, parse_thresholds(THRESHOLDS), str(out), keep_stages=True, rules=STRICT)
     finally:
         spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
     pieces = list(Path(f"{out}.stages").rglob("piece-*"))

@@ -1,7 +1,9 @@
 """Criteo preprocessing on the local Slurm cluster: array mode and a multinode standalone Spark cluster.
 
 Both submit through ``recsys-submit preprocess`` (profile ``ci``) and compare the
-result byte for byte with the same pipeline run in-process (Spark local mode).
+result byte for byte with the same pipeline run in-process (Spark local mode),
+with the default (reference) rules: training rows shuffled, so the array mode's
+finalize merges the shuffle buckets of its two transform tasks.
 A third test cancels a running standalone cluster and checks that no Spark
 process survives it. Skipped (with the fixture's reason) only when Slurm is not
 installed.
@@ -17,7 +19,7 @@ import pytest
 
 from preproc import criteo
 from preproc.criteo_generate import generate
-from preproc.criteo_layout import day_files, parse_thresholds
+from preproc.criteo_layout import VALIDATION_SPEC, day_files, parse_thresholds
 from preproc.output import input_files
 
 pytestmark = [pytest.mark.slurm, pytest.mark.spark, pytest.mark.slow]
@@ -56,7 +58,8 @@ def assert_same_dataset(out: Path, reference: Path) -> None:
     from recsys.feature_spec import FeatureSpec
 
     rows = FeatureSpec.from_yaml(str(out / "feature_spec.yaml")).validate()
-    assert sum(rows.values()) == 3000
+    rows.update(FeatureSpec.from_yaml(str(out / VALIDATION_SPEC)).validate())
+    assert sorted(rows) == ["test", "train", "validation"] and sum(rows.values()) == 3000
     bins = sorted(p.relative_to(reference) for p in reference.glob("*/*.bin"))
     assert len(bins) == 3 * 28
     for rel in bins:
