@@ -22,6 +22,13 @@ __all__ = ["JobRequest", "Resolved", "resolve", "build_chain", "slug", "KINDS", 
            "PAYLOADS", "PREPROCESS_MODES", "BIND_MODES", "MODEL_DATASET"]
 _JOBID = re.compile(r"^\d+(_\d+)?$")
 DEFAULT_SIGNAL_SECONDS = 120
+# Engine flags the submission layer sets itself (see jobs.plan): given again after `--` they would
+# render twice, the last one winning silently. flag -> what to use instead.
+OWNED_ENGINE_FLAGS = {
+    "recsys": {"--mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
+               "--model": "recsys-submit's own --model"},
+    "preproc": {"--input": "recsys-submit preprocess --input", "--output": "recsys-submit preprocess --output"},
+}
 
 
 @dataclass
@@ -104,6 +111,16 @@ def _defaults(profile):
     return dict(profile.defaults or {})
 
 
+def _check_engine_args(engine_args, engine):
+    """Refuse engine arguments that the submission layer owns (one line naming what to use)."""
+    owned = OWNED_ENGINE_FLAGS.get(engine, {})
+    for arg in map(str, engine_args):
+        flag = arg.split("=", 1)[0]
+        if flag in owned:
+            raise RequestError(f"engine argument {flag}: set by recsys-submit, not after `--`; "
+                               f"use {owned[flag]}")
+
+
 def resolve(request, profile):
     """Validate `request` against `profile`; return a Resolved or raise RequestError."""
     req = request
@@ -147,6 +164,8 @@ def resolve(request, profile):
             raise RequestError(f"--model: unknown model {req.model!r} (choose from {', '.join(MODELS)}, hello)")
         if req.preprocess_mode != "single" or req.shards is not None:
             raise RequestError("--mode/--shards: only for preprocess")
+
+    _check_engine_args(req.engine_args, engine)
 
     defaults = _defaults(profile)
     if req.nodes is None:

@@ -29,6 +29,13 @@ CASES = [
     (["preprocess", "--profile", "ci", "--dataset", "movielens", "--mode", "array", "--shards", "2",
       "--input", "a", "--output", "b"], "--mode array"),
     (["preprocess", "--profile", "ci", "--dataset", "criteo", "--output", "b"], "--input"),
+    # engine flags the submission layer owns: refused, naming what to use instead
+    (["train", "--profile", "ci", "--model", "dlrm", "--", "--synthetic", "--mode", "benchmark"],
+     "engine argument --mode: set by recsys-submit"),
+    (["benchmark", "--profile", "ci", "--model", "ncf", "--", "--mode=train"], "use the subcommand"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--", "--model", "ncf"], "engine argument --model"),
+    (["preprocess", "--profile", "ci", "--dataset", "criteo", "--input", "a", "--output", "b", "--",
+      "--output", "c"], "use recsys-submit preprocess --output"),
 ]
 
 
