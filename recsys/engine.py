@@ -260,6 +260,8 @@ class Engine:
             t0 = time.perf_counter()
             loss, _ = self._train_step(inputs, labels)
             loss.numpy()                      # step boundary: wait for the device
+            if i == 0:
+                self.log.startup("first_step")
             if i >= warm:
                 times.append(time.perf_counter() - t0)
             if (i + 1) % a.log_every == 0:

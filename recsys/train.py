@@ -314,6 +314,7 @@ def run(args):
         tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
     log = RunLogger(args.log_path, enabled=dist.is_chief, progress_every=args.log_every)
+    log.startup("horovod_init", world_size=dist.size)
     temporary = None
     try:
         if args.amp:
@@ -323,6 +324,7 @@ def run(args):
             temporary = prepare_synthetic(args, dist, log)
         from recsys.feature_spec import FeatureSpec
         spec = FeatureSpec.from_yaml(args.feature_spec)
+        log.startup("data")
         params = {k: v for k, v in vars(args).items()}
         log.record("params", **params, horovod=dist.hvd is not None, gpus=len(gpus), affinity_cpus=cpus)
         from recsys.engine import Engine
@@ -330,6 +332,7 @@ def run(args):
         task = TASKS[args.model](args, spec, dist, log)
         _log_placement(args, spec, task, dist, log)
         engine = Engine(args, task, dist, log)
+        log.startup("model")
         if args.restore or args.mode in ("evaluate", "inference"):
             if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
                 engine.restore()
