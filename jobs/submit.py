@@ -15,7 +15,6 @@ from . import runs as runs_mod
 from .backends import backend_for
 from .errors import RequestError, SlurmCommandError, SubmitError
 from .plan import plan, run_name
-from .records import CANCEL_FAILED, CANCELLED_PARTIAL, PARTIAL, SUBMITTED, RequestRecord, RunRecord
 from .render import render
 
 
@@ -63,6 +62,8 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
     never wait), False for a local run in the background (`wait_local` is its older name).
     Raises RequestError/ProfileError before anything exists, SubmitError after a failed
     submission (saying what was submitted and what became of it)."""
+    from .records import SUBMITTED, RequestRecord, RunRecord
+
     if wait is None and wait_local is not None:
         wait = wait_local
     profile = load(profile)
@@ -98,6 +99,8 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
 
 def _fail(backend, record, spec, exc, keep_partial):
     """Cancel (or keep) what a broken chain submitted; record and raise what really happened."""
+    from .records import CANCEL_FAILED, CANCELLED_PARTIAL, PARTIAL
+
     submitted = record.jobs
     done = ", ".join(f"{j.key}={j.job_id}" for j in submitted) or "none"
     if submitted and not keep_partial:
