@@ -288,7 +288,7 @@ def expand(spec, profile):
                 else:
                     per_gpu, global_batch = spec.batch_size, spec.batch_size * ranks
                 label = _variant_label(variant)
-                pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + slug(label.replace(",", "_"))) \
+                pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + slug(label.replace(",", "_").replace("=", "-"))) \
                     + f"-r{repeat}"
                 args = base + ["--batch-size", str(global_batch),
                                "--benchmark-warmup-steps", str(spec.warmup_steps),
