@@ -196,7 +196,7 @@ def _cmd_study(args, engine_args):
     print(open(paths["markdown"]).read(), end="")
     for kind, path in paths.items():
         print(f"wrote {kind} {path}")
-    if "plot" not in paths:
+    if "plot" not in paths and args.plot is None:
         print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
               file=sys.stderr)
     return 1 if report["failures"] else 0
