@@ -300,24 +300,32 @@ def expand(spec, profile):
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise StudyError(f"{spec.source}: points: point {dup} appears twice")
+    from recsys.train import build_parser
+
+    parser = build_parser()
+    checked = set()
     for point in points:
-        check_engine_args(spec, point)
+        if tuple(point.engine_args) not in checked:     # repeats and sizes share most argv
+            check_engine_args(spec, point, parser)
+            checked.add(tuple(point.engine_args))
     return points
 
 
-def check_engine_args(spec, point):
+def check_engine_args(spec, point, parser=None):
     """Let the engine's own parser refuse a flag (unknown flag, bad value) before submission.
     recsys.train parses its flags without importing TensorFlow."""
     import contextlib
     import io
 
-    from recsys.train import build_parser
+    if parser is None:
+        from recsys.train import build_parser
 
+        parser = build_parser()
     argv = ["--model", spec.model, "--mode", "benchmark"] + list(point.engine_args)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            build_parser().parse_args(argv)
+            parser.parse_args(argv)
     except SystemExit:
         message = next((line for line in err.getvalue().splitlines() if line.strip()), "rejected")
         message = message.split("error: ", 1)[-1]

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from . import runs as runs_mod
-from .errors import RequestError
+from .backends import backend_for
+from .errors import RequestError, SlurmCommandError, SubmitError
 from .records import _known, _Mapping
 from .slurmcli import TERMINAL
 from .study import StudyError, expand, is_study_dir, spec_yaml
@@ -202,8 +203,6 @@ def open_study(spec, profile, study_dir):
             raise StudyError(f"--profile: study {study_dir} runs on profile {record.profile!r}, not "
                              f"{profile.name!r}")
     else:
-        from .backends import backend_for
-
         try:
             os.makedirs(os.path.join(study_dir, "points"))
         except OSError as exc:
@@ -239,22 +238,75 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     first = float(poll_first or os.environ.get("RECSYS_POLL_FIRST", "2"))
     ceiling = float(poll_max or os.environ.get("RECSYS_POLL_MAX", "60"))
     submitted = []
-    for point in todo:
-        delay = first
-        while max_concurrent and active >= max_concurrent:
-            time.sleep(delay)
-            delay = min(ceiling, delay * 1.5)
-            status = poll(record)
-            active = status.counts[RUNNING] + status.counts[PENDING]
-        run_record = submit([points[point.id].request(spec, profile.name)], profile,
-                            runs_dir=os.path.join(record.study_dir, "points"), log=log)
-        point.runs.append(run_record.run_dir)
-        record.save()
-        submitted.append(point.id)
-        active += 1
-    if submitted:
-        poll(record)        # results.json lists the new attempts
+    points_dir = os.path.join(record.study_dir, "points")
+
+    def submit_point(point):
+        return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log)
+
+    if max_concurrent or backend_for(profile).foreground:
+        for point in todo:      # one at a time: a cap on queued points, or local points in the foreground
+            delay = first
+            while max_concurrent and active >= max_concurrent:
+                time.sleep(delay)
+                delay = min(ceiling, delay * 1.5)
+                status = poll(record)
+                active = status.counts[RUNNING] + status.counts[PENDING]
+            point.runs.append(submit_point(point).run_dir)
+            record.save()
+            submitted.append(point.id)
+            active += 1
+    elif todo:
+        _submit_parallel(record, todo, submit_point, submitted, backend_for(profile))
+    if submitted:       # results.json lists the new attempts (as pending: no Slurm call for it)
+        write_results(record, _after_submission(record, status, submitted))
     return record, submitted
+
+
+SUBMIT_THREADS = 8
+
+
+def _submit_parallel(record, todo, submit_point, submitted, backend):
+    """Submit independent points from a few threads (each sbatch waits on the controller, not on
+    this process); study.json is saved from this thread as each one lands. A point that could not
+    be submitted does not stop the others; the first error is raised at the end, saying what went
+    in (a re-run resumes with the missing points)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend.accounting()        # asks (and caches) the cluster's configuration once, before the threads
+    errors = []
+    with ThreadPoolExecutor(max_workers=min(SUBMIT_THREADS, len(todo))) as pool:
+        futures = [(point, pool.submit(submit_point, point)) for point in todo]
+        for point, future in futures:
+            try:
+                run_record = future.result()
+            except (RequestError, SubmitError, SlurmCommandError) as exc:
+                errors.append((point.id, exc))
+                continue
+            point.runs.append(run_record.run_dir)
+            record.save()
+            submitted.append(point.id)
+    if errors:
+        point_id, exc = errors[0]
+        raise SubmitError(f"point {point_id} not submitted: {exc}; {len(errors)} point(s) failed to submit, "
+                          f"{len(submitted)} submitted; `recsys-submit study run` again submits the missing "
+                          f"ones (study {record.study_dir})")
+
+
+def _after_submission(record, status, submitted):
+    """The StudyStatus right after submitting: the last poll's, with new attempts pending."""
+    before = {p.id: p for p in status.points} if status else {}
+    out = []
+    for point in record.points:
+        if point.id in submitted:
+            job = runs_mod.load_run(point.runs[-1]).jobs
+            out.append(PointStatus(id=point.id, state=PENDING, job_state="SUBMITTED", run_dir=point.runs[-1],
+                                   job_id=job[0].job_id if job else None, attempts=len(point.runs)))
+        else:
+            out.append(before.get(point.id) or PointStatus(id=point.id, state=MISSING, job_state=None,
+                                                           run_dir=None, job_id=None, attempts=0))
+    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    return StudyStatus(study_dir=record.study_dir, points=out, counts=counts, done=False, calls=0,
+                       elapsed_s=round(time.time() - record.created, 1))
 
 
 def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
