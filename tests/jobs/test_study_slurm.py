@@ -202,3 +202,17 @@ def test_ncf_rerun_resubmits_only_the_failed_point(ncf_study, study_cli):
             base = summaries[f"g1-n1x1-{label.replace('=', '-')}-r0"]["throughput_samples_per_s"]
             assert cell["efficiency"] == pytest.approx(cell["throughput"] / base / row["gpus"])
     assert _submitted(study_cli("study", "run", ncf_study["spec"], "--profile", "ci", check=True)) == (0, 4)
+
+
+def test_max_concurrent_keeps_one_point_queued(study_cli, tmp_path):
+    proc = study_cli("study", "run", "--profile", "ci", "--model", "ncf", "--gpus", "1", "--batch-size", "512",
+                     "--variant", "sparse_as_dense=false,true", "--warmup-steps", "1", "--steps", "2",
+                     "--name", "ncf-one-at-a-time", "--max-concurrent", "1", "--", *TINY_NCF, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _submitted(proc) == (2, 2)
+    record = json.load(open(os.path.join(_study_dir(proc), "study.json")))
+    first, second = (p["runs"][0] for p in record["points"])
+    info = [f for f in os.listdir(os.path.join(first, "logs")) if f.endswith(".info")]
+    ended = int(re.search(r"^end=(\d+)$", open(os.path.join(first, "logs", info[0])).read(), re.M).group(1))
+    # the second point went in only after the first had left the queue
+    assert os.stat(os.path.join(second, "request.json")).st_mtime >= ended
