@@ -161,6 +161,15 @@ def _cmd_study(args, engine_args):
         print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
               + (f": {' '.join(submitted)}" if submitted else " (nothing missing or failed)"))
         print(f"study dir {record.study_dir}")
+        from .backends import backend_class
+
+        if submitted and backend_class(record.scheduler).foreground:     # local points ran already
+            status = study_run.poll(record)
+            print(study_run.progress_line(status))
+            for point in status.points:
+                if point.reason:
+                    print(f"{PROG}: point {point.id} failed: {point.reason}", file=sys.stderr)
+            return 1 if status.counts["failed"] else 0
         return 0
     study_dir = study_run.find_study(args.study, args.runs_dir)
     if args.action == "status":

@@ -257,7 +257,9 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
             active += 1
     elif todo:
         _submit_parallel(record, todo, submit_point, submitted, backend_for(profile))
-    if submitted:       # results.json lists the new attempts (as pending: no Slurm call for it)
+    if submitted and backend_for(profile).foreground:
+        poll(record)    # the points ran to their end: results.json says how (no Slurm call)
+    elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
         write_results(record, _after_submission(record, status, submitted))
     return record, submitted
 
