@@ -11,6 +11,7 @@ Reproduce: .venv/bin/python bench/bench_cli.py [--repeat 20] [--against /tmp/sea
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,13 +21,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("tensorflow", "pyspark", "horovod", "keras", "numpy", "pandas", "pyarrow", "submitit", "mpi4py")
 
 
-def timed(argv, cwd=REPO):
+def _child_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv, cwd=REPO, cpu=False, env=None):
+    """Wall seconds of one run; with cpu, (wall, user+sys CPU seconds of the child), the CPU
+    time being far less disturbed than wall time by other load on a shared machine."""
+    cpu_before = _child_cpu()
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=env)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
-    return elapsed
+    return (elapsed, _child_cpu() - cpu_before) if cpu else elapsed
 
 
 def loaded_modules(args):
@@ -47,28 +57,51 @@ def jobs_location(tree):
     return proc.stdout.strip()
 
 
+def bytecode_envs(cache_dir):
+    """Two ways a CLI process finds its modules: compiled bytecode cached (as after a pip
+    install; kept in `cache_dir`, out of the trees) and compiled from source on every call
+    (PYTHONDONTWRITEBYTECODE=1, as on the CI machine)."""
+    cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cached["PYTHONPYCACHEPREFIX"] = cache_dir
+    source = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    source["PYTHONDONTWRITEBYTECODE"] = "1"
+    return {"pyc cached": cached, "no pyc": source}
+
+
 def compare(against, render, repeat):
     """Paired rounds: both trees run both commands; the order of the trees flips every round."""
+    import tempfile
+
     trees = {"this": REPO, "base": os.path.abspath(against)}
     for label, tree in trees.items():
         found = jobs_location(tree)
         if os.path.realpath(found) != os.path.realpath(os.path.join(tree, "jobs")):
             raise SystemExit(f"{label} tree {tree} imports jobs from {found}; cannot compare")
     commands = {"--help": ["--help"], "render (dgxa100, 2 nodes)": render}
-    times = {(c, t): [] for c in commands for t in trees}
-    for round_index in range(repeat):
-        order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
-        for command, cli_args in commands.items():
-            for label in order:
-                argv = [sys.executable, "-m", "jobs.cli", *cli_args]
-                times[(command, label)].append(timed(argv, cwd=trees[label]))
-    print(f"\nthis tree vs {trees['base']}: `python -m jobs.cli ...`, {repeat} paired rounds, seconds")
-    print(f"{'command':<30} {'this med':>9} {'base med':>9} {'ratio (median of pairs)':>24} {'min/min':>8}")
+    with tempfile.TemporaryDirectory(prefix="bench-cli-pyc-") as cache_dir:
+        envs = bytecode_envs(cache_dir)
+        times = {(c, t, m): [] for c in commands for t in trees for m in envs}
+        for round_index in range(repeat + 1):       # round 0 fills the bytecode cache, not counted
+            order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
+            for mode, env in envs.items():
+                for command, cli_args in commands.items():
+                    for label in order:
+                        argv = [sys.executable, "-m", "jobs.cli", *cli_args]
+                        sample = timed(argv, cwd=trees[label], cpu=True, env=env)
+                        if round_index:
+                            times[(command, label, mode)].append(sample)
+    print(f"\nthis tree vs {trees['base']}: `python -m jobs.cli ...`, {repeat} paired rounds, seconds; "
+          "ratio = median of the per-round ratios this/base (> 1: this tree is slower)")
+    print(f"{'command':<28} {'bytecode':>10} {'clock':>5} {'this med':>9} {'base med':>9} {'ratio':>7} "
+          f"{'min/min':>8}")
     for command in commands:
-        ours, base = times[(command, "this")], times[(command, "base")]
-        ratio = statistics.median(o / b for o, b in zip(ours, base))
-        print(f"{command:<30} {statistics.median(ours):9.3f} {statistics.median(base):9.3f} "
-              f"{ratio:23.3f}x {min(ours) / min(base):7.3f}x")
+        for mode in envs:
+            for index, clock in ((0, "wall"), (1, "cpu")):
+                ours = [t[index] for t in times[(command, "this", mode)]]
+                base = [t[index] for t in times[(command, "base", mode)]]
+                ratio = statistics.median(o / b for o, b in zip(ours, base))
+                print(f"{command:<28} {mode:>10} {clock:>5} {statistics.median(ours):9.3f} "
+                      f"{statistics.median(base):9.3f} {ratio:6.3f}x {min(ours) / min(base):7.3f}x")
 
 
 def main():

@@ -14,7 +14,7 @@ def default_runs_dir(profile=None):
     env = os.environ.get("RECSYS_RUNS_DIR")
     if env:
         return env
-    defaults = getattr(profile, "defaults", None) or {}
+    defaults = (profile.defaults if profile is not None else None) or {}
     return os.path.expanduser(defaults.get("runs_dir") or "recsys-runs")
 
 

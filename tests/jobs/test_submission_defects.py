@@ -137,3 +137,17 @@ def test_unknown_record_version_is_one_line(cli, tmp_path):
         RunRecord.load(str(run_dir))
     line = _refused(cli("status", str(run_dir)), "record version 99")
     assert "jobs.json" in line
+
+
+def test_record_written_before_versioning_still_reads(tmp_path):
+    """jobs.json of the previous release (no version; local entries with tag/submitit_folder)."""
+    legacy = {"run_dir": str(tmp_path), "profile": "local", "profile_path": None, "scheduler": "local",
+              "accounting": False, "state": "submitted",
+              "jobs": [{"key": "main", "name": "benchmark-hello", "job_id": "4242", "tag": "local1",
+                        "task_index": None, "submitit_folder": str(tmp_path / "submitit"), "ntasks": 2,
+                        "array_size": 0}]}
+    (tmp_path / "jobs.json").write_text(json.dumps(legacy))
+    record = RunRecord.load(str(tmp_path))
+    assert record.version == RECORD_VERSION and record.scheduler == "local"
+    assert (record.jobs[0].job_id, record.jobs[0].ntasks, record.jobs[0].outcome) == ("4242", 2, "submitted")
+    assert record["jobs"][0]["key"] == "main" and "tag" not in record.jobs[0].to_dict()
