@@ -204,6 +204,24 @@ def test_ncf_rerun_resubmits_only_the_failed_point(ncf_study, study_cli):
     assert _submitted(study_cli("study", "run", ncf_study["spec"], "--profile", "ci", check=True)) == (0, 4)
 
 
+def test_requeued_point_counts_once(ncf_study, study_cli, slurm_cluster):
+    point = next(p for p in ncf_study["status2"]["points"] if p["id"] == "g1-n1x1-sparse_as_dense-false-r0")
+    study_cli("requeue", point["run_dir"], check=True)
+    # Slurm holds a requeued job back (BeginTime a while ahead); let it start now
+    slurm_cluster.run(["scontrol", "update", f"JobId={point['job_id']}", "StartTime=now"], check=True)
+    rc, status = _watch(study_cli, ncf_study["dir"])
+    assert rc == 0
+    again = next(p for p in status["points"] if p["id"] == point["id"])
+    assert again["state"] == "done" and again["attempts"] == 1 and again["job_id"] == point["job_id"]
+    log = os.path.join(point["run_dir"], "logs", f"main-{point['job_id']}.engine.jsonl")
+    summaries = [json.loads(line) for line in open(log) if '"type": "summary"' in line]
+    assert len(summaries) == 2                              # both runs of the job logged one
+    assert again["summary"]["time"] == summaries[-1]["time"]  # the last one counts
+    proc, report = _report(study_cli, ncf_study["dir"])
+    cell = next(r for r in report["rows"] if r["gpus"] == 1)["variants"]["sparse_as_dense=false"]
+    assert cell["repeats"] == 1 and cell["throughput"] == summaries[-1]["throughput_samples_per_s"]
+
+
 def test_max_concurrent_keeps_one_point_queued(study_cli, tmp_path):
     proc = study_cli("study", "run", "--profile", "ci", "--model", "ncf", "--gpus", "1", "--batch-size", "512",
                      "--variant", "sparse_as_dense=false,true", "--warmup-steps", "1", "--steps", "2",
