@@ -128,6 +128,7 @@ def build(record, status):
         "scaling": spec.get("scaling"),
         "profile": record.profile,
         "nodes_used": sorted(nodes_used),
+        "max_nodes": max((p.nodes for p in record.points), default=0),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "engine_version": _engine_version(),
         "warmup_steps": spec.get("warmup_steps"),
@@ -165,7 +166,8 @@ def markdown(report):
     """The table in NVIDIA's layout, with a header saying what was measured where."""
     strong = report["scaling"] == "strong"
     lines = [f"# Scaling study `{report['study']}`: {report['model']}, {report['scaling']} scaling", "",
-             f"- profile: {report['profile']}; nodes: {', '.join(report['nodes_used']) or '-'}",
+             f"- profile: {report['profile']}; up to {report['max_nodes']} node(s) per point; ran on: "
+             f"{', '.join(report['nodes_used']) or '-'}",
              f"- date: {report['date']}; engine: recsys-submit {report['engine_version']}",
              f"- benchmark mode: {report['warmup_steps']} warm-up + {report['steps']} timed steps per point; "
              "throughput = median of the repeats (min-max)",

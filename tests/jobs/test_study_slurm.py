@@ -119,7 +119,7 @@ def test_dlrm_report_table_comes_from_the_summaries(dlrm_study, study_cli):
         assert cell["startup_s"] > 0
     text = open(os.path.join(dlrm_study["dir"], "report", "scaling.md")).read()
     header = next(line for line in text.splitlines() if line.startswith("- profile:"))
-    assert header.startswith("- profile: ci; nodes: node"), header
+    assert header.startswith("- profile: ci; up to 4 node(s) per point; ran on: node"), header
     assert f"{rows[8]['variants']['default']['throughput']:,.0f}" in text
     csv_lines = open(os.path.join(dlrm_study["dir"], "report", "scaling.csv")).read().splitlines()
     assert len(csv_lines) == 5 and csv_lines[0].startswith("gpus,nodes,gpus_per_node")
