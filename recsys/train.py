@@ -322,9 +322,9 @@ def run(args):
         tf.keras.utils.set_random_seed(args.seed)
         if not args.feature_spec:
             temporary = prepare_synthetic(args, dist, log)
+        log.startup("data")
         from recsys.feature_spec import FeatureSpec
         spec = FeatureSpec.from_yaml(args.feature_spec)
-        log.startup("data")
         params = {k: v for k, v in vars(args).items()}
         log.record("params", **params, horovod=dist.hvd is not None, gpus=len(gpus), affinity_cpus=cpus)
         from recsys.engine import Engine
