@@ -6,7 +6,7 @@
                         then_evaluate=True, profile="ci")      # preprocess -> train -> evaluate
     print(watch(submit(chain, "ci")["run_dir"])["jobs"])          # finished jobs carry ["summary"]
     record, submitted = run_study(load_spec("docs/studies/dlrm-strong.yaml"), "ci")
-    report, paths = study_report(record.study_dir)                  # scaling.{md,csv,json,png}
+    report, paths = report_study(record.study_dir)                  # scaling.{md,csv,json,png}
 """
 
 from . import runs as runs_mod
@@ -18,7 +18,7 @@ from .submit import load, render_plan, render_text, submit
 
 __all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "render",
            "render_plan", "submit", "status", "watch", "logs", "log_files", "cancel", "requeue",
-           "find_run", "load_profile", "load_spec", "run_study", "study_status", "study_report"]
+           "find_run", "load_profile", "load_spec", "run_study", "study_status", "report_study"]
 
 find_run = runs_mod.find_run
 
@@ -87,7 +87,7 @@ def study_status(study_dir):
     return poll(StudyRecord.load(study_dir))
 
 
-def study_report(study_dir, out_dir=None, plot=None):
+def report_study(study_dir, out_dir=None, plot=None):
     """Write the study's scaling table and plot; returns (report dict, {kind: path})."""
     from .study_report import write
 
