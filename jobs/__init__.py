@@ -5,7 +5,8 @@ JobRequest, build_chain); it is re-exported here lazily so that `import jobs.cli
 """
 
 _API = ("JobRequest", "build_chain", "submit", "render", "render_plan", "status", "watch", "logs", "cancel",
-        "requeue", "find_run", "load_profile", "RequestError", "SubmitError", "SlurmCommandError")
+        "requeue", "find_run", "load_profile", "RequestError", "SubmitError", "SlurmCommandError",
+        "load_spec", "run_study", "study_status", "report_study")
 
 
 def __getattr__(name):

@@ -75,6 +75,11 @@ class Backend(abc.ABC):
     def poll(self, run_dir, record, source=None):
         """One jobs.records.StatusResult for the run."""
 
+    def poll_many(self, items, source=None):
+        """[StatusResult] for several (run_dir, RunRecord) of this backend; a backend whose
+        queries cost a call each answers them together (Slurm: one call in all)."""
+        return [self.poll(run_dir, record, source) for run_dir, record in items]
+
     @abc.abstractmethod
     def cancel(self, run_dir, jobs):
         """Cancel jobs (JobRecords); raises SlurmCommandError when that failed."""
@@ -142,6 +147,11 @@ class SlurmBackend(Backend):
         from .status import poll_slurm
 
         return poll_slurm(run_dir, record, source)
+
+    def poll_many(self, items, source=None):
+        from .status import poll_slurm_many
+
+        return poll_slurm_many(items, source)
 
     def cancel(self, run_dir, jobs):
         from . import slurmcli

@@ -1,6 +1,7 @@
 """`recsys-submit`: profiles, render, train/evaluate/benchmark/preprocess, status, logs, cancel,
-requeue. Errors are one line on stderr with a non-zero exit (2: bad input, nothing submitted;
-1: Slurm failed or a job failed). Imports stay lazy so the command starts fast on login nodes.
+requeue, study (scaling studies: jobs.study, jobs.study_run, jobs.study_report). Errors are one
+line on stderr with a non-zero exit (2: bad input, nothing submitted; 1: Slurm failed or a job
+failed). Imports stay lazy so the command starts fast on login nodes.
 """
 
 import argparse
@@ -94,11 +95,126 @@ def build_parser():
     lg.add_argument("--job", help="only this job key of the run")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     lg.add_argument("--runs-dir")
+    _study_parser(sub)
     for name, text in (("cancel", "cancel every job of a run"), ("requeue", "requeue every job of a run")):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("run", nargs="?")
         cmd.add_argument("--runs-dir")
     return parser
+
+
+def _study_parser(sub):
+    study = sub.add_parser("study", help="scaling studies: run a sweep spec, follow it, report it")
+    st_sub = study.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    run = st_sub.add_parser("run", help="submit every missing or failed point of a study; print its dir")
+    run.add_argument("spec", nargs="?", help="study spec YAML (docs/studies.md); or give --model and --gpus")
+    run.add_argument("--profile", default=os.environ.get("RECSYS_PROFILE", "local"))
+    run.add_argument("--max-concurrent", type=int, help="keep at most K points queued or running at once")
+    run.add_argument("--runs-dir", help="parent of the study dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    quick = run.add_argument_group("a quick sweep without a spec file")
+    quick.add_argument("--model")
+    quick.add_argument("--gpus", help="GPU counts, e.g. 1,2,4,8")
+    quick.add_argument("--scaling", default="strong", help="strong | weak")
+    quick.add_argument("--batch-size", type=int, help="strong: global batch; weak: batch per GPU")
+    quick.add_argument("--variant", action="append", default=[], help="KEY=V1,V2 crossed with the points")
+    quick.add_argument("--repeats", type=int)
+    quick.add_argument("--warmup-steps", type=int)
+    quick.add_argument("--steps", type=int)
+    quick.add_argument("--time")
+    quick.add_argument("--data-path")
+    quick.add_argument("--name")
+    status = st_sub.add_parser("status", help="points done / running / pending / failed (one Slurm call per poll)")
+    status.add_argument("study", nargs="?", help="study dir or name (default: newest)")
+    status.add_argument("--watch", action="store_true", help="a live progress bar until no point is queued")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--runs-dir")
+    report = st_sub.add_parser("report", help="scaling table (markdown, CSV, JSON) and plot (PNG)")
+    report.add_argument("study", nargs="?")
+    report.add_argument("--out", help="directory for scaling.{md,csv,json,png} (default STUDY/report)")
+    plot = report.add_mutually_exclusive_group()
+    plot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
+    plot.add_argument("--no-plot", dest="plot", action="store_false", help="table only")
+    report.add_argument("--runs-dir")
+
+
+def _cmd_study(args, engine_args):
+    from . import study_run
+
+    if args.action == "run":
+        from .study import load_spec, spec_from_flags
+
+        if args.spec and (args.model or args.gpus):
+            raise _request_error("--model/--gpus: give a spec file or flags, not both")
+        if args.spec:
+            if engine_args:
+                raise _request_error("--: engine arguments go in the spec's engine_args")
+            spec = load_spec(args.spec)
+        elif args.model and args.gpus:
+            spec = spec_from_flags(args.model, args.gpus, scaling=args.scaling, batch_size=args.batch_size,
+                                   variants=args.variant, repeats=args.repeats, warmup_steps=args.warmup_steps,
+                                   steps=args.steps, time=args.time, data_path=args.data_path, name=args.name,
+                                   engine_args=engine_args)
+        else:
+            raise _request_error("spec: give a study spec file, or --model and --gpus for a quick sweep")
+        record, submitted = study_run.run(spec, args.profile, runs_dir=args.runs_dir,
+                                          max_concurrent=args.max_concurrent)
+        print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
+              + (f": {' '.join(submitted)}" if submitted else " (nothing missing or failed)"))
+        print(f"study dir {record.study_dir}")
+        from .backends import backend_class
+
+        if submitted and backend_class(record.scheduler).foreground:     # local points ran already
+            status = study_run.poll(record)
+            print(study_run.progress_line(status))
+            for point in status.points:
+                if point.reason:
+                    print(f"{PROG}: point {point.id} failed: {point.reason}", file=sys.stderr)
+            return 1 if status.counts["failed"] else 0
+        return 0
+    study_dir = study_run.find_study(args.study, args.runs_dir)
+    if args.action == "status":
+        if args.watch:
+            live = sys.stdout.isatty() and not args.json
+
+            def show(status):
+                line = study_run.progress_line(status)
+                if live:
+                    print(f"\r{line}", end="", flush=True)
+                elif not args.json:
+                    print(line, flush=True)
+
+            status = study_run.watch(study_dir, on_poll=show)
+            if live:
+                print()
+        else:
+            status = study_run.poll(study_run.StudyRecord.load(study_dir))
+        if args.json:
+            import json
+
+            print(json.dumps(status.to_dict(), indent=2))
+        else:
+            if not args.watch:
+                print(study_run.progress_line(status))
+            for point in status.points:
+                extra = f"  {point.reason}" if point.reason else ""
+                print(f"  {point.id:<28} {point.state:<8} {point.job_id or '-':>10}{extra}")
+        return 1 if status.counts["failed"] else 0
+    from . import study_report
+
+    report, paths = study_report.write(study_dir, out_dir=args.out, want_plot=args.plot)
+    print(open(paths["markdown"]).read(), end="")
+    for kind, path in paths.items():
+        print(f"wrote {kind} {path}")
+    if "plot" not in paths and args.plot is None:
+        print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
+              file=sys.stderr)
+    return 1 if report["failures"] else 0
+
+
+def _request_error(message):
+    from .errors import RequestError
+
+    return RequestError(message)
 
 
 def _split_engine_args(argv):
@@ -135,6 +251,12 @@ def _print_status(result, as_json=False):
     width = max([len(j["key"]) for j in result["jobs"]] + [3])
     for job in result["jobs"]:
         print(f"  {job['key']:<{width}}  {job['job_id']:>10}  {job['state']}")
+        summary = job.get("summary")
+        if summary and isinstance(summary.get("throughput_samples_per_s"), (int, float)):
+            print(f"  {'':<{width}}  {'':>10}  {summary['throughput_samples_per_s']:,.0f} samples/s, "
+                  f"world size {summary.get('world_size')}")
+        if job.get("reason"):
+            print(f"  {'':<{width}}  {'':>10}  {job['reason']}")
 
 
 def _cmd_profiles(args):
@@ -262,6 +384,8 @@ def main(argv=None):
             return _cmd_status(args)
         if args.command == "logs":
             return _cmd_logs(args)
+        if args.command == "study":
+            return _cmd_study(args, engine_args)
         return _cmd_cancel(args)
     except KeyboardInterrupt:
         return 130

@@ -20,7 +20,7 @@ import time
 
 from .backends import Backend
 from .errors import RequestError
-from .plan import ENGINES, SlurmHelper, slurm_dir
+from .plan import ENGINES, EngineLog, SlurmHelper, slurm_dir
 from .records import JobRecord, JobStatus, StatusResult
 from .render import rank_command
 
@@ -30,8 +30,9 @@ _RANK_SHIM = ('exec "$@" > "$RECSYS_RANK_LOG_PREFIX.rank${OMPI_COMM_WORLD_RANK:-
 class LocalJobCommand:
     """The picklable callable a submitit local task runs: one rank (or mpirun of all ranks)."""
 
-    def __init__(self, argv, env, log_prefix, mpi_ranks=0):
+    def __init__(self, argv, env, log_prefix, mpi_ranks=0, cwd=None):
         self.argv, self.env, self.log_prefix, self.mpi_ranks = list(argv), dict(env), log_prefix, mpi_ranks
+        self.cwd = cwd      # the run dir, as for a Slurm job (never the submitter's cwd)
 
     def __call__(self):
         import submitit
@@ -50,7 +51,7 @@ class LocalJobCommand:
             env.update(RANK=str(job_env.global_rank), LOCAL_RANK=str(job_env.local_rank),
                        WORLD_SIZE=str(job_env.num_tasks), LOCAL_WORLD_SIZE=str(job_env.num_tasks),
                        NODE_RANK="0")
-        child = subprocess.Popen(argv, env=env, start_new_session=True)
+        child = subprocess.Popen(argv, env=env, start_new_session=True, cwd=self.cwd)
 
         def forward(signum, frame):
             try:
@@ -78,9 +79,17 @@ def _job_env(spec, run_dir, task_index=None):
     return env
 
 
-def _argv(spec, run_dir):
-    return [os.path.join(slurm_dir(), arg.name) if isinstance(arg, SlurmHelper) else str(arg)
-            for arg in rank_command(spec)]
+def _argv(spec, run_dir, log_prefix):
+    """The rank argv with our helper paths and the EngineLog path written out."""
+    out = []
+    for arg in rank_command(spec):
+        if isinstance(arg, EngineLog):
+            out.append(f"{log_prefix}{EngineLog.SUFFIX}")
+        elif isinstance(arg, SlurmHelper):
+            out.append(os.path.join(slurm_dir(), arg.name))
+        else:
+            out.append(str(arg))
+    return out
 
 
 def _mpi(spec):
@@ -104,8 +113,8 @@ def launch(spec, run_dir, task_index=None):
                                tasks_per_node=1 if mpi else ranks, gpus_per_node=spec.gpus_per_node)
     tag_index = "" if task_index is None else f"_{task_index}"
     log_prefix = os.path.join(run_dir, "logs", f"{spec.key}-local{os.getpid()}{tag_index}")
-    command = LocalJobCommand(_argv(spec, run_dir), _job_env(spec, run_dir, task_index), log_prefix,
-                              mpi_ranks=ranks if mpi else 0)
+    command = LocalJobCommand(_argv(spec, run_dir, log_prefix), _job_env(spec, run_dir, task_index),
+                              log_prefix, mpi_ranks=ranks if mpi else 0, cwd=run_dir)
     job = _submit_detached(executor, command, f"{log_prefix}.controller.log")
     return job, os.path.basename(log_prefix)[len(spec.key) + 1:]
 

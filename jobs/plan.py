@@ -75,6 +75,25 @@ class SlurmHelper(str):
         return self[len("$RECSYS_SLURM_DIR/"):]
 
 
+class EngineLog(str):
+    """The engine's JSON-lines log of a job, logs/<key>-<tag>.engine.jsonl in its run dir.
+
+    The submission layer passes it as `--log-path` so that every job's records (and its
+    `summary`) land in the run dir without the user asking. Its tag (job id, array task, local
+    pid) is only known when the job starts, so a rendered script writes it as shell variables the
+    script itself exports; the local backend substitutes the path (jobs.local). A distinct type,
+    like SlurmHelper, so that no user-provided string is ever left unquoted."""
+
+    SUFFIX = ".engine.jsonl"
+
+    def __new__(cls):
+        return super().__new__(cls, f"$RECSYS_RUN_DIR/logs/$RECSYS_JOB_KEY-$RECSYS_JOB_TAG{cls.SUFFIX}")
+
+
+def _has_log_path(engine_args):
+    return any(a == "--log-path" or str(a).startswith("--log-path=") for a in engine_args)
+
+
 def slurm_dir():
     """Directory of the repo's slurm/ helpers (bind.sh, spark-standalone.sh, the template).
     `slurm` is installed as a top-level package next to `jobs`, in a checkout and a wheel."""
@@ -118,7 +137,10 @@ def _engine_command(res, python):
     req = res.request
     if res.engine == "hello":
         return [python, "-m", "jobs.hello", "--kind", req.kind] + list(req.engine_args)
-    return [python, "-m", "recsys.train", "--model", req.model, "--mode", req.kind] + list(req.engine_args)
+    command = [python, "-m", "recsys.train", "--model", req.model, "--mode", req.kind] + list(req.engine_args)
+    if not _has_log_path(req.engine_args):
+        command += ["--log-path", EngineLog()]     # the user's own --log-path wins
+    return command
 
 
 def plan_request(res, max_array_size=None, key_prefix=""):

@@ -145,6 +145,8 @@ class JobStatus(_Mapping):
     name: Optional[str]
     state: str
     tasks: Dict[str, str]
+    summary: Optional[Dict[str, Any]] = None  # the engine log's last `summary` record (finished, not an array)
+    reason: Optional[str] = None              # why it failed, from its logs (jobs.enginelog)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import shlex
 import string
 
 from .errors import RequestError
-from .plan import ENGINES, SlurmHelper, slurm_dir
+from .plan import ENGINES, EngineLog, SlurmHelper, slurm_dir
 from .slurmtime import format_time
 
 _SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
@@ -119,10 +119,12 @@ def _exports(mapping):
 
 def _quote_command(argv):
     """Shell-quote every argument; only our own SlurmHelper paths keep $RECSYS_SLURM_DIR
-    expandable (their names are fixed in code, never user input)."""
+    expandable, and the EngineLog path its $RECSYS_* variables (fixed in code, never user input)."""
     out = []
     for arg in argv:
-        if isinstance(arg, SlurmHelper):
+        if isinstance(arg, EngineLog):
+            out.append(f'"{arg}"')
+        elif isinstance(arg, SlurmHelper):
             out.append(f'"$RECSYS_SLURM_DIR/{shlex.quote(arg.name)}"')
         else:
             out.append(shlex.quote(str(arg)))

@@ -1,5 +1,6 @@
-"""Status of every job of a run: poll/watch through the run's backend, and the Slurm
-backend's poll, which makes ONE Slurm call per poll.
+"""Status of every job of a run (or of many runs at once, a study's points): poll/watch through
+the run's backend, and the Slurm backend's poll, which makes ONE Slurm call per poll however
+many runs it covers. Finished jobs carry their engine summary (jobs.enginelog).
 
 Source per Slurm poll: `sacct` for all unfinished jobs when the cluster has accounting (recorded at
 submission from `scontrol show config`), else one `squeue` call; a job that squeue no longer
@@ -95,50 +96,101 @@ def _from_scontrol(task):
 
 
 def poll(run_dir, source=None):
-    """One status poll of a run (a jobs.records.StatusResult), asked of the run's backend."""
+    """One status poll of a run (a jobs.records.StatusResult), asked of the run's backend;
+    each finished job carries its engine summary (or, failed, the reason)."""
+    return poll_many([run_dir], source)[0]
+
+
+def poll_many(run_dirs, source=None):
+    """One poll of several runs (a study's points): runs of one backend are asked together,
+    so a Slurm poll is one Slurm call however many runs there are. [StatusResult] in order."""
     from .backends import backend_class
 
-    record = runs_mod.load_run(run_dir)
-    return backend_class(record.scheduler)().poll(run_dir, record, source)
+    records = [runs_mod.load_run(run_dir) for run_dir in run_dirs]
+    results = [None] * len(records)
+    by_scheduler = {}
+    for index, record in enumerate(records):
+        by_scheduler.setdefault(record.scheduler, []).append(index)
+    for scheduler, indices in by_scheduler.items():
+        items = [(run_dirs[i], records[i]) for i in indices]
+        for index, result in zip(indices, backend_class(scheduler)().poll_many(items, source)):
+            results[index] = result
+    for result in results:
+        attach_summaries(result)
+    return results
+
+
+def attach_summaries(result):
+    """Fill each terminal job's `summary` from its engine log and a failed job's `reason`."""
+    from . import enginelog
+
+    for job in result.jobs:
+        states = list(job.tasks.values())
+        if not states or not all(s in TERMINAL for s in states):
+            continue
+        if len(states) == 1:
+            job.summary = enginelog.summary(enginelog.job_logs(result.run_dir, job.key))
+        bad = sorted({s for s in states if s != "COMPLETED"})
+        if bad:
+            job.reason = enginelog.failure_reason(result.run_dir, job.key, "/".join(bad))
+    return result
 
 
 def poll_slurm(run_dir, record, source=None):
     """SlurmBackend.poll: one sacct or squeue call for every unfinished job of the run."""
+    return poll_slurm_many([(run_dir, record)], source)[0]
+
+
+def poll_slurm_many(items, source=None):
+    """SlurmBackend.poll_many: ONE sacct or squeue call for every unfinished job of every
+    (run_dir, RunRecord) in `items`; terminal states are cached per run in status.json."""
     from .records import JobStatus, StatusResult
 
-    cache_path = os.path.join(run_dir, "status.json")
-    try:
-        cache = runs_mod.read_json(cache_path)
-    except (OSError, ValueError):
-        cache = {}
     before = CALLS["count"]
-    jobs = record.jobs
-    pending = [j for j in jobs if not all(cache.get(t) in TERMINAL for t in _expected_tasks(j))]
-    states = dict(cache)
+    caches = []
+    pending = []
+    for run_dir, record in items:
+        try:
+            cache = runs_mod.read_json(os.path.join(run_dir, "status.json"))
+        except (OSError, ValueError):
+            cache = {}
+        caches.append(cache)
+        pending += [(run_dir, j) for j in record.jobs
+                    if not all(cache.get(t) in TERMINAL for t in _expected_tasks(j))]
+    states = {}
     used = "cache"
     if pending:
-        ids = [j.job_id for j in pending]
+        ids = [j.job_id for _, j in pending]
         source = source or os.environ.get("RECSYS_STATUS_SOURCE") or \
-            ("sacct" if record.accounting else "squeue")
+            ("sacct" if any(r.accounting for _, r in items) else "squeue")
         answer = query_sacct(ids) if source == "sacct" else None
         used = "sacct"
         if answer is None:
             answer, used = query_squeue(ids), "squeue"
-        for job in pending:
+        for run_dir, job in pending:
             for task in _expected_tasks(job):
                 state = answer.get(task)
                 if state is None and used == "squeue":
                     state = _from_info(run_dir, job, task) or _from_scontrol(task)
                 states[task] = state or "UNKNOWN"
-    runs_mod.write_json(cache_path, {t: s for t, s in states.items() if s in TERMINAL})
-    out = []
-    for job in jobs:
-        tasks = {t: states.get(t, "UNKNOWN") for t in _expected_tasks(job)}
-        out.append(JobStatus(key=job.key, job_id=job.job_id, name=job.name,
-                             state=summarize(list(tasks.values())), tasks=tasks))
-    done = all(all(s in TERMINAL for s in j.tasks.values()) for j in out)
-    return StatusResult(run_dir=run_dir, jobs=out, done=done, calls=CALLS["count"] - before,
-                        source=used, submission=record.state)
+    calls = CALLS["count"] - before
+    results = []
+    for (run_dir, record), cache in zip(items, caches):
+        own = [t for j in record.jobs for t in _expected_tasks(j)]
+        known = dict(cache)
+        known.update({t: states[t] for t in own if t in states})
+        runs_mod.write_json(os.path.join(run_dir, "status.json"),
+                            {t: s for t, s in known.items() if s in TERMINAL})
+        out = []
+        for job in record.jobs:
+            tasks = {t: known.get(t, "UNKNOWN") for t in _expected_tasks(job)}
+            out.append(JobStatus(key=job.key, job_id=job.job_id, name=job.name,
+                                 state=summarize(list(tasks.values())), tasks=tasks))
+        done = all(all(s in TERMINAL for s in j.tasks.values()) for j in out)
+        run_used = used if any(t in states for t in own) else "cache"
+        results.append(StatusResult(run_dir=run_dir, jobs=out, done=done, calls=calls,
+                                    source=run_used, submission=record.state))
+    return results
 
 
 def summarize(states):

@@ -342,6 +342,8 @@ class Engine:
         times = []
         losses = []
         for i in range(warm + steps):
+            if i == 1:
+                self.log.startup("first_step")      # the first step (its tracing included) has ended
             inputs, labels = next(it)
             t0 = time.perf_counter()
             loss, _ = self._train_step(inputs, labels)

@@ -3,8 +3,9 @@
 Every record is one JSON object per line with a ``type`` key:
 ``params`` (the run configuration), ``info`` (one-off notes such as the
 embedding placement), ``step`` (step, epoch, loss, samples_per_s, lr),
-``eval`` (epoch, step, metrics) and ``summary`` (throughput, mean step time,
-final metrics). Lines are flushed as written so a killed job keeps its log.
+``eval`` (epoch, step, metrics), ``startup`` (one per start-up phase:
+horovod_init, data, model, first_step, with seconds since the process started)
+and ``summary`` (throughput, mean step time, final metrics). Lines are flushed as written so a killed job keeps its log.
 """
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ class RunLogger:
         if self._file is not None:
             self._file.write(json.dumps(rec, sort_keys=False) + "\n")
 
+    def startup(self, phase, **fields):
+        """A start-up phase reached, timed from the process start, so that a scaling study
+        can show start-up apart from step throughput. Horovod init is collective, so the
+        chief's time for it (and after it) is when the slowest rank had joined."""
+        self.record("startup", phase=phase, since_start_s=round(time.time() - _process_start(), 3), **fields)
+
     def info(self, message, **fields):
         """A note for humans (console) that is also kept in the JSON log."""
         if not self.enabled:
@@ -81,6 +88,22 @@ class RunLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _process_start():
+    """Wall-clock start of this process (Linux /proc), else when this module was imported."""
+    try:
+        with open("/proc/self/stat") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime"))
+        import os
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
 
 
 def _fmt(v):

@@ -326,6 +326,7 @@ def run(args):
         tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
     log = RunLogger(args.log_path, enabled=dist.is_chief, progress_every=args.log_every)
+    log.startup("horovod_init", world_size=dist.size)
     temporary = None
     try:
         if args.amp:
@@ -333,6 +334,7 @@ def run(args):
         tf.keras.utils.set_random_seed(args.seed)
         if not args.feature_spec:
             temporary = prepare_synthetic(args, dist, log)
+        log.startup("data")
         from recsys.feature_spec import FeatureSpec
         spec = FeatureSpec.from_yaml(args.feature_spec)
         params = args.as_dict()
@@ -344,6 +346,7 @@ def run(args):
             task.check_data()
         _log_placement(args, spec, task, dist, log)
         engine = Engine(args, task, dist, log)
+        log.startup("model")
         if args.restore or args.mode in ("evaluate", "inference"):
             if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
                 engine.restore()

@@ -1,0 +1,96 @@
+"""What the submission layer reads back from a finished job: the engine's JSON-lines log.
+
+The engine writes one JSON object per line (recsys.logger); the submission layer passes its
+`--log-path` (jobs.plan.EngineLog), so the log of job <key> is logs/<key>-<tag>.engine.jsonl in
+the run dir. The final `summary` record (throughput, step time, metrics, world size) is what
+status and studies report: read defensively (a torn last line, a record of a later summary
+version, missing fields are skipped, never guessed), and never from the human log lines. Only
+the reason of a failure, which the engine cannot always write (a scancel, a crash), is taken
+from the text logs.
+"""
+
+import glob
+import json
+import os
+import re
+
+SUFFIX = ".engine.jsonl"
+# summary fields a study reads; others pass through untouched
+THROUGHPUT, STEP_TIME, WORLD_SIZE = "throughput_samples_per_s", "mean_step_time_ms", "world_size"
+_REASON = re.compile(r"error|cancelled|killed|exception|diverg|timeout|time limit|oom|segmentation",
+                     re.IGNORECASE)
+
+
+def records(path):
+    """Every well-formed record of a JSON-lines log (undecodable lines skipped); [] if absent."""
+    out = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue        # a torn line of a killed job
+                if isinstance(rec, dict):
+                    out.append(rec)
+    except OSError:
+        return []
+    return out
+
+
+def job_logs(run_dir, key, tags=None):
+    """Engine logs of job `key`: logs/<key>-<tag>.engine.jsonl for the given tags, else every
+    tag of that key (oldest first)."""
+    logs = os.path.join(run_dir, "logs")
+    if tags:
+        paths = [os.path.join(logs, f"{key}-{tag}{SUFFIX}") for tag in tags]
+        return [p for p in paths if os.path.exists(p)]
+    return sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*{SUFFIX}")), key=os.path.getmtime)
+
+
+def summary(paths):
+    """The last `summary` record of the logs (a requeued job appends; the last run counts)."""
+    found = None
+    for path in paths:
+        for rec in records(path):
+            if rec.get("type") == "summary":
+                found = rec
+    return found
+
+
+def startup(paths):
+    """The `startup` records (one per phase: horovod_init, data, model, first_step)."""
+    return [rec for path in paths for rec in records(path) if rec.get("type") == "startup"]
+
+
+def number(record, field):
+    """A finite float field of a record, or None (absent, null, "nan", not a number)."""
+    if not record:
+        return None
+    value = record.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def failure_reason(run_dir, key, state):
+    """One line saying why job `key` failed: its state plus the last error-looking line of its
+    batch output or rank-0 log (the engine prints `recsys-train: error: ...` there)."""
+    logs = os.path.join(run_dir, "logs")
+    candidates = sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.out")) +
+                        glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.rank0.log")),
+                        key=os.path.getmtime)
+    best = None
+    for path in candidates:
+        try:
+            with open(path, errors="replace") as handle:
+                for line in handle:
+                    line = line.strip()
+                    if line and _REASON.search(line) and not line.startswith("[recsys] summary"):
+                        best = line
+        except OSError:
+            continue
+    if best and len(best) > 200:
+        best = best[:197] + "..."
+    return f"{state}: {best}" if best else state

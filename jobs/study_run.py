@@ -1,0 +1,341 @@
+"""A study directory and its life: submit the points, poll them, resume what is missing or failed.
+
+Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json (a typed,
+versioned StudyRecord: every point and the run directories of its attempts, rewritten
+atomically after every submission), points/ (one ordinary run directory per attempt, made by the
+orchestrator, jobs.submit) and results.json (every point's state, summary and failure reason,
+rewritten whenever the study is polled). All points are submitted from one process; a poll of
+the whole study is one jobs.status.poll_many call (one Slurm call). A requeued job keeps its job
+id and run, so it counts once; a failed point stays in the results with its reason and is the
+only kind of point (with never-submitted ones) that `run` submits again.
+"""
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from . import runs as runs_mod
+from .backends import backend_for
+from .errors import RequestError, SlurmCommandError, SubmitError
+from .records import _known, _Mapping
+from .slurmcli import TERMINAL
+from .study import StudyError, expand, is_study_dir, spec_yaml
+
+STUDY_VERSION = 1
+# what a point is, from its latest attempt
+DONE, RUNNING, PENDING, FAILED, MISSING = "done", "running", "pending", "failed", "missing"
+
+
+def _log(message):
+    print(f"recsys-submit: {message}", file=sys.stderr)
+
+
+@dataclass
+class PointRecord(_Mapping):
+    """One point of a study and the run directories of its attempts (oldest first)."""
+
+    id: str
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    batch_per_gpu: int
+    global_batch: int
+    variant: Dict[str, Any]
+    variant_label: str
+    repeat: int
+    runs: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_point(cls, point):
+        data = point.to_dict()
+        data.pop("engine_args")
+        return cls(**data)
+
+
+@dataclass
+class StudyRecord(_Mapping):
+    """study.json."""
+
+    name: str
+    study_dir: str
+    profile: str
+    profile_path: Optional[str]
+    scheduler: str
+    spec: Dict[str, Any]
+    created: float
+    points: List[PointRecord] = field(default_factory=list)
+    version: int = STUDY_VERSION
+
+    def save(self):
+        runs_mod.write_json(os.path.join(self.study_dir, "study.json"), self.to_dict())
+
+    @classmethod
+    def load(cls, study_dir):
+        path = os.path.join(study_dir, "study.json")
+        try:
+            data = runs_mod.read_json(path)
+        except OSError as exc:
+            raise RequestError(f"study: {study_dir!r} is not a study directory ({exc.strerror})") from None
+        except ValueError as exc:
+            raise RequestError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise RequestError(f"{path}: not a study record (expected a JSON object)")
+        if data.get("version", STUDY_VERSION) != STUDY_VERSION:
+            raise RequestError(f"{path}: study record version {data.get('version')!r} is not known "
+                               f"to this recsys-submit (it reads version {STUDY_VERSION})")
+        values = _known(cls, data)
+        values["points"] = [PointRecord(**_known(PointRecord, p)) for p in data.get("points", [])]
+        values["study_dir"] = os.path.abspath(study_dir)    # the directory may have moved
+        return cls(**values)
+
+
+@dataclass
+class PointStatus(_Mapping):
+    """A point's state from its latest attempt."""
+
+    id: str
+    state: str                      # done | running | pending | failed | missing
+    job_state: Optional[str]        # the scheduler's word (COMPLETED, CANCELLED, ...)
+    run_dir: Optional[str]
+    job_id: Optional[str]
+    attempts: int
+    summary: Optional[Dict[str, Any]] = None
+    reason: Optional[str] = None
+
+
+@dataclass
+class StudyStatus(_Mapping):
+    """One poll of a study."""
+
+    study_dir: str
+    points: List[PointStatus]
+    counts: Dict[str, int]
+    done: bool                      # nothing pending or running (failed and missing points may remain)
+    calls: int                      # Slurm commands this poll issued
+    elapsed_s: float                # since the study was created
+
+
+def default_study_dir(spec, runs_dir=None, profile=None):
+    return os.path.join(runs_dir or runs_mod.default_runs_dir(profile), f"study-{spec.name}")
+
+
+def find_study(study=None, runs_dir=None):
+    """A study argument: a path, a name under the runs dir (with or without `study-`), or
+    (None) the newest study there."""
+    runs_dir = runs_dir or runs_mod.default_runs_dir()
+    if study:
+        for candidate in (study, os.path.join(runs_dir, study), os.path.join(runs_dir, f"study-{study}")):
+            if is_study_dir(candidate):
+                return os.path.abspath(candidate)
+        raise RequestError(f"study: {study!r} is not a study directory (no study.json; runs dir {runs_dir})")
+    if os.path.isdir(runs_dir):
+        found = [os.path.join(runs_dir, d) for d in os.listdir(runs_dir) if is_study_dir(os.path.join(runs_dir, d))]
+        if found:
+            return os.path.abspath(max(found, key=lambda d: os.path.getmtime(os.path.join(d, "study.json"))))
+    raise RequestError(f"study: no studies under {runs_dir}; give a study directory")
+
+
+def _classify(job_status):
+    state = job_status.state
+    if state == "COMPLETED":
+        if job_status.summary is None:
+            return FAILED, "COMPLETED but its engine log has no summary record"
+        return DONE, None
+    if state in TERMINAL or state == "UNKNOWN":
+        return FAILED, job_status.reason or state
+    if state in ("PENDING", "REQUEUED", "CONFIGURING", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"):
+        return PENDING, None
+    return RUNNING, None
+
+
+def poll(record):
+    """A StudyStatus of every point (one poll_many call for all latest attempts); results.json
+    is rewritten with it."""
+    from .status import poll_many
+
+    latest = [(p, p.runs[-1]) for p in record.points if p.runs]
+    results = dict(zip([p.id for p, _ in latest], poll_many([r for _, r in latest]))) if latest else {}
+    calls = max([r.calls for r in results.values()] or [0])
+    out = []
+    for point in record.points:
+        result = results.get(point.id)
+        if result is None:
+            out.append(PointStatus(id=point.id, state=MISSING, job_state=None, run_dir=None, job_id=None,
+                                   attempts=0))
+            continue
+        job = result.jobs[0] if result.jobs else None
+        if job is None:
+            state, reason, job_state = FAILED, "its run has no job (submission failed)", None
+        else:
+            (state, reason), job_state = _classify(job), job.state
+        out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,
+                               job_id=job.job_id if job else None, attempts=len(point.runs),
+                               summary=job.summary if job else None, reason=reason))
+    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    status = StudyStatus(study_dir=record.study_dir, points=out, counts=counts,
+                         done=counts[RUNNING] == 0 and counts[PENDING] == 0, calls=calls,
+                         elapsed_s=round(time.time() - record.created, 1))
+    write_results(record, status)
+    return status
+
+
+def write_results(record, status):
+    """results.json: the study's points as last polled (atomically)."""
+    runs_mod.write_json(os.path.join(record.study_dir, "results.json"),
+                        {"version": STUDY_VERSION, "study": record.name, "profile": record.profile,
+                         "updated": round(time.time(), 3),
+                         "points": [dict(p.to_dict(), **{k: v for k, v in pr.to_dict().items() if k != "runs"})
+                                    for p, pr in zip(status.points, record.points)]})
+
+
+def open_study(spec, profile, study_dir):
+    """The StudyRecord of `study_dir`: created for a new study, loaded (and checked to be the
+    same spec and profile) for an existing one, with the spec's points merged in."""
+    points = expand(spec, profile)          # every check before anything exists
+    if is_study_dir(study_dir):
+        record = StudyRecord.load(study_dir)
+        if record.spec != spec.to_dict():
+            raise StudyError(f"study: {study_dir} was made from a different spec; give the study "
+                             "another name (name: in the spec) or remove that directory")
+        if record.profile != profile.name:
+            raise StudyError(f"--profile: study {study_dir} runs on profile {record.profile!r}, not "
+                             f"{profile.name!r}")
+    else:
+        try:
+            os.makedirs(os.path.join(study_dir, "points"))
+        except OSError as exc:
+            raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
+        runs_mod.write_text(os.path.join(study_dir, "study.yaml"), spec_yaml(spec))
+        record = StudyRecord(name=spec.name, study_dir=os.path.abspath(study_dir), profile=profile.name,
+                             profile_path=profile.path, scheduler=backend_for(profile).scheduler,
+                             spec=spec.to_dict(), created=round(time.time(), 3))
+    known = {p.id for p in record.points}
+    record.points += [PointRecord.from_point(p) for p in points if p.id not in known]
+    record.save()
+    return record, {p.id: p for p in points}
+
+
+def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_log,
+        poll_first=None, poll_max=None):
+    """Submit every point of `spec` that is missing or failed (all of them for a new study),
+    keeping at most `max_concurrent` points queued or running. Returns (StudyRecord, [ids of the
+    points submitted now]). Bad input raises StudyError/RequestError before anything exists."""
+    from .submit import load, submit
+
+    profile = load(profile)
+    if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):
+        raise StudyError(f"--max-concurrent: must be at least 1, got {max_concurrent}")
+    if study_dir is None:
+        runs_mod.check_runs_dir(runs_dir or runs_mod.default_runs_dir(profile))
+        study_dir = default_study_dir(spec, runs_dir, profile)
+    record, points = open_study(spec, profile, study_dir)
+    status = poll(record) if any(p.runs for p in record.points) else None
+    states = {p.id: p.state for p in status.points} if status else {}
+    todo = [p for p in record.points if p.id in points and states.get(p.id, MISSING) in (MISSING, FAILED)]
+    active = sum(1 for s in states.values() if s in (RUNNING, PENDING))
+    first = float(poll_first or os.environ.get("RECSYS_POLL_FIRST", "2"))
+    ceiling = float(poll_max or os.environ.get("RECSYS_POLL_MAX", "60"))
+    submitted = []
+    points_dir = os.path.join(record.study_dir, "points")
+
+    def submit_point(point):
+        return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log)
+
+    if max_concurrent or backend_for(profile).foreground:
+        for point in todo:      # one at a time: a cap on queued points, or local points in the foreground
+            delay = first
+            while max_concurrent and active >= max_concurrent:
+                time.sleep(delay)
+                delay = min(ceiling, delay * 1.5)
+                status = poll(record)
+                active = status.counts[RUNNING] + status.counts[PENDING]
+            point.runs.append(submit_point(point).run_dir)
+            record.save()
+            submitted.append(point.id)
+            active += 1
+    elif todo:
+        _submit_parallel(record, todo, submit_point, submitted, backend_for(profile))
+    if submitted and backend_for(profile).foreground:
+        poll(record)    # the points ran to their end: results.json says how (no Slurm call)
+    elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
+        write_results(record, _after_submission(record, status, submitted))
+    return record, submitted
+
+
+SUBMIT_THREADS = 8
+
+
+def _submit_parallel(record, todo, submit_point, submitted, backend):
+    """Submit independent points from a few threads (each sbatch waits on the controller, not on
+    this process); study.json is saved from this thread as each one lands. A point that could not
+    be submitted does not stop the others; the first error is raised at the end, saying what went
+    in (a re-run resumes with the missing points)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend.accounting()        # asks (and caches) the cluster's configuration once, before the threads
+    errors = []
+    with ThreadPoolExecutor(max_workers=min(SUBMIT_THREADS, len(todo))) as pool:
+        futures = [(point, pool.submit(submit_point, point)) for point in todo]
+        for point, future in futures:
+            try:
+                run_record = future.result()
+            except (RequestError, SubmitError, SlurmCommandError) as exc:
+                errors.append((point.id, exc))
+                continue
+            point.runs.append(run_record.run_dir)
+            record.save()
+            submitted.append(point.id)
+    if errors:
+        point_id, exc = errors[0]
+        raise SubmitError(f"point {point_id} not submitted: {exc}; {len(errors)} point(s) failed to submit, "
+                          f"{len(submitted)} submitted; `recsys-submit study run` again submits the missing "
+                          f"ones (study {record.study_dir})")
+
+
+def _after_submission(record, status, submitted):
+    """The StudyStatus right after submitting: the last poll's, with new attempts pending."""
+    before = {p.id: p for p in status.points} if status else {}
+    out = []
+    for point in record.points:
+        if point.id in submitted:
+            job = runs_mod.load_run(point.runs[-1]).jobs
+            out.append(PointStatus(id=point.id, state=PENDING, job_state="SUBMITTED", run_dir=point.runs[-1],
+                                   job_id=job[0].job_id if job else None, attempts=len(point.runs)))
+        else:
+            out.append(before.get(point.id) or PointStatus(id=point.id, state=MISSING, job_state=None,
+                                                           run_dir=None, job_id=None, attempts=0))
+    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    return StudyStatus(study_dir=record.study_dir, points=out, counts=counts, done=False, calls=0,
+                       elapsed_s=round(time.time() - record.created, 1))
+
+
+def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
+    """Poll a study until nothing is pending or running (back-off from `first` to `ceiling` s)."""
+    record = StudyRecord.load(study_dir)
+    first = float(first or os.environ.get("RECSYS_POLL_FIRST", "2"))
+    ceiling = float(ceiling or os.environ.get("RECSYS_POLL_MAX", "60"))
+    delay, start = first, time.monotonic()
+    while True:
+        status = poll(record)
+        if on_poll:
+            on_poll(status)
+        if status.done or (timeout is not None and time.monotonic() - start > timeout):
+            return status
+        time.sleep(delay)
+        delay = min(ceiling, delay * 1.5)
+
+
+def progress_line(status, width=30):
+    """`[#########-----]  3/8 done  1 running  3 pending  1 failed  elapsed 0:00:42`."""
+    total = len(status.points) or 1
+    finished = status.counts[DONE] + status.counts[FAILED]
+    filled = int(width * finished / total)
+    elapsed = int(status.elapsed_s)
+    parts = [f"[{'#' * filled}{'-' * (width - filled)}]", f"{status.counts[DONE]}/{total} done"]
+    for key in (RUNNING, PENDING, FAILED, MISSING):
+        if status.counts[key]:
+            parts.append(f"{status.counts[key]} {key}")
+    parts.append(f"elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
+    return "  ".join(parts)

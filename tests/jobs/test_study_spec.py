@@ -1,0 +1,95 @@
+"""Study specs: expansion into points (pure functions) and bad input refused by `recsys-submit
+study run` with one line naming the key or point, exit 2, nothing created or submitted. The
+checks run before any Slurm command, so no cluster is needed here."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from jobs.profiles import load_profile
+from jobs.study import StudyError, expand, load_spec, spec_from_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_gpu_counts_become_nodes_by_the_profile_node_size():
+    points = expand(spec_from_flags("dlrm", "1,2,4,8", batch_size=512), load_profile("ci"))
+    assert [(p.gpus, p.nodes, p.gpus_per_node, p.batch_per_gpu) for p in points] == \
+        [(1, 1, 1, 512), (2, 1, 2, 256), (4, 2, 2, 128), (8, 4, 2, 64)]
+    assert all(p.global_batch == 512 for p in points)
+    req = points[2].request(spec_from_flags("dlrm", "1,2,4,8", batch_size=512), "ci")
+    assert (req.kind, req.nodes, req.gpus_per_node) == ("benchmark", 2, 2)
+    assert req.engine_args[req.engine_args.index("--batch-size") + 1] == "512"
+
+
+def test_weak_scaling_variants_and_repeats_are_crossed():
+    spec = spec_from_flags("ncf", "1,2", scaling="weak", batch_size=100, repeats=2,
+                           variants=["amp=false,true", "xla=false,true"])
+    points = expand(spec, load_profile("ci"))
+    assert len(points) == 2 * 4 * 2
+    assert {(p.gpus, p.global_batch) for p in points} == {(1, 100), (2, 200)}
+    amp_xla = next(p for p in points if p.variant == {"amp": True, "xla": True} and p.gpus == 2 and p.repeat == 1)
+    assert amp_xla.id == "g2-n1x2-amp-true_xla-true-r1"
+    assert "--amp" in amp_xla.engine_args and "--xla" in amp_xla.engine_args
+    plain = next(p for p in points if p.variant == {"amp": False, "xla": False})
+    assert "--amp" not in plain.engine_args and "--xla" not in plain.engine_args
+
+
+def test_spec_file_and_example_in_docs(tmp_path):
+    spec = load_spec(os.path.join(REPO, "docs", "studies", "dlrm-strong.yaml"))
+    assert [p.id for p in expand(spec, load_profile("ci"))] == \
+        ["g1-n1x1-amp-false-r0", "g2-n1x2-amp-false-r0", "g4-n2x2-amp-false-r0", "g8-n4x2-amp-false-r0"]
+    with pytest.raises(StudyError, match=r"^.*bad\.yaml: scaling: 'linear' is not one of strong, weak$"):
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump({"model": "dlrm", "gpus": [1], "scaling": "linear"}))
+        load_spec(str(path))
+
+
+BAD = [
+    ({"model": "dlrm", "gpus": [1], "gpu_count": 2}, "gpu_count: unknown key"),
+    ({"model": "dlrm", "gpus": []}, "gpus: empty point list"),
+    ({"model": "dlrm", "points": []}, "points: empty point list"),
+    ({"model": "dlrm", "gpus": [1, 16]}, "point n8x2: --nodes: 8 nodes requested but profile 'ci' has 4"),
+    ({"model": "dlrm", "points": [{"nodes": 1, "gpus_per_node": 4}]}, "point n1x4: --gpus-per-node"),
+    ({"model": "dlrm", "gpus": [1, 2], "batch_size": 1001}, "batch_size: 1001 does not divide over the 2 GPUs of point n1x2"),
+    ({"model": "dlrm", "gpus": [1], "engine_args": ["--no-such-flag"]},
+     "point g1-n1x1-r0: the engine rejects its flags: unrecognized arguments: --no-such-flag"),
+    ({"model": "dlrm", "gpus": [1], "variants": {"embedding_dim": ["wide"]}},
+     "the engine rejects its flags: argument --embedding-dim: invalid int value: 'wide'"),
+    ({"model": "dlrm", "gpus": [1], "engine_args": ["--batch-size", "8"]}, "engine_args: --batch-size is set by the study"),
+    ({"model": "bert", "gpus": [1]}, "model: 'bert' is not one of"),
+]
+
+
+@pytest.mark.parametrize("spec,message", BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_spec_is_one_line_exit_2_nothing_created(tmp_path, spec, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    runs = tmp_path / "runs"
+    env = dict(os.environ, RECSYS_RUNS_DIR=str(runs))
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "study", "run", str(path), "--profile", "ci"],
+                          cwd=REPO, env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("recsys-submit: error: "), proc.stderr
+    assert message in lines[0]
+    assert not runs.exists()
+
+
+def test_bad_flags_and_missing_spec(tmp_path):
+    env = dict(os.environ, RECSYS_RUNS_DIR=str(tmp_path / "runs"))
+    cases = [(["study", "run", str(tmp_path / "nope.yaml"), "--profile", "ci"], "nope.yaml: cannot read the study spec"),
+             (["study", "run", "--model", "dlrm", "--gpus", "1,x", "--profile", "ci"], "--gpus: '1,x' is not a list"),
+             (["study", "run", "--model", "ncf", "--gpus", "1", "--variant", "amp", "--profile", "ci"], "--variant: 'amp'"),
+             (["study", "run", "--model", "ncf", "--gpus", "1", "--max-concurrent", "0", "--profile", "ci"],
+              "--max-concurrent: must be at least 1"),
+             (["study", "report", "no-such-study"], "study: 'no-such-study' is not a study directory")]
+    for argv, message in cases:
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *argv], cwd=REPO, env=env, text=True,
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
