@@ -6,6 +6,7 @@ failed). Imports stay lazy so the command starts fast on login nodes.
 
 import argparse
 import os
+import re
 import sys
 
 from .vocabulary import KINDS as JOB_KINDS
@@ -241,6 +242,30 @@ def requests_from_args(args, engine_args):
                        shards=args.shards, **common)
 
 
+_METRIC = re.compile(r"^(auc|bce|map_at_\d+|hr_at_\d+|ndcg_at_\d+)$")
+
+
+def _summary_text(summary):
+    """The engine's final summary record (docs/engine-log.md) as one line: metrics at their step,
+    throughput, step time, world size, checkpoint."""
+    from .enginelog import STEP_TIME, THROUGHPUT, number
+
+    parts = []
+    metrics = [f"{k} {number(summary, k):.4f}" for k in sorted(summary)
+               if _METRIC.match(k) and number(summary, k) is not None]
+    if metrics:
+        parts.append(", ".join(metrics) + (f" at step {summary['eval_step']}"
+                                           if summary.get("eval_step") is not None else ""))
+    if number(summary, THROUGHPUT) is not None:
+        parts.append(f"{number(summary, THROUGHPUT):,.0f} samples/s")
+    if number(summary, STEP_TIME) is not None:
+        parts.append(f"{number(summary, STEP_TIME):.1f} ms/step")
+    parts.append(f"world size {summary.get('world_size')}")
+    if summary.get("checkpoint"):
+        parts.append(f"checkpoint {summary['checkpoint']}")
+    return "; ".join(parts)
+
+
 def _print_status(result, as_json=False):
     if as_json:
         import json
@@ -251,10 +276,8 @@ def _print_status(result, as_json=False):
     width = max([len(j["key"]) for j in result["jobs"]] + [3])
     for job in result["jobs"]:
         print(f"  {job['key']:<{width}}  {job['job_id']:>10}  {job['state']}")
-        summary = job.get("summary")
-        if summary and isinstance(summary.get("throughput_samples_per_s"), (int, float)):
-            print(f"  {'':<{width}}  {'':>10}  {summary['throughput_samples_per_s']:,.0f} samples/s, "
-                  f"world size {summary.get('world_size')}")
+        if job.get("summary"):
+            print(f"  {'':<{width}}  {'':>10}  {_summary_text(job['summary'])}")
         if job.get("reason"):
             print(f"  {'':<{width}}  {'':>10}  {job['reason']}")
 

@@ -72,3 +72,23 @@ def test_local_no_wait_then_cancel(tmp_path):
     pids = [r["pid"] for r in hello_lines(run_dir)]
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+
+
+def test_local_train_prints_the_engine_summary(tmp_path):
+    """Waiting for a training job ends with the engine's summary (metrics, throughput, step time,
+    checkpoint), read from its JSON-lines log in the run dir, not from text logs."""
+    ckpt = tmp_path / "ckpt"
+    proc = _run(tmp_path, "train", "--profile", "local", "--model", "dlrm", "--", "--synthetic",
+                "--synthetic-rows", "4096", "--batch-size", "512", "--embedding-dim", "8",
+                "--bottom-mlp", "16,8", "--top-mlp", "16,1", "--epochs", "1", "--benchmark-warmup-steps", "2",
+                "--checkpoint-dir", str(ckpt))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from jobs import enginelog
+
+    run_dir = _run_dir(proc)
+    summary = enginelog.summary(enginelog.job_logs(run_dir, "main"))
+    assert summary is not None and summary["checkpoint"], summary
+    line = next(l for l in proc.stdout.splitlines() if "samples/s" in l)
+    assert f"auc {summary['auc']:.4f}" in line and f"at step {summary['eval_step']}" in line
+    assert f"{summary['throughput_samples_per_s']:,.0f} samples/s" in line
+    assert f"checkpoint {summary['checkpoint']}" in line and str(ckpt) in summary["checkpoint"]
