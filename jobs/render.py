@@ -155,11 +155,16 @@ def step_lines(spec, run_dir, container_name=None):
               " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
     container = profile.container
     if container is not None:
-        flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}"]
-        if container.mounts:
-            flags.append("--container-mounts=" + ",".join(container.mounts))
+        # The ranks run this checkout's code (bind.sh, the engines) and write into the run dir:
+        # both are mounted at their host paths, and the packages are put on PYTHONPATH (which
+        # --container-env keeps over the image's own value).
+        code = os.path.dirname(slurm_dir())
+        mounts = list(container.mounts) + [f"{code}:{code}:ro", f"{os.path.abspath(run_dir)}:{os.path.abspath(run_dir)}"]
+        flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}",
+                 "--container-mounts=" + ",".join(mounts), "--container-env=PYTHONPATH"]
         if container.workdir:
             flags.append(f"--container-workdir={container.workdir}")
+        pieces[0] = f"PYTHONPATH={shlex.quote(code)}" + "${PYTHONPATH:+:$PYTHONPATH} " + pieces[0]
         pieces.append(" ".join(shlex.quote(f) for f in flags))
     argv = _quote_command(rank_command(spec))
     if argv[:2] == ["bash", '"$RECSYS_SLURM_DIR/bind.sh"']:

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+
 from jobs.errors import RequestError
 from jobs.plan import plan, split_array
 from jobs.profiles import load_profile
@@ -63,6 +64,12 @@ def test_container_flags_once_and_profile_extras(tmp_path):
     assert "trap recsys_on_usr2 USR2" in text and 'recsys_requeue_id="$SLURM_JOB_ID"' in text
     assert 'scontrol requeue "$recsys_requeue_id"' in text
     assert "python -m recsys.train --model wide_deep --mode benchmark" in text
+    # the ranks run this checkout's code and write the run dir from inside the image
+    repo = REPO
+    mounts = re.search(r"--container-mounts=(\S+)", text).group(1).split(",")
+    assert f"{repo}:{repo}:ro" in mounts and "/raid/datasets:/data:ro" in mounts
+    assert any(m.startswith(str(tmp_path)) for m in mounts), mounts
+    assert "--container-env=PYTHONPATH" in text and re.search(rf"^PYTHONPATH={re.escape(repo)}\S* srun ", text, re.M)
 
 
 def test_criteo_array_plan_split_and_chained(tmp_path):
