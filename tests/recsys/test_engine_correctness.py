@@ -292,3 +292,20 @@ def test_transcoder_refuses_labels_other_than_0_and_1(tmp_path, label, dtype, sh
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "train.csv" in res.stderr and "row 3" in res.stderr
     assert shown in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_split_binary_reader_checks_ids_of_every_batch_it_reads(tmp_path):
+    """Large files are not scanned before training: each batch read is checked (negative ids too)."""
+    from recsys.data import synthetic
+    from recsys.data.split_binary import SplitBinaryReader
+    from recsys.errors import DataError
+    spec = synthetic.generate(synthetic.default_spec("dlrm", num_files=1), str(tmp_path),
+                              {"train": 4096, "test": 1024}, seed=1)
+    path = spec.path(spec.chunk_of("train", "cat_2")["files"][0])
+    ids = np.fromfile(path, dtype=spec.dtype("cat_2"))
+    ids[1000] = -1
+    ids.tofile(path)
+    reader = SplitBinaryReader(spec, "train", 512)
+    reader.read_flat(0)                                     # rows 0-511 are fine
+    with pytest.raises(DataError, match=rf"^{path}: row 1000: id -1 of cat_2 outside \[0, "):
+        reader.read_flat(1)
