@@ -199,8 +199,9 @@ def test_ncf_evaluates_against_stored_negatives(tiny_data, tmp_path):
 # ------------------------------------------------------------------ 4
 def _flags(model):
     # larger batches: about 8 steps per epoch, so that 12 steps cross an epoch boundary
-    drop = (["--deep-dropout", "0.3", "--batch-size", "1024"] if model == "wide_deep"
-            else ["--dropout", "0.3", "--batch-size", "4096"])
+    drop = {"wide_deep": ["--deep-dropout", "0.3", "--batch-size", "1024"],
+            "ncf": ["--dropout", "0.3", "--batch-size", "4096"],
+            "dlrm": ["--batch-size", "1024"]}[model]
     return [*SMALL[model], *drop, "--epochs", "2"]
 
 
@@ -213,10 +214,11 @@ def _run(ranks, args):
 
 @pytest.mark.parametrize("model,ranks", [("wide_deep", 1), ("ncf", 1),
                                          pytest.param("wide_deep", 2, marks=pytest.mark.horovod),
-                                         pytest.param("ncf", 2, marks=pytest.mark.horovod)])
+                                         pytest.param("ncf", 2, marks=pytest.mark.horovod),
+                                         pytest.param("dlrm", 2, marks=pytest.mark.horovod)])
 def test_restore_is_bitwise_with_dropout(model, ranks, tiny_data, tmp_path):
     """Interrupted at step 5 (epoch 0) and resumed into epoch 1 (NCF: new negatives): the same
-    weights as an uninterrupted run, bit for bit."""
+    weights as an uninterrupted run, bit for bit (DLRM at 1 rank: test_checkpoint.py)."""
     if ranks > 1 and shutil.which("mpirun") is None:
         pytest.skip("Open MPI (mpirun) is not installed")
     data = tiny_data(model)
