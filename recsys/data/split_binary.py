@@ -109,9 +109,11 @@ class SplitBinaryReader:
             block = arrays[k]
             if not block.size:
                 continue
+            # one pass: seen as unsigned, a negative id is huge, so `>= cardinality` catches both ends
+            unsigned = block.view(block.dtype.str.replace("i", "u"))
             for col, feature, card in cols:
-                ids = block[:, col]
-                if ids.min() < 0 or ids.max() >= card:
+                if (unsigned[:, col] >= card).any():
+                    ids = block[:, col]
                     row = int(np.flatnonzero((ids < 0) | (ids >= card))[0])
                     raise DataError(f"{path}: row {first_row + row}: id {int(ids[row])} of {feature} "
                                     f"outside [0, {card})")

@@ -199,8 +199,9 @@ def test_ncf_evaluates_against_stored_negatives(tiny_data, tmp_path):
 # ------------------------------------------------------------------ 4
 def _flags(model):
     # larger batches: about 8 steps per epoch, so that 12 steps cross an epoch boundary
-    drop = (["--deep-dropout", "0.3", "--batch-size", "1024"] if model == "wide_deep"
-            else ["--dropout", "0.3", "--batch-size", "4096"])
+    drop = {"wide_deep": ["--deep-dropout", "0.3", "--batch-size", "1024"],
+            "ncf": ["--dropout", "0.3", "--batch-size", "4096"],
+            "dlrm": ["--batch-size", "1024"]}[model]
     return [*SMALL[model], *drop, "--epochs", "2"]
 
 
@@ -213,10 +214,11 @@ def _run(ranks, args):
 
 @pytest.mark.parametrize("model,ranks", [("wide_deep", 1), ("ncf", 1),
                                          pytest.param("wide_deep", 2, marks=pytest.mark.horovod),
-                                         pytest.param("ncf", 2, marks=pytest.mark.horovod)])
+                                         pytest.param("ncf", 2, marks=pytest.mark.horovod),
+                                         pytest.param("dlrm", 2, marks=pytest.mark.horovod)])
 def test_restore_is_bitwise_with_dropout(model, ranks, tiny_data, tmp_path):
     """Interrupted at step 5 (epoch 0) and resumed into epoch 1 (NCF: new negatives): the same
-    weights as an uninterrupted run, bit for bit."""
+    weights as an uninterrupted run, bit for bit (DLRM at 1 rank: test_checkpoint.py)."""
     if ranks > 1 and shutil.which("mpirun") is None:
         pytest.skip("Open MPI (mpirun) is not installed")
     data = tiny_data(model)
@@ -292,3 +294,20 @@ def test_transcoder_refuses_labels_other_than_0_and_1(tmp_path, label, dtype, sh
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "train.csv" in res.stderr and "row 3" in res.stderr
     assert shown in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_split_binary_reader_checks_ids_of_every_batch_it_reads(tmp_path):
+    """Large files are not scanned before training: each batch read is checked (negative ids too)."""
+    from recsys.data import synthetic
+    from recsys.data.split_binary import SplitBinaryReader
+    from recsys.errors import DataError
+    spec = synthetic.generate(synthetic.default_spec("dlrm", num_files=1), str(tmp_path),
+                              {"train": 4096, "test": 1024}, seed=1)
+    path = spec.path(spec.chunk_of("train", "cat_2")["files"][0])
+    ids = np.fromfile(path, dtype=spec.dtype("cat_2"))
+    ids[1000] = -1
+    ids.tofile(path)
+    reader = SplitBinaryReader(spec, "train", 512)
+    reader.read_flat(0)                                     # rows 0-511 are fine
+    with pytest.raises(DataError, match=rf"^{path}: row 1000: id -1 of cat_2 outside \[0, "):
+        reader.read_flat(1)
