@@ -205,21 +205,27 @@ def summarize(states):
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None):
-    """Poll until every job is terminal, backing off from `first` to `ceiling` seconds."""
+def poll_until(poll_once, done, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None):
+    """Call `poll_once()` until `done(result)` (or `timeout` s), backing off from `first` to
+    `ceiling` seconds between polls (RECSYS_POLL_FIRST / RECSYS_POLL_MAX by default): the one
+    polling loop of runs and studies, so neither hammers the controller."""
     first = float(first or os.environ.get("RECSYS_POLL_FIRST", "2"))
     ceiling = float(ceiling or os.environ.get("RECSYS_POLL_MAX", "60"))
     delay, start = first, time.monotonic()
     while True:
-        result = poll(run_dir)
+        result = poll_once()
         if on_poll:
             on_poll(result)
-        if result["done"]:
-            return result
-        if timeout is not None and time.monotonic() - start > timeout:
+        if done(result) or (timeout is not None and time.monotonic() - start > timeout):
             return result
         time.sleep(delay)
         delay = min(ceiling, delay * factor)
+
+
+def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None):
+    """Poll a run until every job is terminal."""
+    return poll_until(lambda: poll(run_dir), lambda result: result["done"], on_poll=on_poll, first=first,
+                      factor=factor, ceiling=ceiling, timeout=timeout)
 
 
 def run_failed(result):

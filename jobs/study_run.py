@@ -21,6 +21,7 @@ from .backends import backend_for
 from .errors import RequestError, SlurmCommandError, SubmitError
 from .records import _known, _Mapping
 from .slurmcli import TERMINAL
+from .status import poll_until
 from .study import StudyError, expand, is_study_dir, spec_yaml
 
 STUDY_VERSION = 1
@@ -235,8 +236,6 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     states = {p.id: p.state for p in status.points} if status else {}
     todo = [p for p in record.points if p.id in points and states.get(p.id, MISSING) in (MISSING, FAILED)]
     active = sum(1 for s in states.values() if s in (RUNNING, PENDING))
-    first = float(poll_first or os.environ.get("RECSYS_POLL_FIRST", "2"))
-    ceiling = float(poll_max or os.environ.get("RECSYS_POLL_MAX", "60"))
     submitted = []
     points_dir = os.path.join(record.study_dir, "points")
 
@@ -245,11 +244,10 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
 
     if max_concurrent or backend_for(profile).foreground:
         for point in todo:      # one at a time: a cap on queued points, or local points in the foreground
-            delay = first
-            while max_concurrent and active >= max_concurrent:
-                time.sleep(delay)
-                delay = min(ceiling, delay * 1.5)
-                status = poll(record)
+            if max_concurrent and active >= max_concurrent:
+                status = poll_until(lambda: poll(record),
+                                    lambda s: s.counts[RUNNING] + s.counts[PENDING] < max_concurrent,
+                                    first=poll_first, ceiling=poll_max)
                 active = status.counts[RUNNING] + status.counts[PENDING]
             point.runs.append(submit_point(point).run_dir)
             record.save()
@@ -312,19 +310,10 @@ def _after_submission(record, status, submitted):
 
 
 def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
-    """Poll a study until nothing is pending or running (back-off from `first` to `ceiling` s)."""
+    """Poll a study until nothing is pending or running."""
     record = StudyRecord.load(study_dir)
-    first = float(first or os.environ.get("RECSYS_POLL_FIRST", "2"))
-    ceiling = float(ceiling or os.environ.get("RECSYS_POLL_MAX", "60"))
-    delay, start = first, time.monotonic()
-    while True:
-        status = poll(record)
-        if on_poll:
-            on_poll(status)
-        if status.done or (timeout is not None and time.monotonic() - start > timeout):
-            return status
-        time.sleep(delay)
-        delay = min(ceiling, delay * 1.5)
+    return poll_until(lambda: poll(record), lambda status: status.done, on_poll=on_poll, first=first,
+                      ceiling=ceiling, timeout=timeout)
 
 
 def progress_line(status, width=30):
