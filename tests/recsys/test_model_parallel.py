@@ -3,7 +3,7 @@
 The model-parallel runs are compared with replicated runs of the same world size: same data
 per rank, same initial weights (tables are seeded per column), so only the floating-point
 order of the gradient sums differs. Stated tolerance: losses within 1e-5 absolute, final
-weights within rtol 1e-4 / atol 1e-6 (observed differences are around 1e-7).
+weights within rtol 1e-4 / atol 1e-6 (observed: DLRM on 2 ranks, 8 steps, bitwise equal).
 """
 import json
 import os
