@@ -24,6 +24,18 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def publish(tmp, final):
+    """Rename a fully written checkpoint directory into place. The same step saved twice (epoch
+    end, then a signal) replaces the older copy; a reader never sees a half-written one."""
+    if os.path.exists(final):
+        old = final + f".old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
 class AtomicCheckpointer:
     """Save/restore a ``tf.train.Checkpoint`` atomically, keeping the newest ``keep``."""
 
@@ -65,13 +77,7 @@ class AtomicCheckpointer:
             json.dump(info, f)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(final):          # same step saved twice (epoch end, then signal): replace
-            old = final + f".old-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        publish(tmp, final)
         self._prune()
         return final
 

@@ -27,7 +27,7 @@ import os
 import shutil
 import time
 
-from recsys.checkpoint import META, PREFIX, AtomicCheckpointer, CheckpointError
+from recsys.checkpoint import META, PREFIX, AtomicCheckpointer, CheckpointError, publish
 
 FORMAT = "sharded-v1"
 TABLES = "tables.json"
@@ -152,13 +152,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
             if validate_layout:
                 raise CheckpointError(f"{tmp}: ranks {validate_layout} did not finish writing")
             _write_json(os.path.join(tmp, META), info)
-            if os.path.exists(final):          # same step saved twice (epoch end, then signal): replace
-                old = final + f".old-{os.getpid()}"
-                os.rename(final, old)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
+            publish(tmp, final)
             self._prune()
         dist.barrier()
         return final
