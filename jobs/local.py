@@ -70,6 +70,7 @@ def _job_env(spec, run_dir, task_index=None):
     from .binding import bind_env
 
     env = {k: str(v) for k, v in (spec.profile.env or {}).items()}
+    env.update({k: str(v) for k, v in spec.env.items()})
     if spec.bind:
         env.update(bind_env(spec.profile.node))
     env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=slurm_dir(), RECSYS_JOB_KEY=spec.key,

@@ -143,6 +143,25 @@ def _engine_command(res, python):
     return command
 
 
+def embedding_memory_gb(node, gpus_per_node, ntasks_per_node):
+    """Memory one rank has for its embedding tables and weights: its GPU's memory when ranks own
+    GPUs, else the node's memory shared by its ranks (None when the profile does not say)."""
+    if gpus_per_node and node.gpu_memory_gb:
+        return float(node.gpu_memory_gb)
+    if node.memory_gb:
+        return round(float(node.memory_gb) / max(1, ntasks_per_node), 3)
+    return None
+
+
+def _engine_env(res):
+    """The training engine's defaults that come from the profile (the engine reads them from its
+    environment): the per-rank embedding memory budget of --embedding-placement auto."""
+    if res.engine != "recsys":
+        return {}
+    budget = embedding_memory_gb(res.profile.node, res.gpus_per_node, res.ntasks_per_node)
+    return {} if budget is None else {"RECSYS_EMBEDDING_MEMORY_GB": f"{budget:g}"}
+
+
 def plan_request(res, max_array_size=None, key_prefix=""):
     """The JobSpecs of one resolved request, in submission order."""
     req, profile = res.request, res.profile
@@ -158,7 +177,8 @@ def plan_request(res, max_array_size=None, key_prefix=""):
 
     if res.engine != "preproc":
         base = JobSpec(key=f"{prefix}main" if not prefix else key_prefix, name=res.name,
-                       command=_engine_command(res, python), bind=True, **common)
+                       command=_engine_command(res, python), bind=True,
+                       env=_engine_env(res), **common)
         if req.array:
             return _array_specs(base, req.array, req.array_parallelism, max_array)
         return [base]

@@ -121,3 +121,15 @@ def test_signal_seconds_must_fit_in_time_limit():
     profile = load_profile("ci")
     with pytest.raises(RequestError, match="--signal-seconds"):
         plan([JobRequest(kind="train", model="ncf", time="1", signal_seconds=120)], profile)
+
+
+def test_embedding_memory_budget_comes_from_the_profile(tmp_path):
+    """--embedding-placement auto needs each rank's memory: its GPU's on GPU nodes, else the node's
+    memory shared by its ranks; preprocessing jobs get none."""
+    gpu = _script(JobRequest(kind="train", model="dlrm"), "dgxa100", tmp_path)
+    assert "export RECSYS_EMBEDDING_MEMORY_GB=80\n" in gpu
+    cpu = _script(JobRequest(kind="train", model="dlrm", gpus_per_node=2), "ci", tmp_path)
+    node = load_profile("ci").node
+    assert f"export RECSYS_EMBEDDING_MEMORY_GB={node.memory_gb / 2:g}\n" in cpu
+    pre = _script(JobRequest(kind="preprocess", dataset="movielens", input="a", output="b"), "ci", tmp_path)
+    assert "RECSYS_EMBEDDING_MEMORY_GB" not in pre
