@@ -36,7 +36,7 @@ from preproc.criteo_layout import (CAT_FEATURES, EMBEDDING_DIM, INT_FEATURES, MA
                                    embedding_gib, format_bytes)
 from preproc.criteo_transform import ORDER_FILE, load_shards, piece_order, record_sizes
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir
+from preproc.output import atomic_dir, verify_against_spec
 
 log = logging.getLogger("preproc.criteo")
 SPEC_FILE = "feature_spec.yaml"
@@ -155,19 +155,7 @@ def write_feature_spec(spec: dict, directory: Path, name: str = SPEC_FILE) -> No
 
 def verify_specs(directory: Path, expected_rows: dict[str, int]) -> None:
     """Every spec file validates (files present, whole rows) and its rows are what the shards counted."""
-    from recsys.feature_spec import FeatureSpec, FeatureSpecError
-
-    found = {}
-    for name in (SPEC_FILE, VALIDATION_SPEC):
-        if (directory / name).exists():
-            try:
-                found.update(FeatureSpec.from_yaml(str(directory / name)).validate())
-            except FeatureSpecError as exc:
-                raise PreprocError(f"verification failed: {exc}") from None
-    for mapping, want in expected_rows.items():
-        if found.get(mapping) != want:
-            raise PreprocError(f"verification failed: {directory}: mapping {mapping} has {found.get(mapping)} "
-                               f"rows on disk, the job produced {want}")
+    verify_against_spec(directory, expected_rows, spec_files=(SPEC_FILE, VALIDATION_SPEC))
 
 
 def size_report(meta: dict, rows: dict[str, int], file_bytes: dict[str, dict[str, int]]) -> dict:

@@ -110,15 +110,20 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def verify_against_spec(directory: str | os.PathLike, expected_rows: dict[str, int]) -> dict[str, int]:
-    """Validate ``directory/feature_spec.yaml`` and its files; rows per mapping must match ``expected_rows``."""
+def verify_against_spec(directory: str | os.PathLike, expected_rows: dict[str, int],
+                        spec_files: tuple[str, ...] = ("feature_spec.yaml",)) -> dict[str, int]:
+    """Validate each spec file of ``directory`` that exists (files present, whole rows); the rows
+    per mapping over all of them must match ``expected_rows``."""
     from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
-    try:
-        spec = FeatureSpec.from_yaml(os.path.join(directory, "feature_spec.yaml"))
-        rows = spec.validate()
-    except FeatureSpecError as exc:
-        raise PreprocError(f"verification failed: {exc}") from None
+    rows: dict[str, int] = {}
+    for name in spec_files:
+        path = os.path.join(directory, name)
+        if name == spec_files[0] or os.path.exists(path):
+            try:
+                rows.update(FeatureSpec.from_yaml(path).validate())
+            except FeatureSpecError as exc:
+                raise PreprocError(f"verification failed: {exc}") from None
     for mapping, want in expected_rows.items():
         if rows.get(mapping) != want:
             raise PreprocError(f"verification failed: {directory}: mapping {mapping} has {rows.get(mapping)} rows "
