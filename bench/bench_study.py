@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_submit import CLUSTER, REPO, SHIM, timed  # noqa: E402  (the shared shim and timer)
+from bench_submit import CLUSTER, REPO, counting_env, timed  # noqa: E402  (the shared shim and timer)
 
 SWEEP = ["--profile", "ci", "--model", "dlrm", "--gpus", "1,2,4,8", "--variant", "precision=tf32,fp32,amp",
          "--batch-size", "4096", "--warmup-steps", "2", "--steps", "5", "--time", "5"]
@@ -61,14 +61,7 @@ def bench_submit(env, rounds):
 
 
 def bench_poll(env, study_dir, polls):
-    shim_dir = tempfile.mkdtemp(prefix="recsys-shim-")
-    for tool in ("squeue", "sacct", "scontrol", "sbatch", "scancel"):
-        path = os.path.join(shim_dir, tool)
-        with open(path, "w") as handle:
-            handle.write(SHIM.format(real=shutil.which(tool, path=env["PATH"])))
-        os.chmod(path, 0o755)
-    calls_file = os.path.join(shim_dir, "calls.log")
-    shim_env = dict(env, PATH=f"{shim_dir}{os.pathsep}{env['PATH']}", RECSYS_BENCH_CALLS=calls_file)
+    shim_env, calls_file = counting_env(env)
     study_calls, study_times = [], []
     for _ in range(polls):
         open(calls_file, "w").close()
@@ -88,7 +81,7 @@ def bench_poll(env, study_dir, polls):
     print(f"{'recsys-submit study status':<52} {statistics.median(study_calls):10.0f} "
           f"{statistics.median(study_times):8.3f}")
     print(f"{'recsys-submit status of each point run (12 processes)':<52} {per_run_calls:10d} {per_run_time:8.3f}")
-    shutil.rmtree(shim_dir, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(calls_file), ignore_errors=True)
 
 
 def main():

@@ -90,7 +90,9 @@ exec "{real}" "$@"
 """
 
 
-def bench_status(env, n_jobs, polls):
+def counting_env(env):
+    """(env, calls file): Slurm's commands on PATH wrapped by shims that log each call, then exec
+    the real command, so a benchmark can count how many calls an operation makes."""
     shim_dir = tempfile.mkdtemp(prefix="recsys-shim-")
     for tool in ("squeue", "sacct", "scontrol", "sbatch", "scancel"):
         path = os.path.join(shim_dir, tool)
@@ -98,7 +100,11 @@ def bench_status(env, n_jobs, polls):
             handle.write(SHIM.format(real=shutil.which(tool, path=env["PATH"])))
         os.chmod(path, 0o755)
     calls_file = os.path.join(shim_dir, "calls.log")
-    shim_env = dict(env, PATH=f"{shim_dir}{os.pathsep}{env['PATH']}", RECSYS_BENCH_CALLS=calls_file)
+    return dict(env, PATH=f"{shim_dir}{os.pathsep}{env['PATH']}", RECSYS_BENCH_CALLS=calls_file), calls_file
+
+
+def bench_status(env, n_jobs, polls):
+    shim_env, calls_file = counting_env(env)
     code = ("import sys; from jobs.api import JobRequest, submit;"
             "r=JobRequest(kind='benchmark', model='hello', nodes=1, gpus_per_node=1, time='5');"
             "print(submit([r]*int(sys.argv[1]), 'ci')['run_dir'])")
@@ -130,7 +136,7 @@ def bench_status(env, n_jobs, polls):
           f"{statistics.median(cli_times):8.3f}")
     print(f"{'jobs.status.poll() in one process':<46} {api_calls:10d} {statistics.median(api_times):8.3f}")
     print(f"{'baseline: one squeue -j per job':<46} {n_jobs:10d} {statistics.median(naive):8.3f}")
-    shutil.rmtree(shim_dir, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(calls_file), ignore_errors=True)
     return ids
 
 

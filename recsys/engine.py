@@ -18,7 +18,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from recsys.checkpoint import AtomicCheckpointer, StopRequest
+from recsys.checkpoint import StopRequest
 from recsys.config import TrainConfig
 from recsys.errors import DataError, DivergedError, data_error_message
 

@@ -10,7 +10,6 @@ Two studies, each shared by the assertions of its module-scoped fixture:
 import json
 import os
 import re
-import shutil
 
 import pytest
 

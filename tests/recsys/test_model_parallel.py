@@ -6,7 +6,6 @@ order of the gradient sums differs. Stated tolerance: losses within 1e-5 absolut
 weights within rtol 1e-4 / atol 1e-6 (observed: DLRM on 2 ranks, 8 steps, bitwise equal).
 """
 import json
-import os
 import shutil
 import subprocess
 
