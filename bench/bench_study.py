@@ -21,11 +21,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_submit import CLUSTER, REPO, counting_env, timed  # noqa: E402  (the shared shim and timer)
+from bench_submit import REPO, counting_env, pending_cluster, timed  # noqa: E402  (the shared shim and timer)
 
 SWEEP = ["--profile", "ci", "--model", "dlrm", "--gpus", "1,2,4,8", "--variant", "precision=tf32,fp32,amp",
          "--batch-size", "4096", "--warmup-steps", "2", "--steps", "5", "--time", "5"]
@@ -89,21 +88,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--polls", type=int, default=5)
     args = parser.parse_args()
-    state = tempfile.mkdtemp(prefix="recsys-bench-slurm-")
-    runs = tempfile.mkdtemp(prefix="recsys-bench-runs-")
-    proc = subprocess.run(["bash", CLUSTER, "up", "--dir", state], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"cluster did not start:\n{proc.stderr}")
-    env = dict(os.environ, SLURM_CONF=os.path.join(state, "etc", "slurm.conf"), RECSYS_RUNS_DIR=runs)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
-    try:
-        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=env, check=True)
+    with pending_cluster() as env:
         dirs = bench_submit(env, args.rounds)
         bench_poll(env, dirs[0], args.polls)
-    finally:
-        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True)
-        subprocess.run(["bash", CLUSTER, "down", "--dir", state], env=env, capture_output=True)
-        shutil.rmtree(runs, ignore_errors=True)
     print(f"\nreproduce: {sys.executable} bench/bench_study.py --rounds {args.rounds} --polls {args.polls}")
 
 

@@ -14,6 +14,7 @@ Reproduce: .venv/bin/python bench/bench_submit.py [--jobs 32] [--status-jobs 100
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -140,6 +141,28 @@ def bench_status(env, n_jobs, polls):
     return ids
 
 
+@contextlib.contextmanager
+def pending_cluster(accounting=False):
+    """A private local Slurm cluster whose partition is DOWN, so submitted jobs stay pending and
+    only submission and polling are measured; yields the environment that talks to it, and
+    cancels everything and takes the cluster down afterwards."""
+    state = tempfile.mkdtemp(prefix="recsys-bench-slurm-")
+    runs = tempfile.mkdtemp(prefix="recsys-bench-runs-")
+    up = ["bash", CLUSTER, "up", "--dir", state] + (["--accounting"] if accounting else [])
+    proc = subprocess.run(up, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"cluster did not start:\n{proc.stderr}")
+    env = dict(os.environ, SLURM_CONF=os.path.join(state, "etc", "slurm.conf"), RECSYS_RUNS_DIR=runs)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
+    try:
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=env, check=True)
+        yield env
+    finally:
+        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True)
+        subprocess.run(["bash", CLUSTER, "down", "--dir", state], env=env, capture_output=True)
+        shutil.rmtree(runs, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=32)
@@ -148,24 +171,9 @@ def main():
     parser.add_argument("--polls", type=int, default=10)
     parser.add_argument("--accounting", action="store_true", help="bring the cluster up with slurmdbd")
     args = parser.parse_args()
-    state = tempfile.mkdtemp(prefix="recsys-bench-slurm-")
-    runs = tempfile.mkdtemp(prefix="recsys-bench-runs-")
-    up = ["bash", CLUSTER, "up", "--dir", state]
-    if args.accounting:
-        up.append("--accounting")
-    proc = subprocess.run(up, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"cluster did not start:\n{proc.stderr}")
-    env = dict(os.environ, SLURM_CONF=os.path.join(state, "etc", "slurm.conf"), RECSYS_RUNS_DIR=runs)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
-    try:
-        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=env, check=True)
+    with pending_cluster(args.accounting) as env:
         bench_submit(env, args.jobs, args.rounds)
         bench_status(env, args.status_jobs, args.polls)
-    finally:
-        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True)
-        subprocess.run(["bash", CLUSTER, "down", "--dir", state], env=env, capture_output=True)
-        shutil.rmtree(runs, ignore_errors=True)
     extra = " --accounting" if args.accounting else ""
     print(f"\nreproduce: {sys.executable} bench/bench_submit.py --jobs {args.jobs} --rounds {args.rounds} "
           f"--status-jobs {args.status_jobs} --polls {args.polls}{extra}")
