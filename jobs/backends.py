@@ -102,6 +102,10 @@ class SlurmBackend(Backend):
 
     scheduler = "slurm"
 
+    def __init__(self, profile=None):
+        super().__init__(profile)
+        self._checked = {}      # (run dir, key) -> (token, script text) rendered by check()
+
     def max_array_size(self, requests):
         """The cluster's MaxArraySize, asked of Slurm only when the plan has an array."""
         from . import slurmcli
@@ -124,7 +128,10 @@ class SlurmBackend(Backend):
         from .render import render
 
         for spec in specs:      # every value sbatch must take, checked before anything exists
-            render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token="0" * 16)
+            token = os.urandom(8).hex()
+            text = render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token=token)
+            if not (spec.after_ok or spec.after_any):   # no job id of this run to fill in: final
+                self._checked[(run_dir, spec.key)] = (token, text)
         return False
 
     def submit(self, spec, run_dir, ids, wait, log=None):
@@ -133,9 +140,14 @@ class SlurmBackend(Backend):
         from .render import render
         from .runs import write_text
 
-        token = os.urandom(8).hex()
         script = os.path.join(run_dir, f"{spec.key}.sbatch")
-        write_text(script, render(spec, run_dir, script, ids=ids, token=token))
+        checked = self._checked.pop((run_dir, spec.key), None)
+        if checked is not None:     # the script check() rendered is the one submitted
+            token, text = checked
+        else:
+            token = os.urandom(8).hex()
+            text = render(spec, run_dir, script, ids=ids, token=token)
+        write_text(script, text)
         job_id = slurmcli.sbatch(script, token, log=log)
         return [JobRecord(key=spec.key, name=spec.name, job_id=job_id, array_size=spec.array_size,
                           task_offset=spec.task_offset, ntasks=spec.nodes * spec.ntasks_per_node,

@@ -38,11 +38,37 @@ class _Mapping:
         return getattr(self, key) if key in self._keys() else default
 
     @classmethod
+    def _names(cls):
+        """The field names, in order (worked out once per class)."""
+        names = cls.__dict__.get("_field_names")
+        if names is None:
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            setattr(cls, "_field_names", names)
+        return names
+
+    @classmethod
     def _keys(cls):
-        return {f.name for f in dataclasses.fields(cls)}
+        return frozenset(cls._names())
 
     def to_dict(self):
-        return dataclasses.asdict(self)
+        """Plain data, as dataclasses.asdict gives it, without its deep copy of every value:
+        records hold plain JSON values and other records, and are written many times a study."""
+        return {name: _plain(getattr(self, name)) for name in self._names()}
+
+
+def _plain(value):
+    if isinstance(value, _Mapping):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [_plain(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def _check_version(data, path):

@@ -268,25 +268,25 @@ def expand(spec, profile):
     base = ["--data-path", spec.data_path] if spec.data_path else ["--synthetic"]
     points = []
     for nodes, gpn in _sizes(spec, profile):
+        size_id = f"n{nodes}x{gpn if gpn is not None else 'd'}"
+        probe = JobRequest(kind="benchmark", profile=profile.name, model=spec.model, nodes=nodes,
+                           gpus_per_node=gpn, time=spec.time, name="probe")
+        try:        # once per size: the variants and repeats of a size plan the same
+            resolved, _ = plan([probe], profile)
+        except RequestError as exc:
+            raise StudyError(f"{spec.source}: point {size_id}: {exc}") from None
+        res = resolved[0]
+        gpn = res.request.gpus_per_node if res.request.gpus_per_node is not None else res.gpus_per_node
+        ranks = res.ranks
+        if spec.scaling == "strong":
+            if spec.batch_size % ranks:
+                raise StudyError(f"{spec.source}: batch_size: {spec.batch_size} does not divide over the "
+                                 f"{ranks} GPUs of point {size_id}")
+            per_gpu, global_batch = spec.batch_size // ranks, spec.batch_size
+        else:
+            per_gpu, global_batch = spec.batch_size, spec.batch_size * ranks
         for variant in variants:
             for repeat in range(spec.repeats):
-                size_id = f"n{nodes}x{gpn if gpn is not None else 'd'}"
-                probe = JobRequest(kind="benchmark", profile=profile.name, model=spec.model, nodes=nodes,
-                                   gpus_per_node=gpn, time=spec.time, name="probe")
-                try:
-                    resolved, _ = plan([probe], profile)
-                except RequestError as exc:
-                    raise StudyError(f"{spec.source}: point {size_id}: {exc}") from None
-                res = resolved[0]
-                gpn = res.request.gpus_per_node if res.request.gpus_per_node is not None else res.gpus_per_node
-                ranks = res.ranks
-                if spec.scaling == "strong":
-                    if spec.batch_size % ranks:
-                        raise StudyError(f"{spec.source}: batch_size: {spec.batch_size} does not divide over the "
-                                         f"{ranks} GPUs of point {size_id}")
-                    per_gpu, global_batch = spec.batch_size // ranks, spec.batch_size
-                else:
-                    per_gpu, global_batch = spec.batch_size, spec.batch_size * ranks
                 label = _variant_label(variant)
                 pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + slug(label.replace(",", "_").replace("=", "-"))) \
                     + f"-r{repeat}"
@@ -369,7 +369,8 @@ def spec_yaml(spec):
     """The spec as YAML (what the study directory keeps as study.yaml)."""
     import yaml
 
-    return yaml.safe_dump(spec.to_dict(), sort_keys=False)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)    # libyaml when built with it: same text
+    return yaml.dump(spec.to_dict(), Dumper=dumper, sort_keys=False)
 
 
 def is_study_dir(path):

@@ -231,7 +231,13 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     if study_dir is None:
         runs_mod.check_runs_dir(runs_dir or runs_mod.default_runs_dir(profile))
         study_dir = default_study_dir(spec, runs_dir, profile)
+    backend = backend_for(profile)
+    # a new study submits every point: ask the cluster's configuration (one Slurm call) while
+    # the points are checked, not after
+    config = None if is_study_dir(study_dir) else _ask_config(backend)
     record, points = open_study(spec, profile, study_dir)
+    if config is not None:
+        config.join()
     status = poll(record) if any(p.runs for p in record.points) else None
     states = {p.id: p.state for p in status.points} if status else {}
     todo = [p for p in record.points if p.id in points and states.get(p.id, MISSING) in (MISSING, FAILED)]
@@ -239,52 +245,118 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     submitted = []
     points_dir = os.path.join(record.study_dir, "points")
 
+    runs = {}       # point id -> the RunRecord its submission returned
+
     def submit_point(point):
         return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log)
 
-    if max_concurrent or backend_for(profile).foreground:
+    if max_concurrent or backend.foreground:
         for point in todo:      # one at a time: a cap on queued points, or local points in the foreground
             if max_concurrent and active >= max_concurrent:
                 status = poll_until(lambda: poll(record),
                                     lambda s: s.counts[RUNNING] + s.counts[PENDING] < max_concurrent,
                                     first=poll_first, ceiling=poll_max)
                 active = status.counts[RUNNING] + status.counts[PENDING]
-            point.runs.append(submit_point(point).run_dir)
+            runs[point.id] = submit_point(point)
+            point.runs.append(runs[point.id].run_dir)
             record.save()
             submitted.append(point.id)
             active += 1
     elif todo:
-        _submit_parallel(record, todo, submit_point, submitted, backend_for(profile))
-    if submitted and backend_for(profile).foreground:
+        backend.accounting()    # asked (and cached) once, before the threads
+        _submit_parallel(record, todo, submit_point, submitted, runs)
+    if submitted and backend.foreground:
         poll(record)    # the points ran to their end: results.json says how (no Slurm call)
     elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
-        write_results(record, _after_submission(record, status, submitted))
+        write_results(record, _after_submission(record, status, submitted, runs))
     return record, submitted
+
+
+def _ask_config(backend):
+    """A started thread that asks the backend once for what every run records (Slurm: whether
+    accounting is on, one `scontrol show config`, cached for the process), so that the call's
+    latency overlaps the checking of the points instead of adding to it. Join it before
+    anything else asks."""
+    import threading
+
+    thread = threading.Thread(target=backend.accounting, name="recsys-config", daemon=True)
+    thread.start()
+    return thread
 
 
 SUBMIT_THREADS = 8
 
 
-def _submit_parallel(record, todo, submit_point, submitted, backend):
+def _submit_parallel(record, todo, submit_point, submitted, runs):
     """Submit independent points from a few threads (each sbatch waits on the controller, not on
-    this process); study.json is saved from this thread as each one lands. A point that could not
-    be submitted does not stop the others; the first error is raised at the end, saying what went
-    in (a re-run resumes with the missing points)."""
-    from concurrent.futures import ThreadPoolExecutor
+    this process). study.json is saved from this thread as points land, once for all the points
+    that landed since the last save. A point that could not be submitted does not stop the
+    others; the first error is raised at the end, saying what went in (a re-run resumes with the
+    missing points). Interrupted, no further point is started, and the ones in flight land in
+    study.json before the interrupt goes on."""
+    import queue
+    import threading
 
-    backend.accounting()        # asks (and caches) the cluster's configuration once, before the threads
-    errors = []
-    with ThreadPoolExecutor(max_workers=min(SUBMIT_THREADS, len(todo))) as pool:
-        futures = [(point, pool.submit(submit_point, point)) for point in todo]
-        for point, future in futures:
+    landed = queue.Queue()
+    pending = iter(todo)
+    take = threading.Lock()
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            with take:
+                point = next(pending, None)
+            if point is None:
+                return
             try:
-                run_record = future.result()
-            except (RequestError, SubmitError, SlurmCommandError) as exc:
+                landed.put((point, submit_point(point), None))
+            except BaseException as exc:    # reported (or re-raised, for a bug) by the main thread
+                landed.put((point, None, exc))
+
+    threads = [threading.Thread(target=worker, name=f"recsys-submit-{i}")
+               for i in range(min(SUBMIT_THREADS, len(todo)))]
+    errors = []
+
+    def take_landed(batch):
+        for point, run_record, exc in batch:
+            if exc is not None:
                 errors.append((point.id, exc))
                 continue
+            runs[point.id] = run_record
             point.runs.append(run_record.run_dir)
-            record.save()
             submitted.append(point.id)
+        if any(exc is None for _, _, exc in batch):
+            record.save()
+
+    try:
+        for thread in threads:
+            thread.start()
+        while len(submitted) + len(errors) < len(todo):
+            batch = [landed.get()]
+            while True:                 # everything else that landed meanwhile: one save for all
+                try:
+                    batch.append(landed.get_nowait())
+                except queue.Empty:
+                    break
+            take_landed(batch)
+    except BaseException:
+        stop.set()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join()
+        batch = []
+        while not landed.empty():
+            batch.append(landed.get_nowait())
+        take_landed(batch)
+        raise
+    for thread in threads:
+        thread.join()
+    order = {p.id: i for i, p in enumerate(todo)}
+    submitted.sort(key=order.get)
+    errors.sort(key=lambda e: order[e[0]])
+    for point_id, exc in errors:
+        if not isinstance(exc, (RequestError, SubmitError, SlurmCommandError)):
+            raise exc               # a bug, not a refused submission: its traceback
     if errors:
         point_id, exc = errors[0]
         raise SubmitError(f"point {point_id} not submitted: {exc}; {len(errors)} point(s) failed to submit, "
@@ -292,13 +364,14 @@ def _submit_parallel(record, todo, submit_point, submitted, backend):
                           f"ones (study {record.study_dir})")
 
 
-def _after_submission(record, status, submitted):
-    """The StudyStatus right after submitting: the last poll's, with new attempts pending."""
+def _after_submission(record, status, submitted, runs):
+    """The StudyStatus right after submitting: the last poll's, with new attempts pending
+    (their job ids from the RunRecords the submissions returned, not read back from disk)."""
     before = {p.id: p for p in status.points} if status else {}
     out = []
     for point in record.points:
-        if point.id in submitted:
-            job = runs_mod.load_run(point.runs[-1]).jobs
+        if point.id in runs:
+            job = runs[point.id].jobs
             out.append(PointStatus(id=point.id, state=PENDING, job_state="SUBMITTED", run_dir=point.runs[-1],
                                    job_id=job[0].job_id if job else None, attempts=len(point.runs)))
         else:

@@ -80,20 +80,23 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
                        scheduler=backend.scheduler, accounting=backend.accounting(), foreground=wait)
     record.save()
     ids = {}
-    for spec in specs:
+    for index, spec in enumerate(specs):
         try:
             jobs = backend.submit(spec, run_dir, ids, wait, log=log)
         except (SubmitError, SlurmCommandError) as exc:
             _fail(backend, record, spec, exc, keep_partial)
         ids[spec.key] = jobs[0].job_id if jobs else None
         record.jobs.extend(jobs)
+        if index == len(specs) - 1 and not wait:
+            record.state = SUBMITTED    # the last job of a run not waited for: one write says both
         record.save()       # after every job: a crash mid-chain still leaves the ids on disk
         failed = backend.failure(run_dir, jobs) if wait else None
         if failed:
             record.error = failed
             break
-    record.state = SUBMITTED
-    record.save()
+    if record.state != SUBMITTED:
+        record.state = SUBMITTED
+        record.save()
     return record
 
 

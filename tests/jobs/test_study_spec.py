@@ -38,6 +38,22 @@ def test_weak_scaling_variants_and_repeats_are_crossed():
     assert "--amp" not in plain.engine_args and "--xla" not in plain.engine_args
 
 
+def test_engine_flags_are_checked_once_per_distinct_argument_set(monkeypatch):
+    """4 sizes x 3 precisions x 2 repeats = 24 points, but strong scaling gives every size the
+    same global batch, so only the 3 precision variants differ: 3 parses, not 24."""
+    import jobs.study as study_mod
+
+    seen = []
+    real = study_mod.check_engine_args
+    monkeypatch.setattr(study_mod, "check_engine_args",
+                        lambda spec, point, parser=None: seen.append(tuple(point.engine_args)) or
+                        real(spec, point, parser))
+    spec = spec_from_flags("dlrm", "1,2,4,8", batch_size=4096, repeats=2, variants=["precision=tf32,fp32,amp"])
+    points = expand(spec, load_profile("ci"))
+    assert len(points) == 24
+    assert len(seen) == len(set(seen)) == len({tuple(p.engine_args) for p in points}) == 3
+
+
 def test_spec_file_and_example_in_docs(tmp_path):
     spec = load_spec(os.path.join(REPO, "docs", "studies", "dlrm-strong.yaml"))
     assert [p.id for p in expand(spec, load_profile("ci"))] == \
