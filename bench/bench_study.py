@@ -1,13 +1,14 @@
 """Submitting and polling a 12-point scaling study on the local Slurm cluster.
 
-1. Submitting a 12-point study (DLRM, gpus 1,2,4,8 x precision tf32/fp32/amp) three ways, against
-   raw `sbatch --parsable` of the very 12 scripts it rendered (one sbatch process per script, as
-   a user would type them), interleaved round by round:
+1. Submitting a 12-point study (DLRM, gpus 1,2,4,8 x precision tf32/fp32/amp), against raw
+   `sbatch --parsable` of the very 12 scripts it rendered (one sbatch process per script, as a
+   user would type them), interleaved round by round:
    - `recsys-submit study run`, one CLI process, with compiled bytecode cached (as after a pip
      install) and without (PYTHONDONTWRITEBYTECODE=1, compiling every module on every call, as
      on the CI machine);
    - `jobs.api.run_study()` in this (already warm) process, as a notebook or a driver script
-     calls it.
+     calls it, with its submit threads and one point at a time;
+   - the floor of any CLI process: a python that only imports what `study run` needs.
    Wall seconds (the goal: at most 1.5x raw sbatch) and CPU seconds (user + sys of the
    processes involved, far less disturbed by other load on a shared machine).
 2. Polling the study: Slurm calls per `recsys-submit study status` (counted by PATH shims that
@@ -38,6 +39,11 @@ from bench_submit import REPO, counting_env, pending_cluster, timed  # noqa: E40
 POINTS = 12
 SWEEP = ["--profile", "ci", "--model", "dlrm", "--gpus", "1,2,4,8", "--variant", "precision=tf32,fp32,amp",
          "--batch-size", "4096", "--warmup-steps", "2", "--steps", "5", "--time", "5"]
+
+
+# every module `study run` needs before its first sbatch: the CLI, the study and submission
+# layers, the profile loader (pyyaml) and the engine's flag parser (recsys.train, no TensorFlow)
+STUDY_IMPORTS = "import jobs.cli, jobs.study_run, jobs.submit, jobs.profiles, jobs.render, recsys.train, subprocess"
 
 
 def study_dir_of(stdout):
@@ -90,9 +96,20 @@ def bench_submit(env, rounds):
         assert len(submitted) == POINTS, submitted
         return record.study_dir
 
+    from jobs import study_run
+
+    def api_serial(name):
+        """The API with one point at a time: what submitting the points concurrently saves."""
+        threads, study_run.SUBMIT_THREADS = study_run.SUBMIT_THREADS, 1
+        try:
+            return api_run(name)
+        finally:
+            study_run.SUBMIT_THREADS = threads
+
     cli = [sys.executable, "-m", "jobs.cli", "study", "run"] + SWEEP
-    rows = {k: [] for k in ("raw", "cli", "cli_nopyc", "api")}
-    ratios = {k: [] for k in ("cli", "cli_nopyc", "api")}
+    floor = [sys.executable, "-c", STUDY_IMPORTS]
+    rows = {k: [] for k in ("raw", "cli", "cli_nopyc", "api", "api_serial", "floor")}
+    ratios = {k: [] for k in ("cli", "cli_nopyc", "api", "api_serial", "floor")}
     dirs = []
     with tempfile.TemporaryDirectory(prefix="bench-study-pyc-") as cache_dir:
         cached, source = bytecode_envs(env, cache_dir)
@@ -108,6 +125,10 @@ def bench_submit(env, rounds):
             raw_after = measured(lambda: raw_sbatch(scripts_of(api_dir), env))[:2]
             wall, cpu, _ = measured(lambda: timed(cli + ["--name", f"nopyc{i}"], source))
             rows["cli_nopyc"].append((wall, cpu))
+            wall, cpu, _ = measured(lambda: api_serial(f"serial{i}"))
+            rows["api_serial"].append((wall, cpu))
+            wall, cpu, _ = measured(lambda: timed(floor, cached))
+            rows["floor"].append((wall, cpu))
             base = tuple((a + b) / 2 for a, b in zip(raw_before, raw_after))
             rows["raw"].append(base)
             for key in ratios:
@@ -115,9 +136,12 @@ def bench_submit(env, rounds):
     names = {"raw": f"raw sbatch --parsable x {POINTS} ({POINTS} processes)",
              "cli": "recsys-submit study run (one process, bytecode cached)",
              "cli_nopyc": "recsys-submit study run (no bytecode, as on CI)",
-             "api": "jobs.api.run_study() in a warm process"}
+             "api": "jobs.api.run_study() in a warm process",
+             "api_serial": "the same, one point at a time (no submit threads)",
+             "floor": "floor of any CLI: python + the imports, no work"}
     print(f"\nSubmitting a {POINTS}-point study, {rounds} rounds; each round: CLI, raw sbatch of its "
-          f"{POINTS} scripts, API, raw sbatch of its {POINTS} scripts, CLI without bytecode")
+          f"{POINTS} scripts, API, raw sbatch of its {POINTS} scripts, CLI without bytecode, API one point at a time, "
+          f"a python that only imports what `study run` needs")
     print(f"{'what':<56} {'wall s':>7} {'ms/point':>9} {'CPU s':>7} {'vs raw wall':>12} {'vs raw CPU':>11}")
     raw_wall = statistics.median(w for w, _ in rows["raw"])
     raw_cpu = statistics.median(c for _, c in rows["raw"])
@@ -130,7 +154,8 @@ def bench_submit(env, rounds):
     for key in ratios:
         print(f"  {names[key]}: wall ratio per round {', '.join(f'{r:.2f}' for r in ratios[key])}")
     print(f"goal: study run <= 1.5x raw sbatch (wall); medians above: CLI {statistics.median(ratios['cli']):.2f}x, "
-          f"API {statistics.median(ratios['api']):.2f}x")
+          f"API {statistics.median(ratios['api']):.2f}x; a CLI process costs at least "
+          f"{statistics.median(ratios['floor']):.2f}x before it submits anything")
     return dirs
 
 
@@ -140,7 +165,8 @@ def bench_start(env, rounds):
         cached, _ = bytecode_envs(env, cache_dir)
         runs = {"python -c pass": [sys.executable, "-c", "pass"],
                 "python -S -c pass (no site)": [sys.executable, "-S", "-c", "pass"],
-                "recsys-submit --help (python -m jobs.cli --help)": [sys.executable, "-m", "jobs.cli", "--help"]}
+                "recsys-submit --help (python -m jobs.cli --help)": [sys.executable, "-m", "jobs.cli", "--help"],
+                "python -c 'import <what a study run imports>'": [sys.executable, "-c", STUDY_IMPORTS]}
         for argv in runs.values():
             timed(argv, cached)
         times = {k: [] for k in runs}

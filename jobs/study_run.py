@@ -2,7 +2,7 @@
 
 Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json (a typed,
 versioned StudyRecord: every point and the run directories of its attempts, rewritten
-atomically after every submission), points/ (one ordinary run directory per attempt, made by the
+atomically as submissions land, once for all that landed since the last write), points/ (one ordinary run directory per attempt, made by the
 orchestrator, jobs.submit) and results.json (every point's state, summary and failure reason,
 rewritten whenever the study is polled). All points are submitted from one process; a poll of
 the whole study is one jobs.status.poll_many call (one Slurm call). A requeued job keeps its job
