@@ -394,7 +394,7 @@ def _cmd_cancel(args):
 
 def _parser_for(own):
     """The whole parser, or for `study ...` the study commands alone: they parse the same, and
-    building every job command's options costs a study run ~10 ms."""
+    building every job command's options costs a study run 3-9 ms."""
     if own[:1] != ["study"]:
         return build_parser()
     parser = _Parser(prog=PROG)
