@@ -24,7 +24,7 @@ def test_profiles_subcommands(cli, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("scheduler: slurm\nnode: dgxa100\nmax_nodes: 2\nbogus_key: 1\n")
     proc = cli("profiles", "validate", str(bad))
-    assert proc.returncode == 1 and "bogus_key" in proc.stderr
+    assert proc.returncode == 2 and "bogus_key" in proc.stderr
 
 
 def test_render_prints_and_submits_nothing(cli, slurm_cluster):
