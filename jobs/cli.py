@@ -103,7 +103,7 @@ def _job_options(parser, kind, render=False):
         chain.add_argument("--shards", type=int, help="with --preprocess-from --mode array: transform tasks")
         chain.add_argument("--then-evaluate", action="store_true",
                            help="after training, evaluate the trained checkpoint (afterok) with the same engine "
-                           "arguments; without a --checkpoint-dir the chain keeps it in RUN_DIR/checkpoints/train")
+                           "arguments; without a --checkpoint-dir the chain keeps it in RUN_DIR/checkpoints-train")
     run = parser.add_argument_group("scheduling")
     run.add_argument("--after", action="append", default=[], metavar="JOBID",
                      help="start only after these existing job ids end well (afterok); comma-separated or "

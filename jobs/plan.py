@@ -296,7 +296,7 @@ def run_name(resolved):
 
 def _handoff(res, resolved_later, checkpoints, key):
     """Engine arguments the chain hands a request: a train job that an evaluate job of the same
-    model follows writes its checkpoints into the run dir (checkpoints/<key>) unless the user
+    model follows writes its checkpoints into the run dir (checkpoints-<key>) unless the user
     named a --checkpoint-dir; an evaluate job without one reads the last such train job's.
     `checkpoints` maps model -> checkpoint dir of the chain's train jobs so far (updated)."""
     req = res.request
@@ -307,7 +307,7 @@ def _handoff(res, resolved_later, checkpoints, key):
         evaluated = any(r.engine == "recsys" and r.request.kind == "evaluate" and r.request.model == req.model
                         for r in resolved_later)
         if own is None and evaluated:
-            checkpoints[req.model] = RunPath(f"checkpoints/{key}")
+            checkpoints[req.model] = RunPath(f"checkpoints-{key}")
             return ["--checkpoint-dir", checkpoints[req.model]]
         if own is not None:
             checkpoints[req.model] = absolute(own)
