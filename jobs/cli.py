@@ -358,7 +358,8 @@ def _summary_text(summary):
         parts.append(f"{number(summary, THROUGHPUT):,.0f} samples/s")
     if number(summary, STEP_TIME) is not None:
         parts.append(f"{number(summary, STEP_TIME):.1f} ms/step")
-    parts.append(f"world size {summary.get('world_size')}")
+    if summary.get("world_size") is not None:
+        parts.append(f"world size {summary['world_size']}")
     if summary.get("checkpoint"):
         parts.append(f"checkpoint {summary['checkpoint']}")
     return "; ".join(parts)

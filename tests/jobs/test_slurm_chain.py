@@ -73,6 +73,8 @@ def test_failed_first_job_never_runs_the_second_then_cancel(cli, slurm_cluster):
     assert reason.startswith("PENDING")
     status = cli("status", second_dir, "--json", check=True)
     assert json.loads(status.stdout)["jobs"][0]["state"] == "PENDING"
+    watched = cli("status", second_dir, "--watch", timeout=120)     # ends: the job can never start
+    assert watched.returncode == 1 and "DependencyNeverSatisfied: a job it waits for" in watched.stdout
     cli("cancel", second_dir, check=True)
     assert slurm_cluster.wait_job(second_id) == "CANCELLED"
     assert hello_lines(second_dir) == []
@@ -151,8 +153,8 @@ def test_preprocess_train_evaluate_chain_hands_over_data_and_checkpoint(cli, slu
     evaluate = enginelog.summary(enginelog.job_logs(run_dir, "evaluate"))
     assert train["checkpoint"].startswith(checkpoints)
     assert evaluate["mode"] == "evaluate" and evaluate["step"] == train["eval_step"]
-    for metric in ("hr_at_10", "ndcg_at_10"):
-        assert 0.0 <= evaluate[metric] <= 1.0, evaluate
+    for metric in ("hr_at_10", "ndcg_at_10"):    # the same checkpoint on the same data: the same metrics
+        assert 0.0 < evaluate[metric] <= 1.0 and evaluate[metric] == pytest.approx(train[metric], abs=1e-4)
     assert "hr_at_10" in result.stdout.split("evaluate")[-1]
 
 
