@@ -144,7 +144,7 @@ def test_preprocess_train_evaluate_chain_hands_over_data_and_checkpoint(cli, slu
                                  "--then-evaluate", "--", "--amp", "--epochs", "1", "--batch-size", "1024",
                                  "--valid-negative", "20")
     assert [j["key"] for j in record["jobs"]] == ["preprocess", "train", "evaluate"]
-    result = cli("status", run_dir, "--watch", timeout=600)
+    result = cli("status", run_dir, "--watch", timeout=840)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (data / "feature_spec.yaml").is_file()
     checkpoints = os.path.join(run_dir, "checkpoints-train")
