@@ -331,11 +331,11 @@ def _produced(res, handoff):
 
 def plan(requests, profile, max_array_size=None, submitting=False):
     """Resolve and plan a chain of requests; each request's first jobs wait (afterok) for the
-    previous request's last jobs, and gets what earlier ones write (_handoff). The training
-    engine's arguments are parsed by its own parser (jobs.request.check_engine_args); when
-    `submitting` (not rendering), also checked as the engine would at start: its data named and
-    present on this host unless an earlier job of the chain writes it. Returns (resolved list,
-    JobSpec list)."""
+    previous request's last jobs, and gets what earlier ones write (_handoff). When `submitting`
+    (not rendering: a script may be for another machine, and `render` stays as fast as before),
+    the training engine's arguments are checked by its own parser and start-up checks
+    (jobs.request.check_engine_args): its data named and present on this host unless an earlier
+    job of the chain writes it. Returns (resolved list, JobSpec list)."""
     from .request import check_engine_args
 
     resolved_all = [resolve(request, profile) for request in requests]
@@ -350,8 +350,8 @@ def plan(requests, profile, max_array_size=None, submitting=False):
             if any(r.request.kind == prefix for r in resolved):
                 prefix = f"{prefix}{index}"
         handoff = _handoff(res, resolved_all[index + 1:], checkpoints, prefix or "main")
-        if res.engine == "recsys":
-            check_engine_args(engine_argv(res, handoff), res, submitting=submitting, produced=produced)
+        if res.engine == "recsys" and submitting:
+            check_engine_args(engine_argv(res, handoff), res, produced=produced)
         produced += _produced(res, handoff)
         own = plan_request(res, max_array_size, key_prefix=prefix, handoff=handoff)
         if previous_exits:

@@ -122,19 +122,16 @@ def _check_engine_args(engine_args, engine):
                                f"use {owned[flag]}")
 
 
-def check_engine_args(argv, res, submitting=True, produced=()):
-    """Check a training job's engine argv with the engine's own parser (recsys.train, which imports
-    no TensorFlow): a render refuses unknown flags and bad values; a submission also what the
-    engine would refuse at start (a batch the job's ranks cannot split, no data named, a data
-    directory or checkpoint missing on this host unless in `produced`, written by an earlier job
-    of the chain, or the job waits for jobs outside the run). RequestError with the engine's line."""
+def check_engine_args(argv, res, produced=()):
+    """Check a training job's engine argv before it is submitted, with the engine's own parser and
+    start-up checks (recsys.train.check_submission, which imports no TensorFlow): unknown flags,
+    bad values, a batch the job's ranks cannot split, no data named, a data directory or
+    checkpoint missing on this host (unless in `produced`, written by an earlier job of the
+    chain, or the job waits for jobs outside the run). RequestError with the engine's line."""
     from recsys.errors import EngineError
-    from recsys.train import check_submission, parse_submission
+    from recsys.train import check_submission
 
     try:
-        if not submitting:
-            parse_submission(argv)
-            return
         check_submission(argv, world_size=res.ranks, check_existence=not res.request.after, produced=produced)
     except EngineError as exc:
         raise RequestError(str(exc)) from None

@@ -84,13 +84,17 @@ def test_engine_arguments_refused_before_anything_exists(tmp_path, engine_args, 
     assert proc.stdout == "" and not runs.exists()
 
 
-def test_render_parses_but_does_not_look_for_data(tmp_path):
-    """A rendered script may be for another machine: flags are checked, files are not."""
+def test_render_does_not_look_for_data_nor_load_the_engine(tmp_path):
+    """A rendered script may be for another machine, and render stays a fast login-node command:
+    the engine's checks are a submission's."""
     chain = build_chain("train", "dlrm", engine_args=["--data-path", "/cluster/only/criteo"], **NCF)
     _, specs = plan(chain, load_profile("ci"))
     assert "/cluster/only/criteo" in specs[0].command
-    with pytest.raises(RequestError, match="unrecognized arguments: --bogus"):
-        plan(build_chain("train", "dlrm", engine_args=["--bogus"], **NCF), load_profile("ci"))
+    code = ("import sys\nfrom jobs.cli import main\n"
+            "main(['render', 'train', '--profile', 'ci', '--model', 'dlrm', '--', '--data-path', '/x'])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'recsys'), file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, capture_output=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr.strip() == "[]", proc.stderr
 
 
 def test_the_check_imports_the_engine_parser_only(tmp_path):
