@@ -68,7 +68,7 @@ def run(np_, data, placement, steps, warmup, workdir):
     for k in sorted(set(MPI_ENV) | {"PATH", "PYTHONPATH"}):
         cmd += ["-x", k]
     cmd += [sys.executable, "-c", RANK_WRAPPER, out, "--model", "dlrm", "--data-path", data, *FLAGS,
-            "--mode", "benchmark", "--benchmark-steps", str(steps), "--benchmark-warmup-steps", str(warmup),
+            "--run-mode", "benchmark", "--benchmark-steps", str(steps), "--benchmark-warmup-steps", str(warmup),
             "--embedding-placement", placement, "--embedding-memory-gb", "1000", "--log-path", log,
             "--log-every", "1000"]
     t0 = time.perf_counter()

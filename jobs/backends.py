@@ -62,6 +62,22 @@ class Backend(abc.ABC):
         `wait` is the caller's choice (None: the backend's default); returns the effective one."""
 
     @abc.abstractmethod
+    def missing_jobs(self, job_ids):
+        """The ids among `job_ids` (jobs outside this run that --after waits for) that this
+        scheduler does not know, in the order given; asked once for all ids."""
+
+    def check_after(self, specs):
+        """Refuse (RequestError, one line) --after ids the scheduler does not know: Slurm would
+        drop such a dependency silently and start the job at once."""
+        wanted = list(dict.fromkeys(i for spec in specs for i in spec.external_after))
+        missing = self.missing_jobs(wanted) if wanted else []
+        if missing:
+            raise RequestError(f"--after: {self.scheduler} knows no job {', '.join(missing)} "
+                               f"({self.unknown_job_hint})")
+
+    unknown_job_hint = "check the id"
+
+    @abc.abstractmethod
     def submit(self, spec, run_dir, ids, wait, log=None):
         """Submit one JobSpec; `ids` maps earlier keys to job ids. Returns [JobRecord].
         Raises SubmitError/SlurmCommandError when it could not."""
@@ -132,7 +148,33 @@ class SlurmBackend(Backend):
             text = render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token=token)
             if not (spec.after_ok or spec.after_any):   # no job id of this run to fill in: final
                 self._checked[(run_dir, spec.key)] = (token, text)
+        self.check_after(specs)
         return False
+
+    unknown_job_hint = "a typo? without accounting, Slurm forgets a job MinJobAge after it ends"
+
+    def missing_jobs(self, job_ids):
+        """One sacct call (accounting: finished jobs too) or one squeue call for all ids."""
+        from . import slurmcli
+        from .status import _expand
+
+        ids = [str(i) for i in job_ids]
+        if self.accounting():
+            proc = slurmcli.run(["sacct", "-X", "-n", "--parsable2", "-o", "JobID", "-j", ",".join(ids)],
+                                timeout=60)
+            if proc.returncode != 0:
+                raise slurmcli.SlurmCommandError(f"sacct: {slurmcli.first_line(proc.stderr)}")
+        else:
+            proc = slurmcli.run(["squeue", "-h", "-r", "--states=all", "-o", "%i", "-j", ",".join(ids)], timeout=60)
+            if proc.returncode != 0:
+                if "invalid job id" in (proc.stderr or "").lower():
+                    return ids      # squeue says so only when it knows none of them
+                raise slurmcli.SlurmCommandError(f"squeue: {slurmcli.first_line(proc.stderr)}")
+        known = set()
+        for line in proc.stdout.split():
+            for task in _expand(line.strip()):
+                known.update((task, task.split("_")[0]))    # a task, and its array as a whole
+        return [i for i in ids if i not in known]
 
     def submit(self, spec, run_dir, ids, wait, log=None):
         from . import slurmcli

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 
+from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_MODES
 from .vocabulary import KINDS as JOB_KINDS
 
 PROG = "recsys-submit"
@@ -21,121 +22,217 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message}\n")
 
 
-def _job_options(parser, kind=None):
-    add = parser.add_argument
+_EXAMPLES = {
+    "train": ["recsys-submit train --profile local --model ncf -- --synthetic --max-steps 20",
+              "recsys-submit train --profile mysite --model dlrm --nodes 8 --time 4:00:00 "
+              "-- --data-path /data/criteo --amp",
+              "recsys-submit train --profile mysite --model ncf --preprocess-from /raw/ml-20m "
+              "--data-path /data/ml-20m --then-evaluate -- --amp"],
+    "evaluate": ["recsys-submit evaluate --profile mysite --model dlrm -- --data-path /data/criteo "
+                 "--checkpoint-dir /ckpt/dlrm"],
+    "benchmark": ["recsys-submit benchmark --profile mysite --model dlrm --nodes 2 -- --synthetic "
+                  "--benchmark-steps 200",
+                  "recsys-submit benchmark --profile ci --model hello --nodes 2   # the smoke payload"],
+    "preprocess": ["recsys-submit preprocess --profile local --dataset movielens --input raw/ml --output data/ml",
+                   "recsys-submit preprocess --profile mysite --dataset criteo --mode array --shards 24 "
+                   "--input /raw/criteo --output /data/criteo",
+                   "recsys-submit preprocess --profile mysite --dataset criteo --mode multinode --nodes 4 "
+                   "--input /raw/criteo --output /data/criteo"],
+}
+_ENGINE_ARGS = ("Arguments after `--` go to the training engine (`python -m recsys.train --help`) and are "
+                "checked by its parser before anything is submitted; --model and --run-mode are set "
+                "from recsys-submit's own --model and the subcommand.")
+_PREPROC_ARGS = "Arguments after `--` go to the preprocessing stage (`python -m preproc DATASET run --help`)."
+
+
+def _epilog(kind):
+    lines = "\n".join(f"  {example}" for example in _EXAMPLES[kind])
+    tail = _PREPROC_ARGS if kind == "preprocess" else _ENGINE_ARGS
+    return f"examples:\n{lines}\n\n{tail}"
+
+
+def _sub(sub, name, help, description=None, epilog=None):
+    """A subcommand parser with its own help text, description and examples."""
+    return sub.add_parser(name, help=help, description=description or help, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _job_options(parser, kind, render=False):
+    """The flags of one job subcommand (train | evaluate | benchmark | preprocess), or of
+    `render KIND` (no submission flags): only those that apply to it, each with its description."""
+    size = parser.add_argument_group("where and how big")
+    add = size.add_argument
     add("--profile", default=os.environ.get("RECSYS_PROFILE", "local"),
         help="cluster profile name or YAML file (default $RECSYS_PROFILE or 'local')")
-    add("--model", help="dlrm | wide_deep | ncf (hello: the built-in smoke payload)")
-    add("--payload", default="recsys", help="recsys (training engine) or hello (smoke payload)")
-    add("--nodes", type=int, help="number of nodes (default: profile's, else 1)")
+    add("--nodes", type=int, help="number of nodes (default: the profile's, else 1)"
+        + ("; more than 1 only with --mode multinode" if kind == "preprocess" else ""))
     add("--gpus-per-node", type=int, help="GPUs per node (default: all of the profile's node)")
-    add("--ntasks-per-node", type=int, help="ranks per node (default: one per GPU; one for preprocess)")
-    add("--time", help="time limit in a Slurm format (MM, HH:MM:SS, D-HH:MM, ...)")
+    add("--ntasks-per-node", type=int,
+        help="ranks per node (default: one per GPU)" if kind != "preprocess" else "tasks per node (default 1)")
+    add("--time", help="time limit in a Slurm format (MM, HH:MM:SS, D-HH:MM, ...; default: the profile's)")
     add("--name", help="job name (reduced to [A-Za-z0-9._-] for Slurm)")
-    add("--array", type=int, help="number of array tasks (each gets RECSYS_TASK_INDEX)")
-    add("--array-parallelism", "--parallelism", type=int, dest="array_parallelism",
-        help="at most this many array tasks at once (%%N)")
-    add("--after", action="append", default=[], help="afterok dependency on job id(s), comma-separated")
-    add("--bind", help="binding mode: exclusive | numa | interleave | off")
-    add("--ht", action="store_true", default=None, help="bind the hyperthread siblings too")
-    add("--signal-seconds", type=int, help="USR2 this many seconds before the time limit")
-    add("--no-requeue", action="store_true", help="do not requeue on USR2")
-    add("--python", help="interpreter the ranks run (default: profile's, else this one)")
-    add("--runs-dir", help="parent of run directories (default $RECSYS_RUNS_DIR or ./recsys-runs)")
-    add("--keep-partial", action="store_true",
-        help="if a later job of a chain fails to submit, keep the earlier ones (default: cancel them)")
-    add("--dry-run", action="store_true", help="print the script(s), submit nothing")
-    add("--no-wait", action="store_true",
-        help="local profile: return at once instead of running in the foreground "
-        "(Slurm submissions never wait: follow them with `status --watch`)")
-    pre = parser.add_argument_group("preprocessing")
-    pre.add_argument("--dataset", help="criteo | movielens | outbrain (default from --model)")
-    pre.add_argument("--mode", dest="preprocess_mode", default="single",
-                     help="preprocess mode: single | array (criteo) | multinode (Spark standalone)")
-    pre.add_argument("--input", help="raw input directory")
-    pre.add_argument("--output", help="output directory")
-    pre.add_argument("--shards", type=int, help="array mode: number of transform tasks")
-    chain = parser.add_argument_group("chaining (train)")
-    chain.add_argument("--preprocess-from", metavar="RAW",
-                       help="first preprocess RAW into --data-path (afterok chain)")
-    chain.add_argument("--data-path", help="dataset directory passed to the engine (and preprocess output)")
-    chain.add_argument("--then-evaluate", action="store_true",
-                       help="after training, run evaluate with the same engine arguments (afterok)")
+    add("--python", help="interpreter the ranks run (default: the profile's, else this one)")
+    what = parser.add_argument_group("what to run")
+    if kind == "preprocess":
+        what.add_argument("--dataset", metavar="{" + ",".join(DATASETS) + "}", help="dataset to preprocess (default: from --model)")
+        what.add_argument("--model", metavar="{" + ",".join(MODELS) + "}", help="the model the data is for (implies --dataset)")
+        what.add_argument("--mode", dest="preprocess_mode", default="single", metavar="{" + ",".join(PREPROCESS_MODES) + "}",
+                          help="single: one node, local Spark (default); array: criteo as dictionary -> "
+                          "transform array -> finalize jobs; multinode: a Spark standalone cluster over --nodes")
+        what.add_argument("--input", required=False, help="raw input directory (required)")
+        what.add_argument("--output", help="output directory: the dataset the engine reads (required)")
+        what.add_argument("--shards", type=int, help="--mode array: number of transform tasks")
+        what.add_argument("--array-parallelism", "--parallelism", type=int, dest="array_parallelism",
+                          help="--mode array: at most this many transform tasks at once")
+    else:
+        what.add_argument("--model", help=f"{' | '.join(MODELS)}, or hello (the built-in smoke payload)")
+        what.add_argument("--payload", default="recsys", metavar="{" + ",".join(PAYLOADS) + "}",
+                          help="recsys: the training engine (default); hello: the smoke payload")
+        what.add_argument("--data-path", help="dataset directory, passed to the engine as --data-path"
+                          + (" (with --preprocess-from: the preprocessing output)" if kind == "train" else ""))
+        what.add_argument("--array", type=int, help="run N copies as a Slurm array (each gets RECSYS_TASK_INDEX)")
+        what.add_argument("--array-parallelism", "--parallelism", type=int, dest="array_parallelism",
+                          help="at most this many array tasks at once (%%N)")
+    if kind == "train":
+        chain = parser.add_argument_group("chaining: preprocess -> train -> evaluate (each waits afterok)")
+        chain.add_argument("--preprocess-from", metavar="RAW",
+                           help="first preprocess RAW into --data-path (the preprocessing flags below apply)")
+        chain.add_argument("--dataset", metavar="{" + ",".join(DATASETS) + "}", help="with --preprocess-from: dataset (default from --model)")
+        chain.add_argument("--mode", dest="preprocess_mode", default="single", metavar="{" + ",".join(PREPROCESS_MODES) + "}",
+                           help="with --preprocess-from: preprocessing mode (single | array | multinode)")
+        chain.add_argument("--shards", type=int, help="with --preprocess-from --mode array: transform tasks")
+        chain.add_argument("--then-evaluate", action="store_true",
+                           help="after training, evaluate the trained checkpoint (afterok) with the same engine "
+                           "arguments; without a --checkpoint-dir the chain keeps it in RUN_DIR/checkpoints-train")
+    run = parser.add_argument_group("scheduling")
+    run.add_argument("--after", action="append", default=[], metavar="JOBID",
+                     help="start only after these existing job ids end well (afterok); comma-separated or "
+                     "repeated; ids Slurm does not know are refused")
+    run.add_argument("--bind", metavar="{" + ",".join(BIND_MODES) + "}", help="CPU/memory binding of each rank (default: the profile's)")
+    run.add_argument("--ht", action="store_true", default=None, help="bind the hyperthread siblings too")
+    run.add_argument("--signal-seconds", type=int,
+                     help="send USR2 this many seconds before the time limit (checkpoint, then requeue)")
+    run.add_argument("--no-requeue", action="store_true", help="do not requeue the job on USR2")
+    run.add_argument("--runs-dir", help="parent of run directories (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    if render:
+        return
+    run.add_argument("--keep-partial", action="store_true",
+                     help="if a later job of a chain fails to submit, keep the earlier ones (default: cancel them)")
+    run.add_argument("--dry-run", action="store_true", help="print the script(s), submit nothing")
+    run.add_argument("--no-wait", action="store_true",
+                     help="local profile: return at once instead of running in the foreground "
+                     "(Slurm submissions never wait: follow them with `status --watch`)")
+
+
+_RUN_HELP = "run directory or name under the runs dir (default: the newest run)"
 
 
 def build_parser():
     parser = _Parser(prog=PROG, description="Submit recommender training and preprocessing jobs "
                      "to Slurm (or run them locally) from cluster profiles.",
-                     epilog="Engine arguments go after '--', e.g. "
-                     "recsys-submit train --profile ci --model dlrm --nodes 2 -- --batch-size 4096")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="examples:\n  recsys-submit train --profile local --model ncf -- --synthetic --max-steps 20\n"
+                     "  recsys-submit train --profile ci --model dlrm --nodes 2 -- --synthetic --batch-size 4096\n"
+                     "  recsys-submit status --watch\n\n"
+                     "`recsys-submit COMMAND --help` shows the flags of one command.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    prof = sub.add_parser("profiles", help="list, show or validate cluster profiles")
-    prof_sub = prof.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    prof_sub.add_parser("list", help="profiles on the search path")
-    show = prof_sub.add_parser("show", help="print a profile as loaded (defaults filled)")
-    show.add_argument("profile")
-    val = prof_sub.add_parser("validate", help="validate profile files (default: all on the path)")
-    val.add_argument("files", nargs="*")
+    prof = _sub(sub, "profiles", "list, show or validate cluster profiles",
+                epilog="examples:\n  recsys-submit profiles list\n  recsys-submit profiles show dgxa100\n"
+                "  recsys-submit profiles validate mysite.yaml")
+    prof_sub = prof.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
+    prof_sub.add_parser("list", help="profiles on the search path", description="Profiles on the search path "
+                        "(built-in, ~/.config/recsys-submit/profiles, $RECSYS_PROFILE_PATH).")
+    show = prof_sub.add_parser("show", help="print a profile as loaded (defaults filled)",
+                               description="Print a profile as loaded (defaults filled).")
+    show.add_argument("profile", help="profile name or YAML file")
+    val = prof_sub.add_parser("validate", help="validate profile files (default: all on the path)",
+                              description="Validate profile files: every problem of a file, one line each "
+                              "(<file>: <key>: <problem>); exit 2 when any file has one.")
+    val.add_argument("files", nargs="*", help="profile YAML files (default: every profile on the search path)")
 
-    render = sub.add_parser("render", help="print the sbatch script(s) of a request; submit nothing")
-    render.add_argument("kind", help=" | ".join(JOB_KINDS))
-    _job_options(render)
+    render = _sub(sub, "render", "print (or write) the sbatch script(s) of a job command; submit nothing",
+                  description="Print the sbatch script(s) a job command would submit, or write them with -o.",
+                  epilog="examples:\n  recsys-submit render train --profile dgxa100 --model dlrm --nodes 2 "
+                  "-- --data-path /data/criteo\n  recsys-submit render train --profile ci --model hello -o "
+                  "scripts/ && sbatch scripts/main.sbatch")
+    kinds = render.add_subparsers(dest="kind", required=True, parser_class=_Parser, metavar="KIND")
     for kind in JOB_KINDS:
-        job = sub.add_parser(kind, help=f"submit a {kind} job")
-        _job_options(job, kind)
+        job = _sub(kinds, kind, f"the script(s) of `recsys-submit {kind}`", epilog=_epilog(kind))
+        job.add_argument("-o", "--out-dir", metavar="DIR",
+                         help="write the script(s) as DIR/<job key>.sbatch, DIR becoming the run directory "
+                         "(logs in DIR/logs), so that `sbatch DIR/<key>.sbatch` runs them by hand")
+        _job_options(job, kind, render=True)
+    for kind in JOB_KINDS:
+        article = "an" if kind[0] in "aeiou" else "a"
+        text = f"submit {article} {kind} job" + (" (or a preprocess -> train -> evaluate chain)" if kind == "train" else "")
+        _job_options(_sub(sub, kind, text, epilog=_epilog(kind)), kind)
 
-    st = sub.add_parser("status", help="state of every job of a run (one Slurm call per poll)")
-    st.add_argument("run", nargs="?", help="run directory or name (default: newest)")
-    st.add_argument("--watch", action="store_true", help="poll with back-off until all jobs end")
+    st = _sub(sub, "status", "state of every job of a run (one Slurm call per poll)",
+              description="State of every job of a run, with each finished job's engine summary and, "
+                          "for a failed one, the last error line of its failing rank.",
+              epilog="examples:\n  recsys-submit status\n  recsys-submit status --watch\n"
+                     "  recsys-submit status recsys-runs/train-dlrm-20260101-120000 --json")
+    st.add_argument("run", nargs="?", help=_RUN_HELP)
+    st.add_argument("--watch", action="store_true", help="poll with back-off until all jobs end; exit 1 if one failed")
     st.add_argument("--json", action="store_true", help="print JSON")
-    st.add_argument("--runs-dir")
-    lg = sub.add_parser("logs", help="print (or follow) a run's logs")
-    lg.add_argument("run", nargs="?")
+    st.add_argument("--runs-dir", help="where runs are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    lg = _sub(sub, "logs", "print (or follow) a run's logs",
+              epilog="examples:\n  recsys-submit logs\n  recsys-submit logs --follow --rank 0\n"
+                     "  recsys-submit logs RUN --job evaluate")
+    lg.add_argument("run", nargs="?", help=_RUN_HELP)
     lg.add_argument("--rank", type=int, help="one rank's output instead of the batch logs")
-    lg.add_argument("--job", help="only this job key of the run")
+    lg.add_argument("--job", help="only this job key of the run (main, preprocess, train, evaluate, ...)")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
-    lg.add_argument("--runs-dir")
+    lg.add_argument("--runs-dir", help="where runs are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     _study_parser(sub)
     for name, text in (("cancel", "cancel every job of a run"), ("requeue", "requeue every job of a run")):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("run", nargs="?")
-        cmd.add_argument("--runs-dir")
+        cmd = _sub(sub, name, text, epilog=f"examples:\n  recsys-submit {name}\n  recsys-submit {name} RUN")
+        cmd.add_argument("run", nargs="?", help=_RUN_HELP)
+        cmd.add_argument("--runs-dir", help="where runs are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     return parser
 
 
 def _study_parser(sub):
-    study = sub.add_parser("study", help="scaling studies: run a sweep spec, follow it, report it")
-    st_sub = study.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    run = st_sub.add_parser("run", help="submit every missing or failed point of a study; print its dir")
+    study = _sub(sub, "study", "scaling studies: run a sweep spec, follow it, report it",
+                 epilog="examples:\n  recsys-submit study run docs/studies/dlrm-strong.yaml --profile mysite\n"
+                        "  recsys-submit study status --watch\n  recsys-submit study report")
+    st_sub = study.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
+    run = _sub(st_sub, "run", "submit every missing or failed point of a study; print its dir",
+               epilog="examples:\n  recsys-submit study run docs/studies/dlrm-strong.yaml --profile mysite\n"
+                      "  recsys-submit study run --profile local --model ncf --gpus 1,2 --batch-size 512 "
+                      "--steps 20\n\nArguments after `--` (quick sweeps) go to every point's engine.")
     run.add_argument("spec", nargs="?", help="study spec YAML (docs/studies.md); or give --model and --gpus")
-    run.add_argument("--profile", default=os.environ.get("RECSYS_PROFILE", "local"))
+    run.add_argument("--profile", default=os.environ.get("RECSYS_PROFILE", "local"),
+                     help="cluster profile name or YAML file (default $RECSYS_PROFILE or 'local')")
     run.add_argument("--max-concurrent", type=int, help="keep at most K points queued or running at once")
     run.add_argument("--runs-dir", help="parent of the study dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     quick = run.add_argument_group("a quick sweep without a spec file")
-    quick.add_argument("--model")
+    quick.add_argument("--model", help=" | ".join(MODELS))
     quick.add_argument("--gpus", help="GPU counts, e.g. 1,2,4,8")
-    quick.add_argument("--scaling", default="strong", help="strong | weak")
+    quick.add_argument("--scaling", default="strong", help="strong (fixed global batch) | weak (fixed batch per GPU)")
     quick.add_argument("--batch-size", type=int, help="strong: global batch; weak: batch per GPU")
     quick.add_argument("--variant", action="append", default=[], help="KEY=V1,V2 crossed with the points")
-    quick.add_argument("--repeats", type=int)
-    quick.add_argument("--warmup-steps", type=int)
-    quick.add_argument("--steps", type=int)
-    quick.add_argument("--time")
-    quick.add_argument("--data-path")
-    quick.add_argument("--name")
-    status = st_sub.add_parser("status", help="points done / running / pending / failed (one Slurm call per poll)")
+    quick.add_argument("--repeats", type=int, help="runs of every point (the report shows their spread)")
+    quick.add_argument("--warmup-steps", type=int, help="steps left out of the throughput")
+    quick.add_argument("--steps", type=int, help="timed steps per point")
+    quick.add_argument("--time", help="time limit of each point's job")
+    quick.add_argument("--data-path", help="dataset directory (default: synthetic data)")
+    quick.add_argument("--name", help="study name (its directory under the runs dir)")
+    status = _sub(st_sub, "status", "points done / running / pending / failed (one Slurm call per poll)",
+                  epilog="examples:\n  recsys-submit study status\n  recsys-submit study status STUDY --watch")
     status.add_argument("study", nargs="?", help="study dir or name (default: newest)")
     status.add_argument("--watch", action="store_true", help="a live progress bar until no point is queued")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--runs-dir")
-    report = st_sub.add_parser("report", help="scaling table (markdown, CSV, JSON) and plot (PNG)")
-    report.add_argument("study", nargs="?")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    report = _sub(st_sub, "report", "scaling table (markdown, CSV, JSON) and plot (PNG)",
+                  epilog="examples:\n  recsys-submit study report\n  recsys-submit study report STUDY --out report/")
+    report.add_argument("study", nargs="?", help="study dir or name (default: newest)")
     report.add_argument("--out", help="directory for scaling.{md,csv,json,png} (default STUDY/report)")
     plot = report.add_mutually_exclusive_group()
     plot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
     plot.add_argument("--no-plot", dest="plot", action="store_false", help="table only")
-    report.add_argument("--runs-dir")
+    report.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
 
 
 def _cmd_study(args, engine_args):
@@ -230,16 +327,17 @@ def requests_from_args(args, engine_args):
     for the Python API)."""
     from .request import build_chain
 
-    common = dict(profile=args.profile, payload=args.payload, nodes=args.nodes,
+    flag = vars(args).get      # each subcommand has only its own flags
+    common = dict(profile=args.profile, payload=flag("payload", "recsys"), nodes=args.nodes,
                   gpus_per_node=args.gpus_per_node, ntasks_per_node=args.ntasks_per_node,
                   time=args.time, name=args.name, bind=args.bind, hyperthreads=args.ht,
                   signal_seconds=args.signal_seconds, requeue=not args.no_requeue, python=args.python)
-    return build_chain(args.kind, args.model, engine_args=engine_args, after=args.after,
-                       array=args.array, array_parallelism=args.array_parallelism,
-                       preprocess_from=args.preprocess_from, data_path=args.data_path,
-                       then_evaluate=args.then_evaluate, dataset=args.dataset,
-                       preprocess_mode=args.preprocess_mode, input=args.input, output=args.output,
-                       shards=args.shards, **common)
+    return build_chain(args.kind, flag("model"), engine_args=engine_args, after=args.after,
+                       array=flag("array"), array_parallelism=flag("array_parallelism"),
+                       preprocess_from=flag("preprocess_from"), data_path=flag("data_path"),
+                       then_evaluate=bool(flag("then_evaluate")), dataset=flag("dataset"),
+                       preprocess_mode=flag("preprocess_mode", "single"), input=flag("input"),
+                       output=flag("output"), shards=flag("shards"), **common)
 
 
 _METRIC = re.compile(r"^(auc|bce|map_at_\d+|hr_at_\d+|ndcg_at_\d+)$")
@@ -260,7 +358,8 @@ def _summary_text(summary):
         parts.append(f"{number(summary, THROUGHPUT):,.0f} samples/s")
     if number(summary, STEP_TIME) is not None:
         parts.append(f"{number(summary, STEP_TIME):.1f} ms/step")
-    parts.append(f"world size {summary.get('world_size')}")
+    if summary.get("world_size") is not None:
+        parts.append(f"world size {summary['world_size']}")
     if summary.get("checkpoint"):
         parts.append(f"checkpoint {summary['checkpoint']}")
     return "; ".join(parts)
@@ -306,12 +405,25 @@ def _cmd_profiles(args):
             print(f"ok      {path}")
         except ValueError as exc:
             bad += 1
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-    return 1 if bad else 0
+            for problem in getattr(exc, "problems", [exc]):    # every problem, one line each
+                print(f"{PROG}: error: {problem}", file=sys.stderr)
+    return 2 if bad else 0
 
 
 def _cmd_job(args, engine_args):
     requests = requests_from_args(args, engine_args)
+    out_dir = vars(args).get("out_dir")
+    if out_dir:
+        from .submit import render_plan
+
+        parts = render_plan(requests, args.profile, run_dir=os.path.abspath(out_dir), write=True)
+        for spec, _text in parts:
+            print(f"wrote {os.path.join(os.path.abspath(out_dir), spec.key + '.sbatch')}")
+        first = parts[0][0]
+        print(f"Submit by hand with: sbatch {os.path.join(os.path.abspath(out_dir), first.key + '.sbatch')}"
+              + ("  (then the others in order, each with --dependency=afterok:<the ids it waits for>; "
+                 "every script names its own)" if len(parts) > 1 else ""))
+        return 0
     if args.command == "render" or args.dry_run:
         from .submit import render_text
 

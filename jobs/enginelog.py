@@ -74,23 +74,60 @@ def number(record, field):
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
-def failure_reason(run_dir, key, state):
-    """One line saying why job `key` failed: its state plus the last error-looking line of its
-    batch output or rank-0 log (the engine prints `recsys-train: error: ...` there)."""
-    logs = os.path.join(run_dir, "logs")
-    candidates = sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.out")) +
-                        glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.rank0.log")),
-                        key=os.path.getmtime)
-    best = None
-    for path in candidates:
+# The last words of a failing rank, best first: a program's own one-line error
+# (`recsys-train: error: ...`, `python -m preproc: error: ...`; not srun's), the last line of a
+# Python traceback, then anything that looks like a reason.
+_OWN_ERROR = re.compile(r"^(?!srun: )[\w./ -]+: error: |^\w+(Error|Exception|Exit): ")
+_SRUN_TASK = re.compile(r"srun: error: \S+: task (\d+): (Exited with exit code [1-9]|Killed|Segmentation)")
+_RANK_LOG = re.compile(r"\.rank(\d+)\.log$")
+
+
+def _lines(paths):
+    for path in paths:
         try:
             with open(path, errors="replace") as handle:
                 for line in handle:
                     line = line.strip()
-                    if line and _REASON.search(line) and not line.startswith("[recsys] summary"):
-                        best = line
+                    if line:
+                        yield line
         except OSError:
             continue
-    if best and len(best) > 200:
-        best = best[:197] + "..."
-    return f"{state}: {best}" if best else state
+
+
+def _last(paths, pattern):
+    found = None
+    for line in _lines(paths):
+        if pattern.search(line) and not line.startswith("[recsys] summary"):
+            found = line
+    return found
+
+
+def _short(line):
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def failure_reason(run_dir, key, state):
+    """One line saying why job `key` failed: its state, the failing rank and that rank's last
+    error line (the engine prints `recsys-train: error: ...` in its rank log). The failing rank
+    is the first one srun names as exiting badly in the batch output, else the first whose log
+    has an error of its own; without rank logs, the batch output's last error-looking line."""
+    logs = os.path.join(run_dir, "logs")
+    batch = sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.out")), key=os.path.getmtime)
+    ranks = {}
+    for path in sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.rank*.log")), key=os.path.getmtime):
+        match = _RANK_LOG.search(path)
+        if match:
+            ranks.setdefault(int(match.group(1)), []).append(path)
+    named = []
+    for line in _lines(batch):
+        match = _SRUN_TASK.search(line)
+        if match and int(match.group(1)) not in named:
+            named.append(int(match.group(1)))
+    order = named + sorted(r for r in ranks if r not in named)
+    for pattern in (_OWN_ERROR, _REASON):
+        for rank in order:
+            line = _last(ranks.get(rank, []), pattern)
+            if line:
+                return f"{state}: rank {rank}: {_short(line)}"
+    best = _last(batch, _OWN_ERROR) or _last(batch, _REASON)
+    return f"{state}: {_short(best)}" if best else state

@@ -19,8 +19,8 @@ import sys
 import time
 
 from .backends import Backend
-from .errors import RequestError
-from .plan import ENGINES, EngineLog, SlurmHelper, slurm_dir
+from .errors import RequestError, SubmitError
+from .plan import ENGINES, EngineLog, RunPath, SlurmHelper, slurm_dir
 from .records import JobRecord, JobStatus, StatusResult
 from .render import rank_command
 
@@ -81,11 +81,13 @@ def _job_env(spec, run_dir, task_index=None):
 
 
 def _argv(spec, run_dir, log_prefix):
-    """The rank argv with our helper paths and the EngineLog path written out."""
+    """The rank argv with our helper paths, the EngineLog and other run-dir paths written out."""
     out = []
     for arg in rank_command(spec):
         if isinstance(arg, EngineLog):
             out.append(f"{log_prefix}{EngineLog.SUFFIX}")
+        elif isinstance(arg, RunPath):
+            out.append(os.path.join(run_dir, arg.relative))
         elif isinstance(arg, SlurmHelper):
             out.append(os.path.join(slurm_dir(), arg.name))
         else:
@@ -159,6 +161,38 @@ def _job_state(folder, job_id, ntasks):
         return "CANCELLED"
 
 
+def _controller_folder(job_id):
+    """The submitit folder of a running local job (its controller's pid is the job id), else None."""
+    try:
+        with open(f"/proc/{int(job_id)}/cmdline", "rb") as handle:
+            argv = handle.read().decode(errors="replace").split("\0")
+    except (OSError, ValueError):
+        return None
+    if "submitit.local._local" not in argv:
+        return None
+    at = argv.index("submitit.local._local")
+    return argv[at + 1] if at + 1 < len(argv) else None
+
+
+def _after_state(folder, job_id):
+    """Wait for a local job outside this run to end; COMPLETED when every task of it succeeded."""
+    import glob
+    import pickle
+
+    from .status import poll_until
+
+    poll_until(lambda: _controller_folder(job_id) == folder, lambda alive: not alive, first=0.2, ceiling=2)
+    results = glob.glob(os.path.join(folder, f"{glob.escape(str(job_id))}_*_result.pkl"))
+    if not results:
+        return "CANCELLED"
+    for path in results:
+        with open(path, "rb") as handle:
+            outcome, value = pickle.load(handle)
+        if outcome != "success" or value != 0:
+            return "FAILED"
+    return "COMPLETED"
+
+
 def _wait(run_dir, job):
     while _job_state(_folder(run_dir), job.job_id, job.ntasks) == "RUNNING":
         time.sleep(0.2)
@@ -174,10 +208,19 @@ class LocalBackend(Backend):
     gpuless_ranks = True
     max_nodes = 1
 
+    unknown_job_hint = "a local job id is the pid of a running local job (one started with --no-wait)"
+
+    def missing_jobs(self, job_ids):
+        """Local jobs are the submitit controllers of this machine: an id is known while its
+        controller runs (a finished one leaves no trace outside its run dir)."""
+        return [str(i) for i in job_ids if _controller_folder(i) is None]
+
     def check(self, specs, run_dir, wait):
         for spec in specs:
             if spec.nodes > self.max_nodes:
                 raise RequestError(f"--nodes: the local profile runs on one node, not {spec.nodes}")
+        self.check_after(specs)
+        self._after_folders = {i: _controller_folder(i) for spec in specs for i in spec.external_after}
         wait = self.foreground if wait is None else bool(wait)
         if not wait and len(specs) > 1:
             raise RequestError("--no-wait: the local profile runs chains and split arrays only "
@@ -185,6 +228,11 @@ class LocalBackend(Backend):
         return wait
 
     def submit(self, spec, run_dir, ids, wait, log=None):
+        for job_id in spec.external_after:      # afterok on running local jobs (--after)
+            folder = getattr(self, "_after_folders", {}).get(job_id) or _controller_folder(job_id)
+            if folder is None or _after_state(folder, job_id) != "COMPLETED":
+                raise SubmitError(f"--after {job_id}: that local job did not complete, so {spec.key!r} "
+                                  "never starts (afterok)")
         tasks = [None] if not spec.array else [spec.task_offset + i for i in range(spec.array_size)]
         jobs = []
         for task_index in tasks:

@@ -75,19 +75,54 @@ class SlurmHelper(str):
         return self[len("$RECSYS_SLURM_DIR/"):]
 
 
-class EngineLog(str):
+class RunPath(str):
+    """A path inside the run dir, written as "$RECSYS_RUN_DIR/<relative>" in a rendered script
+    (the script exports RECSYS_RUN_DIR; the local backend writes the path out). The run dir is
+    only known at submission, so what a chain hands from one job to the next (the checkpoint dir
+    of a train job to its evaluate job) is named this way. A distinct type, like SlurmHelper, so
+    that no user-provided string is ever left unquoted."""
+
+    PREFIX = "$RECSYS_RUN_DIR/"
+
+    def __new__(cls, relative):
+        return super().__new__(cls, f"{cls.PREFIX}{relative}")
+
+    @property
+    def relative(self):
+        return self[len(self.PREFIX):]
+
+    def __getnewargs__(self):
+        return (self.relative,)
+
+
+class EngineLog(RunPath):
     """The engine's JSON-lines log of a job, logs/<key>-<tag>.engine.jsonl in its run dir.
 
     The submission layer passes it as `--log-path` so that every job's records (and its
     `summary`) land in the run dir without the user asking. Its tag (job id, array task, local
     pid) is only known when the job starts, so a rendered script writes it as shell variables the
-    script itself exports; the local backend substitutes the path (jobs.local). A distinct type,
-    like SlurmHelper, so that no user-provided string is ever left unquoted."""
+    script itself exports; the local backend substitutes the path (jobs.local)."""
 
     SUFFIX = ".engine.jsonl"
 
     def __new__(cls):
-        return super().__new__(cls, f"$RECSYS_RUN_DIR/logs/$RECSYS_JOB_KEY-$RECSYS_JOB_TAG{cls.SUFFIX}")
+        return super().__new__(cls, f"logs/$RECSYS_JOB_KEY-$RECSYS_JOB_TAG{cls.SUFFIX}")
+
+    def __getnewargs__(self):
+        return ()
+
+
+def engine_flag(engine_args, flag):
+    """The value of `flag` (`--flag V` or `--flag=V`) in an engine argv, the last one winning as
+    in argparse; None when absent."""
+    value = None
+    args = list(engine_args)
+    for index, arg in enumerate(args):
+        if str(arg) == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif str(arg).startswith(flag + "="):
+            value = str(arg)[len(flag) + 1:]
+    return value
 
 
 def _has_log_path(engine_args):
@@ -133,11 +168,44 @@ def _array_specs(base, count, cap, max_array_size):
     return specs
 
 
-def _engine_command(res, python):
+# The engine's path flags: a job runs in its run dir, so a relative path is made absolute here,
+# relative to where recsys-submit runs (and where it is checked), as a user means it.
+ENGINE_PATH_FLAGS = ("--data-path", "--feature-spec", "--checkpoint-dir", "--log-path")
+
+
+def absolute(path):
+    """A user's path as the job must see it (jobs run in their run dir); RunPaths stay as they are."""
+    if isinstance(path, RunPath) or path is None:
+        return path
+    return os.path.abspath(os.path.expanduser(str(path)))
+
+
+def _absolute_paths(engine_args):
+    out, args = [], list(engine_args)
+    for index, arg in enumerate(args):
+        text = str(arg)
+        if index and str(args[index - 1]) in ENGINE_PATH_FLAGS:
+            out.append(absolute(arg))
+        elif "=" in text and text.split("=", 1)[0] in ENGINE_PATH_FLAGS:
+            flag, value = text.split("=", 1)
+            out.append(f"{flag}={absolute(value)}")
+        else:
+            out.append(arg)
+    return out
+
+
+def engine_argv(res, handoff=()):
+    """The training engine's own arguments for a resolved request: model, run mode, the user's
+    arguments (paths made absolute) and what the chain hands over (plan), without the interpreter."""
+    req = res.request
+    return ["--model", req.model, "--run-mode", req.kind] + _absolute_paths(req.engine_args) + list(handoff)
+
+
+def _engine_command(res, python, handoff=()):
     req = res.request
     if res.engine == "hello":
         return [python, "-m", "jobs.hello", "--kind", req.kind] + list(req.engine_args)
-    command = [python, "-m", "recsys.train", "--model", req.model, "--mode", req.kind] + list(req.engine_args)
+    command = [python, "-m", "recsys.train"] + engine_argv(res, handoff)
     if not _has_log_path(req.engine_args):
         command += ["--log-path", EngineLog()]     # the user's own --log-path wins
     return command
@@ -162,8 +230,9 @@ def _engine_env(res):
     return {} if budget is None else {"RECSYS_EMBEDDING_MEMORY_GB": f"{budget:g}"}
 
 
-def plan_request(res, max_array_size=None, key_prefix=""):
-    """The JobSpecs of one resolved request, in submission order."""
+def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
+    """The JobSpecs of one resolved request, in submission order; `handoff`: engine arguments
+    the chain adds (the checkpoint dir an earlier train job writes)."""
     req, profile = res.request, res.profile
     python = job_python(profile, req.python)
     max_array = int(max_array_size or profile.max_array_size or 1001)
@@ -177,14 +246,14 @@ def plan_request(res, max_array_size=None, key_prefix=""):
 
     if res.engine != "preproc":
         base = JobSpec(key=f"{prefix}main" if not prefix else key_prefix, name=res.name,
-                       command=_engine_command(res, python), bind=True,
+                       command=_engine_command(res, python, handoff), bind=True,
                        env=_engine_env(res), **common)
         if req.array:
             return _array_specs(base, req.array, req.array_parallelism, max_array)
         return [base]
 
     preproc = [python, "-m", "preproc", req.dataset]
-    io = ["--input", req.input, "--output", req.output]
+    io = ["--input", absolute(req.input), "--output", absolute(req.output)]
     mode = req.preprocess_mode
     if mode == "single":
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
@@ -208,7 +277,7 @@ def plan_request(res, max_array_size=None, key_prefix=""):
                         command=preproc + ["transform"] + io, after_ok=[dictionary.key], **one)
     transforms = _array_specs(transform, req.shards, req.array_parallelism, max_array)
     finalize = JobSpec(key=f"{prefix}finalize", name=f"{res.name}-finalize", bind=False,
-                       command=preproc + ["finalize", "--output", req.output],
+                       command=preproc + ["finalize", "--output", absolute(req.output)],
                        after_ok=[t.key for t in transforms], **one)
     return [dictionary] + transforms + [finalize]
 
@@ -225,20 +294,66 @@ def run_name(resolved):
     return (main or resolved)[0].name
 
 
-def plan(requests, profile, max_array_size=None):
+def _handoff(res, resolved_later, checkpoints, key):
+    """Engine arguments the chain hands a request: a train job that an evaluate job of the same
+    model follows writes its checkpoints into the run dir (checkpoints-<key>) unless the user
+    named a --checkpoint-dir; an evaluate job without one reads the last such train job's.
+    `checkpoints` maps model -> checkpoint dir of the chain's train jobs so far (updated)."""
+    req = res.request
+    if res.engine != "recsys":
+        return []
+    own = engine_flag(req.engine_args, "--checkpoint-dir")
+    if req.kind == "train":
+        evaluated = any(r.engine == "recsys" and r.request.kind == "evaluate" and r.request.model == req.model
+                        for r in resolved_later)
+        if own is None and evaluated:
+            checkpoints[req.model] = RunPath(f"checkpoints-{key}")
+            return ["--checkpoint-dir", checkpoints[req.model]]
+        if own is not None:
+            checkpoints[req.model] = absolute(own)
+        return []
+    if req.kind == "evaluate" and own is None and req.model in checkpoints:
+        return ["--checkpoint-dir", checkpoints[req.model]]
+    return []
+
+
+def _produced(res, handoff):
+    """Paths a job writes that later jobs of the chain read: a preprocess output, a train job's
+    checkpoint dir."""
+    req = res.request
+    if res.engine == "preproc":
+        return [absolute(req.output)]
+    if res.engine == "recsys" and req.kind == "train":
+        ckpt = engine_flag(list(req.engine_args) + list(handoff), "--checkpoint-dir")
+        return [absolute(ckpt)] if ckpt else []
+    return []
+
+
+def plan(requests, profile, max_array_size=None, submitting=False):
     """Resolve and plan a chain of requests; each request's first jobs wait (afterok) for the
-    previous request's last jobs. Returns (resolved list, JobSpec list)."""
+    previous request's last jobs, and gets what earlier ones write (_handoff). When `submitting`
+    (not rendering: a script may be for another machine, and `render` stays as fast as before),
+    the training engine's arguments are checked by its own parser and start-up checks
+    (jobs.request.check_engine_args): its data named and present on this host unless an earlier
+    job of the chain writes it. Returns (resolved list, JobSpec list)."""
+    from .request import check_engine_args
+
+    resolved_all = [resolve(request, profile) for request in requests]
     resolved, specs = [], []
     previous_exits = []
     chained = len(requests) > 1
-    for index, request in enumerate(requests):
-        res = resolve(request, profile)
+    checkpoints, produced = {}, []
+    for index, res in enumerate(resolved_all):
         prefix = ""
         if chained:
             prefix = res.request.kind
             if any(r.request.kind == prefix for r in resolved):
                 prefix = f"{prefix}{index}"
-        own = plan_request(res, max_array_size, key_prefix=prefix)
+        handoff = _handoff(res, resolved_all[index + 1:], checkpoints, prefix or "main")
+        if res.engine == "recsys" and submitting:
+            check_engine_args(engine_argv(res, handoff), res, produced=produced)
+        produced += _produced(res, handoff)
+        own = plan_request(res, max_array_size, key_prefix=prefix, handoff=handoff)
         if previous_exits:
             own_keys = {s.key for s in own}
             for spec in own:

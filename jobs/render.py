@@ -11,7 +11,7 @@ import shlex
 import string
 
 from .errors import RequestError
-from .plan import ENGINES, EngineLog, SlurmHelper, slurm_dir
+from .plan import ENGINES, RunPath, SlurmHelper, slurm_dir
 from .slurmtime import format_time
 
 _SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
@@ -119,10 +119,11 @@ def _exports(mapping):
 
 def _quote_command(argv):
     """Shell-quote every argument; only our own SlurmHelper paths keep $RECSYS_SLURM_DIR
-    expandable, and the EngineLog path its $RECSYS_* variables (fixed in code, never user input)."""
+    expandable, and RunPaths (the EngineLog, a chain's checkpoint dir) their $RECSYS_* variables
+    (fixed in code, never user input)."""
     out = []
     for arg in argv:
-        if isinstance(arg, EngineLog):
+        if isinstance(arg, RunPath):
             out.append(f'"{arg}"')
         elif isinstance(arg, SlurmHelper):
             out.append(f'"$RECSYS_SLURM_DIR/{shlex.quote(arg.name)}"')
@@ -184,8 +185,22 @@ def task_env(spec):
             "fi")
 
 
-def render(spec, run_dir, script_path=None, ids=None, token=None):
-    """The sbatch script text of `spec` for run directory `run_dir`."""
+def submit_hint(spec, script_path, ids=None, written=True):
+    """The script's "Submit by hand with: sbatch ..." comment: only for a script written to a file
+    (a submission, `render -o DIR`), with the --dependency to fill in where it waits for jobs of
+    its chain whose ids are not known yet."""
+    if not written:
+        return ("Printed only, not written to a file: `recsys-submit render -o DIR ...` writes the "
+                "script(s) to DIR (which becomes the run directory)")
+    command = "sbatch"
+    if any(k not in (ids or {}) for k in spec.after_ok + spec.after_any):
+        command += f" --dependency={dependency_string(spec, ids or {})}"
+    return f"Submit by hand with: {command} {shlex.quote(script_path or f'{spec.key}.sbatch')}"
+
+
+def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
+    """The sbatch script text of `spec` for run directory `run_dir`; `written`: whether it is
+    saved as `script_path` (what its comment tells the reader to sbatch), or only printed."""
     profile = spec.profile
     from .binding import bind_env   # PROFILES' module; light (no heavy imports)
 
@@ -201,7 +216,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None):
         title=title,
         profile_name=profile.name,
         profile_path=profile.path or "",
-        script_path=shlex.quote(script_path or f"{spec.key}.sbatch"),
+        submit_hint=submit_hint(spec, script_path, ids, written),
         run_dir=shlex.quote(os.path.abspath(run_dir)),
         slurm_dir=shlex.quote(slurm_dir()),
         key=shlex.quote(spec.key),

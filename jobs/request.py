@@ -18,14 +18,15 @@ from .vocabulary import BIND_MODES, DATASETS, KINDS, MODEL_DATASET, MODELS, PAYL
 if TYPE_CHECKING:   # pragma: no cover
     from .profiles import Profile
 
-__all__ = ["JobRequest", "Resolved", "resolve", "build_chain", "slug", "KINDS", "MODELS", "DATASETS",
+__all__ = ["JobRequest", "Resolved", "resolve", "build_chain", "check_engine_args", "slug", "KINDS", "MODELS", "DATASETS",
            "PAYLOADS", "PREPROCESS_MODES", "BIND_MODES", "MODEL_DATASET"]
 _JOBID = re.compile(r"^\d+(_\d+)?$")
 DEFAULT_SIGNAL_SECONDS = 120
 # Engine flags the submission layer sets itself (see jobs.plan): given again after `--` they would
 # render twice, the last one winning silently. flag -> what to use instead.
 OWNED_ENGINE_FLAGS = {
-    "recsys": {"--mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
+    "recsys": {"--run-mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
+               "--mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
                "--model": "recsys-submit's own --model"},
     "preproc": {"--input": "recsys-submit preprocess --input", "--output": "recsys-submit preprocess --output"},
 }
@@ -119,6 +120,21 @@ def _check_engine_args(engine_args, engine):
         if flag in owned:
             raise RequestError(f"engine argument {flag}: set by recsys-submit, not after `--`; "
                                f"use {owned[flag]}")
+
+
+def check_engine_args(argv, res, produced=()):
+    """Check a training job's engine argv before it is submitted, with the engine's own parser and
+    start-up checks (recsys.train.check_submission, which imports no TensorFlow): unknown flags,
+    bad values, a batch the job's ranks cannot split, no data named, a data directory or
+    checkpoint missing on this host (unless in `produced`, written by an earlier job of the
+    chain, or the job waits for jobs outside the run). RequestError with the engine's line."""
+    from recsys.errors import EngineError
+    from recsys.train import check_submission
+
+    try:
+        check_submission(argv, world_size=res.ranks, check_existence=not res.request.after, produced=produced)
+    except EngineError as exc:
+        raise RequestError(str(exc)) from None
 
 
 def resolve(request, profile):

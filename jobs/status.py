@@ -59,17 +59,24 @@ def query_sacct(ids):
     return {task: _base_state(stats.get("State")) for task, stats in info.items()}
 
 
-def query_squeue(ids):
-    """{task id: state} from one squeue call (jobs it no longer knows are absent)."""
-    proc = _call(["squeue", "-h", "-r", "--states=all", "-o", "%i|%T", "-j", ",".join(ids)])
+NEVER = "DependencyNeverSatisfied"     # squeue's reason for a job whose afterok job failed
+
+
+def query_squeue(ids, never=None):
+    """{task id: state} from one squeue call (jobs it no longer knows are absent); the pending
+    tasks that can never start (an afterok job failed) are added to the set `never`."""
+    proc = _call(["squeue", "-h", "-r", "--states=all", "-o", "%i|%T|%r", "-j", ",".join(ids)])
     if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
         raise slurmcli.SlurmCommandError(f"squeue: {slurmcli.first_line(proc.stderr)}")
     states = {}
     for line in proc.stdout.splitlines():
-        job_id, _, state = line.strip().partition("|")
+        job_id, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
         if job_id:
             for task in _expand(job_id):
                 states[task] = _base_state(state)
+                if never is not None and states[task] == "PENDING" and reason.strip() == NEVER:
+                    never.add(task)
     return states
 
 
@@ -157,7 +164,7 @@ def poll_slurm_many(items, source=None):
         caches.append(cache)
         pending += [(run_dir, j) for j in record.jobs
                     if not all(cache.get(t) in TERMINAL for t in _expected_tasks(j))]
-    states = {}
+    states, never = {}, set()
     used = "cache"
     if pending:
         ids = [j.job_id for _, j in pending]
@@ -166,7 +173,7 @@ def poll_slurm_many(items, source=None):
         answer = query_sacct(ids) if source == "sacct" else None
         used = "sacct"
         if answer is None:
-            answer, used = query_squeue(ids), "squeue"
+            answer, used = query_squeue(ids, never), "squeue"
         for run_dir, job in pending:
             for task in _expected_tasks(job):
                 state = answer.get(task)
@@ -184,9 +191,14 @@ def poll_slurm_many(items, source=None):
         out = []
         for job in record.jobs:
             tasks = {t: known.get(t, "UNKNOWN") for t in _expected_tasks(job)}
-            out.append(JobStatus(key=job.key, job_id=job.job_id, name=job.name,
-                                 state=summarize(list(tasks.values())), tasks=tasks))
-        done = all(all(s in TERMINAL for s in j.tasks.values()) for j in out)
+            status = JobStatus(key=job.key, job_id=job.job_id, name=job.name,
+                               state=summarize(list(tasks.values())), tasks=tasks)
+            if any(t in never for t in tasks):
+                status.reason = (f"{NEVER}: a job it waits for (afterok) failed, so it never starts; "
+                                 f"`recsys-submit cancel {run_dir}` removes it")
+            out.append(status)
+        # a job that can never start has ended for a watcher (and the run has failed)
+        done = all(all(s in TERMINAL or t in never for t, s in j.tasks.items()) for j in out)
         run_used = used if any(t in states for t in own) else "cache"
         results.append(StatusResult(run_dir=run_dir, jobs=out, done=done, calls=calls,
                                     source=run_used, submission=record.state))

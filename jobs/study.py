@@ -172,7 +172,8 @@ class StudySpec:
         if not isinstance(engine_args, list) or not all(isinstance(a, (str, int, float)) for a in engine_args):
             fail("engine_args", "a list of engine flags and values, e.g. ['--embedding-dim', '16']")
         engine_args = [str(a) for a in engine_args]
-        for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--mode", "--model"):
+        for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--run-mode", "--mode",
+                     "--model"):
             if any(a == flag or a.startswith(flag + "=") for a in engine_args):
                 fail("engine_args", f"{flag} is set by the study (use its own key)")
         data_path = data.get("data_path")
@@ -321,7 +322,7 @@ def check_engine_args(spec, point, parser=None):
         from recsys.train import build_parser
 
         parser = build_parser()
-    argv = ["--model", spec.model, "--mode", "benchmark"] + list(point.engine_args)
+    argv = ["--model", spec.model, "--run-mode", "benchmark"] + list(point.engine_args)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):

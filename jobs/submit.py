@@ -37,15 +37,29 @@ def _run_dir(resolved, profile, runs_dir):
                                 create=False)
 
 
-def render_plan(requests, profile, run_dir=None, max_array_size=None, runs_dir=None):
+def render_plan(requests, profile, run_dir=None, max_array_size=None, runs_dir=None, write=False):
     """[(spec, script text)] without submitting; dependencies show as <key> placeholders.
-    The run dir is the one a submission with the same `runs_dir` would create."""
+    The run dir is the one a submission with the same `runs_dir` would create. With `write`,
+    the scripts are also written as RUN_DIR/<key>.sbatch (and RUN_DIR/logs made), so that they
+    can be submitted by hand (`recsys-submit render -o DIR`)."""
+    from .runs import write_text
+
     profile = load(profile)
     max_array = max_array_size or backend_for(profile).max_array_size(requests)
     resolved, specs = plan(requests, profile, max_array_size=max_array)
     run_dir = run_dir or _run_dir(resolved, profile, runs_dir)
-    return [(spec, render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token="<token>"))
-            for spec in specs]
+    token = os.urandom(8).hex() if write else "<token>"    # a written script is run as it is
+    parts = [(spec, render(spec, run_dir, os.path.join(run_dir, f"{spec.key}.sbatch"), token=token,
+                           written=write))
+             for spec in specs]
+    if write:
+        try:
+            os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+        except OSError as exc:
+            raise RequestError(f"-o: cannot create {run_dir!r}: {exc.strerror}") from None
+        for spec, text in parts:
+            write_text(os.path.join(run_dir, f"{spec.key}.sbatch"), text)
+    return parts
 
 
 def render_text(requests, profile, runs_dir=None):
@@ -68,7 +82,8 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
         wait = wait_local
     profile = load(profile)
     backend = backend_for(profile)
-    resolved, specs = plan(requests, profile, max_array_size=backend.max_array_size(requests))
+    resolved, specs = plan(requests, profile, max_array_size=backend.max_array_size(requests),
+                           submitting=True)
     run_dir = _run_dir(resolved, profile, runs_dir)
     wait = backend.check(specs, run_dir, wait)
     try:

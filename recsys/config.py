@@ -111,6 +111,27 @@ class TrainConfig:
         cfg._check()
         return cfg
 
+    @classmethod
+    def for_submission(cls, namespace, world_size, check_data=True, check_existence=True,
+                       produced=()) -> "TrainConfig":
+        """The checks a submit host can make before a job is queued (recsys-submit): flag values and
+        batch divisibility over the job's `world_size` ranks; with `check_data`, that the data (and
+        for evaluate the checkpoint dir) is named; with `check_existence` too, that it exists here,
+        unless under one of the `produced` paths (which an earlier job of the chain writes). Nothing
+        is read but directory listings: no feature spec is parsed, no TensorFlow or NumPy imported."""
+        values = dict(vars(namespace))
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"recsys.config.TrainConfig has no field for flag destination(s) {unknown}")
+        cfg = cls(**values)
+        cfg._fill_defaults(world_size=world_size)
+        cfg._check_values()
+        if cfg.restore and not cfg.checkpoint_dir:
+            _fail("--restore needs --checkpoint-dir")
+        if check_data:
+            cfg._check_submitted_files([os.path.abspath(p) for p in produced], check_existence)
+        return cfg
+
     def as_dict(self) -> dict:
         """Plain dict of every field (the ``params`` log record)."""
         return dataclasses.asdict(self)
@@ -121,12 +142,12 @@ class TrainConfig:
         return self.synthetic and not self.data_path and not self.feature_spec
 
     # --- resolution -----------------------------------------------------------
-    def _fill_defaults(self):
+    def _fill_defaults(self, world_size=None):
         user_schedule = any(v is not None for v in (self.warmup_steps, self.decay_start_step, self.decay_steps))
         for key, value in resolved(self.model, self.synthetic_data).items():
             if getattr(self, key, None) is None:
                 setattr(self, key, value)
-        self.world_size = launcher_world_size()
+        self.world_size = world_size or launcher_world_size()
         if self.model == "dlrm" and self.synthetic_data and not user_schedule:
             self._scale_synthetic_schedule()
 
@@ -145,6 +166,11 @@ class TrainConfig:
         self.synthetic_schedule_scaled = True
 
     def _check(self):
+        self._check_values()
+        self._check_data()
+        self._check_paths()
+
+    def _check_values(self):
         for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints"):
             if getattr(self, flag) < 1:
                 _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
@@ -165,8 +191,33 @@ class TrainConfig:
             v = getattr(self, flag)
             if v is not None and not 0 <= v < 1:
                 _fail(f"--{_flag(flag)} must be in [0, 1), got {v}")
-        self._check_data()
-        self._check_paths()
+
+    def _check_submitted_files(self, produced, check_existence):
+        """for_submission's file checks: the data and the checkpoint to evaluate are named, and
+        exist unless a path in `produced` (written by an earlier job) holds them."""
+        def pending(path):
+            path = os.path.abspath(path)
+            return not check_existence or any(path == p or path.startswith(p.rstrip(os.sep) + os.sep)
+                                              for p in produced)
+
+        if self.feature_spec:
+            if not pending(self.feature_spec) and not os.path.isfile(self.feature_spec):
+                _fail(f"--feature-spec {self.feature_spec}: no such file")
+        elif self.data_path:
+            if not pending(self.data_path):
+                if not os.path.isdir(self.data_path):
+                    _fail(f"--data-path {self.data_path}: no such directory")
+                if not os.path.isfile(os.path.join(self.data_path, "feature_spec.yaml")):
+                    _fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
+        elif not self.synthetic:
+            _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
+        if self.mode == "evaluate":
+            if not self.checkpoint_dir:
+                _fail("--run-mode evaluate needs --checkpoint-dir (the checkpoints of a training run)")
+            if not pending(self.checkpoint_dir):
+                from recsys.checkpoint import AtomicCheckpointer
+                if AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
+                    _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
 
     def _check_data(self):
         if self.feature_spec:
@@ -198,7 +249,7 @@ class TrainConfig:
         if self.mode == "evaluate":
             from recsys.checkpoint import AtomicCheckpointer
             if not self.checkpoint_dir or AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
-                _fail(f"--mode evaluate needs a checkpoint in --checkpoint-dir ({self.checkpoint_dir or 'not given'})")
+                _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir ({self.checkpoint_dir or 'not given'})")
         if self.checkpoint_dir:
             parent = os.path.dirname(os.path.abspath(self.checkpoint_dir))
             if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):

@@ -40,6 +40,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _SubmissionParser(_Parser):
+    def error(self, message):  # recsys-submit reports it, naming the engine arguments
+        raise EngineError(f"engine arguments (after `--`): {message}")
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a default only when there is one (None/False mean 'model default' or 'off')."""
 
@@ -47,6 +52,15 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, argparse.SUPPRESS):
             return action.help
         return super()._get_help_string(action)
+
+
+class _DeprecatedMode(argparse.Action):
+    """`--mode`, the old name of `--run-mode` (renamed: `recsys-submit preprocess --mode` is the
+    preprocessing mode); still accepted, with one warning line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{PROG}: warning: --mode is deprecated; use --run-mode {values}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def _ints(text):
@@ -68,16 +82,17 @@ def _ref(key, fmt=None):
     return "reference default: " + "; ".join(vals) if vals else ""
 
 
-def build_parser():
-    p = _Parser(prog=PROG, description="Train, evaluate or benchmark DLRM, Wide & Deep or NCF (NeuMF) on a "
+def build_parser(parser_class=_Parser):
+    p = parser_class(prog=PROG, description="Train, evaluate or benchmark DLRM, Wide & Deep or NCF (NeuMF) on a "
                 "feature-spec dataset, one process per rank (Horovod when several ranks). Defaults left "
                 "unset take the model's reference value, or a small value with --synthetic.",
                 formatter_class=_Formatter)
     g = p.add_argument_group("run")
     g.add_argument("--model", required=True, choices=MODELS, help="model to build")
-    g.add_argument("--mode", choices=MODES, default="train",
+    g.add_argument("--run-mode", dest="mode", choices=MODES, default="train",
                    help="train (epochs, eval and checkpoint per epoch); evaluate (metrics of a checkpoint); "
                         "benchmark (timed training steps after warm-up); inference (timed forward passes)")
+    g.add_argument("--mode", dest="mode", choices=MODES, action=_DeprecatedMode, help=argparse.SUPPRESS)
     g.add_argument("--seed", type=int, default=12345, help="seed of weights, shuffling and negatives")
     g.add_argument("--log-path", help="append JSON-lines records (params, steps, eval, summary) to this file")
     g.add_argument("--log-every", type=int, default=10, help="write a step record every N steps")
@@ -155,6 +170,23 @@ def build_parser():
                    help="continue from the newest checkpoint in --checkpoint-dir (exact step); a fresh start if none")
     c.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept")
     return p
+
+
+def parse_submission(argv) -> argparse.Namespace:
+    """A job's command line parsed by this parser for recsys-submit (which renders or submits it):
+    EngineError with one line instead of an exit; imports neither TensorFlow nor NumPy."""
+    argv = [str(a) for a in argv]
+    if "-h" in argv or "--help" in argv:
+        raise EngineError("engine arguments (after `--`): --help is not a job; run `python -m recsys.train --help`")
+    return build_parser(_SubmissionParser).parse_args(argv)
+
+
+def check_submission(argv, world_size, check_data=True, check_existence=True, produced=()) -> TrainConfig:
+    """The engine's own checks of a job's command line, made by recsys-submit before it submits
+    anything (TrainConfig.for_submission: flags, values, batch over `world_size` ranks, the data
+    named and present). Raises EngineError with one line."""
+    return TrainConfig.for_submission(parse_submission(argv), world_size, check_data=check_data,
+                                      check_existence=check_existence, produced=produced)
 
 
 def resolve(args) -> TrainConfig:

@@ -17,7 +17,7 @@ CASES = [
     (["benchmark", "--profile", "ci", "--model", "hello", "--array", "4", "--parallelism", "-2"],
      "--array-parallelism"),
     (["train", "--profile", "ci", "--model", "bert"], "unknown model"),
-    (["render", "finetune", "--profile", "ci", "--model", "dlrm"], "unknown kind"),
+    (["render", "finetune", "--profile", "ci", "--model", "dlrm"], "argument KIND: invalid choice: 'finetune'"),
     (["train", "--profile", "ci", "--model", "dlrm", "--time", "1:2:3:4"], "--time"),
     (["train", "--profile", "ci", "--model", "dlrm", "--time", "90min"], "--time"),
     (["train", "--profile", "ci", "--model", "dlrm", "--time", "0"], "--time"),
@@ -36,6 +36,17 @@ CASES = [
     (["train", "--profile", "ci", "--model", "dlrm", "--", "--model", "ncf"], "engine argument --model"),
     (["preprocess", "--profile", "ci", "--dataset", "criteo", "--input", "a", "--output", "b", "--",
       "--output", "c"], "use recsys-submit preprocess --output"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--", "--synthetic", "--run-mode", "evaluate"],
+     "engine argument --run-mode: set by recsys-submit"),
+    # the engine's own parser and checks, at submission (issue 15 item 6)
+    (["train", "--profile", "ci", "--model", "dlrm", "--nodes", "1"], "give --data-path DIR, --feature-spec FILE or --synthetic"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--", "--data-path", "/nonexistent/criteo"],
+     "--data-path /nonexistent/criteo: no such directory"),
+    (["train", "--profile", "ci", "--model", "dlrm", "--", "--synthetic", "--no-such-flag"],
+     "unrecognized arguments: --no-such-flag"),
+    # --after ids Slurm does not know (issue 15 item 8): one squeue call, refused
+    (["benchmark", "--profile", "ci", "--model", "hello", "--after", "999999,999998"],
+     "--after: slurm knows no job 999999, 999998"),
 ]
 
 

@@ -24,7 +24,7 @@ def test_profiles_subcommands(cli, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("scheduler: slurm\nnode: dgxa100\nmax_nodes: 2\nbogus_key: 1\n")
     proc = cli("profiles", "validate", str(bad))
-    assert proc.returncode == 1 and "bogus_key" in proc.stderr
+    assert proc.returncode == 2 and "bogus_key" in proc.stderr
 
 
 def test_render_prints_and_submits_nothing(cli, slurm_cluster):
@@ -33,6 +33,26 @@ def test_render_prints_and_submits_nothing(cli, slurm_cluster):
     assert not os.path.exists(cli.runs_dir)
     dry = cli("train", *HELLO, "--dry-run", check=True)
     assert "srun --mpi=pmix" in dry.stdout and not os.path.exists(cli.runs_dir)
+
+
+def test_render_o_writes_the_scripts_it_tells_you_to_sbatch(cli, slurm_cluster, tmp_path):
+    """Issue 15 item 7: without -o the printed script promises no file; with -o DIR the script is
+    written as DIR/<key>.sbatch (DIR is its run dir) and submitting it by hand runs the job."""
+    printed = cli("render", "benchmark", *HELLO, "--gpus-per-node", "1", check=True).stdout
+    assert "Submit by hand with" not in printed and "Printed only, not written" in printed
+    out = tmp_path / "scripts"
+    proc = cli("render", "benchmark", *HELLO, "--gpus-per-node", "1", "-o", out, check=True)
+    script = out / "main.sbatch"
+    assert proc.stdout.splitlines() == [f"wrote {script}", f"Submit by hand with: sbatch {script}"]
+    assert f"# Submit by hand with: sbatch {script}" in script.read_text()
+    assert f"export RECSYS_RUN_DIR={out}" in script.read_text()
+    assert not os.path.exists(cli.runs_dir)
+    job_id = slurm_cluster.run(["sbatch", "--parsable", str(script)], check=True).stdout.strip().split(";")[0]
+    assert slurm_cluster.wait_job(job_id) == "COMPLETED"
+    assert [r["kind"] for r in hello_lines(str(out))] == ["benchmark"]
+    chain = cli("render", "train", *HELLO, "--then-evaluate", "-o", tmp_path / "chain", check=True).stdout
+    assert "then the others in order" in chain
+    assert "# Submit by hand with: sbatch --dependency=afterok:<train> " in (tmp_path / "chain" / "evaluate.sbatch").read_text()
 
 
 def test_train_status_logs(cli, slurm_cluster):

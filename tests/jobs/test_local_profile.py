@@ -92,3 +92,27 @@ def test_local_train_prints_the_engine_summary(tmp_path):
     assert f"auc {summary['auc']:.4f}" in line and f"at step {summary['eval_step']}" in line
     assert f"{summary['throughput_samples_per_s']:,.0f} samples/s" in line
     assert f"checkpoint {summary['checkpoint']}" in line and str(ckpt) in summary["checkpoint"]
+
+
+def test_local_after_waits_for_a_running_local_job_and_refuses_unknown_ids(tmp_path):
+    """Issue 15 item 8 on the local profile: --after takes the pid of a running local job (from
+    --no-wait), waits for it to end well, then runs; an id of no local job is refused at once."""
+    refused = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--after", "999999")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "recsys-submit: error: --after: local knows no job 999999 (a local job id is the pid of a running "
+        "local job (one started with --no-wait))"]
+    first = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--time", "5", "--no-wait",
+                 "--name", "first", "--", "--sleep", "3")
+    assert first.returncode == 0, first.stderr
+    first_dir = _run_dir(first)
+    first_id = json.load(open(os.path.join(first_dir, "jobs.json")))["jobs"][0]["job_id"]
+    second = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--time", "5",
+                  "--name", "second", "--after", first_id)
+    assert second.returncode == 0, second.stdout + second.stderr
+    [before] = hello_lines(first_dir)
+    [after] = hello_lines(_run_dir(second))
+    end = max(float(line.split("end=")[1]) for path in os.listdir(os.path.join(first_dir, "logs"))
+              if path.endswith(".rank0.log")
+              for line in open(os.path.join(first_dir, "logs", path)) if line.startswith("BYE"))
+    assert after["start"] >= end > before["start"]

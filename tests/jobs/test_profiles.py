@@ -264,7 +264,7 @@ def test_cli_validate_and_show_report_the_profile_error(tmp_path):
     bad = write(tmp_path, dict(ci_raw(), node=dict(ci_raw()["node"], gpu_cores=[[0], [0]])))
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, HOME=str(tmp_path / "home"))
-    for args, rc in ((["profiles", "validate", str(bad)], 1), (["profiles", "show", str(bad)], 2)):
+    for args, rc in ((["profiles", "validate", str(bad)], 2), (["profiles", "show", str(bad)], 2)):
         proc = subprocess.run([sys.executable, "-m", "jobs.cli", *args], capture_output=True,
                               text=True, cwd=repo, env=env, timeout=60)
         assert proc.returncode == rc
@@ -273,6 +273,39 @@ def test_cli_validate_and_show_report_the_profile_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "profiles", "validate"], capture_output=True,
                           text=True, cwd=repo, env=env, timeout=60)
     assert proc.returncode == 0 and proc.stdout.count("ok ") == len(BUILTINS)
+
+
+def test_validate_prints_every_problem_of_a_file_one_line_each(tmp_path):
+    """Issue 15 item 10: all problems of a file, each `<file>: <key>: <problem>`, exit 2; a good
+    file beside it still says ok; load_profile raises the first, carrying them all."""
+    node = dict(ci_raw()["node"], colour="blue", gpu_numa=[0, 7])
+    bad = write(tmp_path, dict(ci_raw(), bogus_key=1, max_nodes="x", default_time="forever", node=node,
+                               env={"bad name": 1}, defaults={"binding": "sideways"},
+                               sbatch_extra=["--ok", "nodash"]))
+    want = [f"{bad}: bogus_key: unknown key",
+            f"{bad}: node.colour: unknown key",
+            f"{bad}: node.gpu_numa[1]: NUMA node 7 does not exist",
+            f"{bad}: max_nodes: must be an integer, got string",
+            f"{bad}: default_time: 'forever' is not a Slurm time limit",
+            f"{bad}: env.bad name: not a valid environment variable name",
+            f"{bad}: sbatch_extra[1]: must be a long option",
+            f"{bad}: defaults.binding: must be one of exclusive, numa, interleave, off, got 'sideways'"]
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(bad))
+    assert [str(p) for p in info.value.problems][0] == str(info.value)
+    assert sorted(str(p).split(": ")[1] for p in info.value.problems) == sorted(w.split(": ")[1] for w in want)
+    good = builtin_dir() / "ci.yaml"
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "profiles", "validate", str(bad), str(good)],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 2
+    assert proc.stdout == f"ok      {good}\n"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == len(want), lines
+    for line in lines:
+        assert line.startswith(f"recsys-submit: error: {bad}: ") and "\n" not in line
+    for needle in want:
+        assert sum(needle in line for line in lines) == 1, (needle, lines)
 
 
 # ------------------------------------------------------------------ the search path
@@ -360,7 +393,7 @@ def test_profile_that_is_not_utf8_is_one_line_exit_2_for_every_use(tmp_path):
         assert not runs.exists(), args
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "profiles", "validate", str(bad)],
                           capture_output=True, text=True, cwd=repo, env=env, timeout=60)
-    assert (proc.returncode, proc.stderr.splitlines()) == (1, [expected])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [expected])
     listed = subprocess.run([sys.executable, "-m", "jobs.cli", "profiles", "list"], capture_output=True,
                             text=True, cwd=repo, env=env, timeout=60)
     assert listed.returncode == 0

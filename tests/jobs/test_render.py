@@ -63,7 +63,7 @@ def test_container_flags_once_and_profile_extras(tmp_path):
     assert re.search(r"^#SBATCH --signal=B:USR2@\d+$", text, re.M)
     assert "trap recsys_on_usr2 USR2" in text and 'recsys_requeue_id="$SLURM_JOB_ID"' in text
     assert 'scontrol requeue "$recsys_requeue_id"' in text
-    assert "python -m recsys.train --model wide_deep --mode benchmark" in text
+    assert "python -m recsys.train --model wide_deep --run-mode benchmark" in text
     # the ranks run this checkout's code and write the run dir from inside the image
     repo = REPO
     mounts = re.search(r"--container-mounts=(\S+)", text).group(1).split(",")

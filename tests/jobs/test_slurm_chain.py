@@ -32,6 +32,8 @@ def _reason(cluster, job_id):
 def test_afterok_second_starts_after_first_ends(cli, slurm_cluster):
     first_dir, first = cli.submit("benchmark", *HELLO, "--name", "first", "--", "--sleep", "2")
     first_id = first["jobs"][0]["job_id"]
+    mixed = cli("benchmark", *HELLO, "--after", f"{first_id},999997")     # one unknown id: refused
+    assert mixed.returncode == 2 and "--after: slurm knows no job 999997 (" in mixed.stderr, mixed.stderr
     second_dir, second = cli.submit("benchmark", *HELLO, "--name", "second", "--after", first_id)
     with open(os.path.join(second_dir, "main.sbatch")) as handle:
         assert f"#SBATCH --dependency=afterok:{first_id}" in handle.read()
@@ -71,6 +73,8 @@ def test_failed_first_job_never_runs_the_second_then_cancel(cli, slurm_cluster):
     assert reason.startswith("PENDING")
     status = cli("status", second_dir, "--json", check=True)
     assert json.loads(status.stdout)["jobs"][0]["state"] == "PENDING"
+    watched = cli("status", second_dir, "--watch", timeout=120)     # ends: the job can never start
+    assert watched.returncode == 1 and "DependencyNeverSatisfied: a job it waits for" in watched.stdout
     cli("cancel", second_dir, check=True)
     assert slurm_cluster.wait_job(second_id) == "CANCELLED"
     assert hello_lines(second_dir) == []
@@ -122,3 +126,51 @@ def test_requeue_command(cli, slurm_cluster):
     _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job back in the queue with Restarts=1")
     cli("cancel", run_dir, check=True)
     assert slurm_cluster.wait_job(job_id) == "CANCELLED"
+
+
+@pytest.mark.spark
+def test_preprocess_train_evaluate_chain_hands_over_data_and_checkpoint(cli, slurm_cluster, tmp_path):
+    """Issue 15 item 1, the README's chain `train --preprocess-from RAW --data-path DIR
+    --then-evaluate -- --amp` on real MovieLens-shaped data: preprocessing writes DIR, training
+    reads it and checkpoints into the run dir, evaluation reads both and logs its metrics."""
+    pytest.importorskip("pyspark")
+    from jobs import enginelog
+    from preproc.generate_movielens import generate
+
+    generate(str(tmp_path / "raw"), users=120, items=150, seed=3)
+    data = tmp_path / "ml"
+    run_dir, record = cli.submit("train", "--profile", "ci", "--model", "ncf", "--nodes", "1", "--gpus-per-node", "1",
+                                 "--time", "10", "--preprocess-from", tmp_path / "raw", "--data-path", data,
+                                 "--then-evaluate", "--", "--amp", "--epochs", "1", "--batch-size", "1024",
+                                 "--valid-negative", "20")
+    assert [j["key"] for j in record["jobs"]] == ["preprocess", "train", "evaluate"]
+    result = cli("status", run_dir, "--watch", timeout=840)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (data / "feature_spec.yaml").is_file()
+    checkpoints = os.path.join(run_dir, "checkpoints-train")
+    assert any(name.startswith("ckpt-") for name in os.listdir(checkpoints))
+    train = enginelog.summary(enginelog.job_logs(run_dir, "train"))
+    evaluate = enginelog.summary(enginelog.job_logs(run_dir, "evaluate"))
+    assert train["checkpoint"].startswith(checkpoints)
+    assert evaluate["mode"] == "evaluate" and evaluate["step"] == train["eval_step"]
+    for metric in ("hr_at_10", "ndcg_at_10"):    # the same checkpoint on the same data: the same metrics
+        assert 0.0 < evaluate[metric] <= 1.0 and evaluate[metric] == pytest.approx(train[metric], abs=1e-4)
+    assert "hr_at_10" in result.stdout.split("evaluate")[-1]
+
+
+def test_status_names_the_failing_rank_and_its_engine_error(cli, slurm_cluster, tmp_path):
+    """Issue 15 item 6: a job that passes the submit-side checks but fails in its ranks (here a
+    feature spec that is not YAML): status shows the rank and its `recsys-train: error:` line,
+    not srun's exit-code line."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "feature_spec.yaml").write_text("feature_spec: [unclosed\n")
+    run_dir, record = cli.submit("train", "--profile", "ci", "--model", "ncf", "--nodes", "2",
+                                 "--gpus-per-node", "1", "--time", "5", "--", "--data-path", data)
+    assert slurm_cluster.wait_job(record["jobs"][0]["job_id"], timeout=300) == "FAILED"
+    status = json.loads(cli("status", run_dir, "--json", check=True).stdout)
+    reason = status["jobs"][0]["reason"]
+    assert reason.startswith("FAILED: rank ") and "recsys-train: error: " in reason, reason
+    assert "feature_spec.yaml" in reason and "srun" not in reason
+    shown = cli("status", run_dir).stdout
+    assert reason in shown

@@ -43,7 +43,7 @@ def test_resume_continues_exact_step_and_weights(tiny_data, tmp_path):
     assert a["auc"] == pytest.approx(b["auc"], abs=1e-9)
     # evaluate-only from the checkpoint gives the metrics of the end of training
     ev = tmp_path / "eval.jsonl"
-    res = run_train(_dlrm(data, "--mode", "evaluate", "--checkpoint-dir", ck, "--log-path", ev))
+    res = run_train(_dlrm(data, "--run-mode", "evaluate", "--checkpoint-dir", ck, "--log-path", ev))
     assert res.returncode == 0, res.stderr[-3000:]
     se = summary(read_log(ev))
     assert se["mode"] == "evaluate" and se["step"] == 20

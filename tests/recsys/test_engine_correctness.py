@@ -71,7 +71,7 @@ def test_synthetic_dlrm_schedule_spans_the_run(tmp_path):
 
 def test_benchmark_rates_and_losses(tiny_data, tmp_path):
     log = tmp_path / "bench.jsonl"
-    res = run_train(["--model", "dlrm", "--data-path", tiny_data("dlrm"), *SMALL["dlrm"], "--mode", "benchmark",
+    res = run_train(["--model", "dlrm", "--data-path", tiny_data("dlrm"), *SMALL["dlrm"], "--run-mode", "benchmark",
                      "--benchmark-warmup-steps", "10", "--benchmark-steps", "5", "--log-every", "5",
                      "--log-path", log])
     assert res.returncode == 0, res.stderr[-3000:]

@@ -144,7 +144,7 @@ def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(w
     for np_, placement in ((2, "model_parallel"), (1, "auto")):
         log = tmp_path / f"eval-{np_}.jsonl"
         args = ["--model", "wide_deep", "--data-path", data, *SMALL["wide_deep"], "--deep-dropout", "0", *extra,
-                "--mode", "evaluate", "--checkpoint-dir", mp["ck"], "--log-path", log,
+                "--run-mode", "evaluate", "--checkpoint-dir", mp["ck"], "--log-path", log,
                 "--embedding-placement", placement]
         if np_ == 1:
             res = run_train(args)
@@ -159,7 +159,7 @@ def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(w
 
 
 def _eval_args(data, ck, log, *extra):
-    return ["--model", "dlrm", "--data-path", data, *SMALL["dlrm"], "--mode", "evaluate", "--checkpoint-dir", ck,
+    return ["--model", "dlrm", "--data-path", data, *SMALL["dlrm"], "--run-mode", "evaluate", "--checkpoint-dir", ck,
             "--log-path", log, *extra]
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO, SMALL, base_env, read_log, records, run_train, summary
 from recsys.train import build_parser
 
-CONTRACT_FLAGS = ["--model", "--mode", "--data-path", "--feature-spec", "--synthetic", "--batch-size",
+CONTRACT_FLAGS = ["--model", "--run-mode", "--data-path", "--feature-spec", "--synthetic", "--batch-size",
                   "--eval-batch-size", "--epochs", "--max-steps", "--lr", "--warmup-steps", "--optimizer", "--amp",
                   "--xla", "--benchmark-warmup-steps", "--benchmark-steps", "--checkpoint-dir", "--restore",
                   "--log-path", "--seed", "--affinity"]
@@ -29,7 +29,7 @@ def test_help_documents_every_flag():
     (["--model", "bert", "--synthetic"], "--model"),
     (["--model", "dlrm", "--synthetic", "--bottom-mlp", "16,8", "--embedding-dim", "4"], "--embedding-dim"),
     (["--model", "dlrm", "--synthetic", "--restore"], "--checkpoint-dir"),
-    (["--model", "ncf", "--synthetic", "--mode", "evaluate"], "checkpoint"),
+    (["--model", "ncf", "--synthetic", "--run-mode", "evaluate"], "checkpoint"),
     (["--model", "dlrm", "--synthetic", "--log-path", "/nonexistent/dir/log.jsonl"], "--log-path"),
 ])
 def test_bad_input_fails_fast_with_one_line(args, needle):
@@ -68,7 +68,7 @@ def test_synthetic_default_run_and_benchmark_log(tmp_path):
     assert "[recsys] summary:" in res.stderr
     # benchmark mode on the generated data: warm-up excluded from the timed steps
     blog = tmp_path / "bench.jsonl"
-    res = run_train(["--model", "dlrm", "--data-path", tmp_path / "synthetic-dlrm", "--mode", "benchmark",
+    res = run_train(["--model", "dlrm", "--data-path", tmp_path / "synthetic-dlrm", "--run-mode", "benchmark",
                      *SMALL["dlrm"], "--benchmark-warmup-steps", "3", "--benchmark-steps", "7", "--log-path", blog])
     assert res.returncode == 0, res.stderr[-3000:]
     b = summary(read_log(blog))
