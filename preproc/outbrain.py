@@ -22,7 +22,12 @@ Joins: clicks_train -> events (display_id; clicks without an event are
 dropped) -> promoted_content (ad_id) -> documents_meta for the page document
 (``document_id`` of the event) and for the ad's document (``ad_document_id``).
 
-Features (all null-free, so the parquet reader needs no masks):
+Feature sets (``--feature-set``): ``reference`` (default), NVIDIA's W&D recipe
+set, described in preproc.outbrain_features (``build_reference_features``; the
+NVTabular engine, preproc.outbrain_nvt, builds the same one); ``legacy``, below
+(``build_features``). Both are null-free, so the parquet reader needs no masks.
+
+Legacy features:
 
 * CTR per context, from the training split only: for each of ad_id,
   ad_document_id, campaign_id, advertiser_id, ad_source_id, ad_publisher_id,
@@ -56,7 +61,7 @@ Features (all null-free, so the parquet reader needs no masks):
   above; a document with none gets ``[0]``. Parquet list<int32> columns of
   variable length <= max_hotness (the reader pads with -1).
 
-Output (``OUT/``, written to a temporary sibling, verified against the spec,
+Output (both sets and engines; ``OUT/``, written to a temporary sibling, verified against the spec,
 then renamed): ``train/part_NNNNN.parquet`` and ``test/part_NNNNN.parquet``,
 exactly ``--num-files`` each (at least the number of training ranks); train
 rows spread round-robin, test rows placed by ``display_id mod num_files`` so a
@@ -70,68 +75,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from preproc import textio
 from preproc.errors import PreprocError
 from preproc.generate_outbrain import generate
-from preproc.outbrain_features import (DEFAULT_FEATURE_SET, FEATURE_SETS, MAX_AGE_DAYS, REFERENCE_AGES,
+from preproc.outbrain_features import (CTR_CONTEXTS, DEFAULT_FEATURE_SET, DOC_ATTRIBUTES,  # noqa: F401
+                                       FEATURE_SETS, IDENTITY_ONEHOT, LABEL, LOG_FEATURES, MAP, MAX_AGE_DAYS,
+                                       MULTIHOT, NUMERICAL, ONEHOT, ONEHOT_BUCKETS, REFERENCE_AGES,
                                        REFERENCE_BUCKETS, REFERENCE_COUNTS, REFERENCE_CTR_MIN_VIEWS,
-                                       REFERENCE_IDENTITY, REFERENCE_MULTIHOT, REFERENCE_MULTIHOT_ATTRIBUTE,
-                                       REFERENCE_NUMERICAL, REFERENCE_ONEHOT, REFERENCE_SIMILARITY,
-                                       REFERENCE_SOURCES)
-from preproc.outbrain_tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES, header_of  # noqa: F401
+                                       REFERENCE_MULTIHOT, REFERENCE_MULTIHOT_ATTRIBUTE, REFERENCE_NUMERICAL,
+                                       REFERENCE_ONEHOT, REFERENCE_SIMILARITY, REFERENCE_SOURCES, default_sizes,
+                                       feature_layout, feature_spec_dict)
+from preproc.outbrain_tables import (DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES,  # noqa: F401
+                                     check_split_sizes, header_of, locate_tables)
 
 DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"
 log = logging.getLogger("preproc.outbrain")
 
-CTR_CONTEXTS = ["ad_id", "ad_document_id", "campaign_id", "advertiser_id", "ad_source_id", "ad_publisher_id"]
-DOC_ATTRIBUTES = {"categories": ("documents_categories", "category_id"),
-                  "topics": ("documents_topics", "topic_id"),
-                  "entities": ("documents_entities", "entity_id")}
-ONEHOT_BUCKETS = {  # hashed one-hot features and their default bucket counts
-    "ad_id": 250_000, "ad_document_id": 200_000, "campaign_id": 40_000, "advertiser_id": 5_000,
-    "ad_source_id": 10_000, "ad_publisher_id": 2_000, "document_id": 300_000, "page_source_id": 10_000,
-    "page_publisher_id": 2_000, "geo_location": 4_000, "geo_country": 300, "geo_state": 2_000,
-}
-IDENTITY_ONEHOT = {"platform": 4}
-MULTIHOT = {  # multi-hot feature: (buckets, max_hotness)
-    "page_categories": (2_000, 3), "page_topics": (1_000, 10), "page_entities": (100_000, 10),
-    "ad_categories": (2_000, 3), "ad_topics": (1_000, 10), "ad_entities": (100_000, 10),
-}
-LOG_FEATURES = [f"{c}_views" for c in CTR_CONTEXTS] + ["page_doc_pageviews", "ad_doc_pageviews",
-                                                      "user_pageviews", "ad_doc_age_days"]
-NUMERICAL = ([f"{c}_ctr" for c in CTR_CONTEXTS] + [f"{c}_views" for c in CTR_CONTEXTS]
-             + [f"sim_{a}" for a in DOC_ATTRIBUTES] + ["page_doc_pageviews", "ad_doc_pageviews",
-                                                      "user_pageviews", "ad_doc_age_days"])
-ONEHOT = list(ONEHOT_BUCKETS) + list(IDENTITY_ONEHOT)
-LABEL, MAP = "clicked", "display_id"
 
 
-# ---------------------------------------------------------------- input checks (no Spark)
-def locate_tables(input_dir: str) -> dict[str, str]:
-    """{table: csv path} of the eight tables; one-line error for a missing, empty or mis-headed one."""
-    from preproc.output import input_files
-
-    if not os.path.isdir(input_dir):
-        raise PreprocError(f"--input: {input_dir}: not a directory holding the Outbrain CSV tables")
-    paths = {}
-    for table in TABLES:
-        candidates = [os.path.join(input_dir, f"{name}{ext}") for name in TABLE_FILE_ALIASES.get(table, [table])
-                      for ext in (".csv", ".csv.gz")]
-        found = [p for p in candidates if os.path.isfile(p)]
-        if not found:
-            raise PreprocError(f"--input: {os.path.join(input_dir, table + '.csv')}: missing Outbrain table {table}")
-        path = str(input_files(found[0])[0])
-        first = textio.first_line(path)
-        if first != header_of(table):
-            raise PreprocError(f"--input: {path}: header is {(first or '')[:60]!r}, expected {header_of(table)!r}")
-        if textio.line_count_at_most(path, 2) < 2:
-            raise PreprocError(f"--input: {path}: table {table} has a header but no rows")
-        paths[table] = path
-    return paths
-
-
+# ---------------------------------------------------------------- flag values (no Spark)
 def parse_sizes(text: str | None, defaults: dict, flag: str) -> dict:
     """'name=N,name=N' -> defaults updated; one-line error naming the flag."""
     sizes = dict(defaults)
@@ -470,39 +433,6 @@ def build_features(tables, split_days=11, train_fraction=0.8, seed=0, min_views=
     return rows, cached, {"global_ctr": prior, "numerical_moments": moments}
 
 
-def feature_layout(feature_set: str, buckets: dict, multihot: dict):
-    """(numerical names, {one-hot name: cardinality} in channel order, {multi-hot: (buckets, hotness)})."""
-    if feature_set == "legacy":
-        return list(NUMERICAL), {**buckets, **IDENTITY_ONEHOT}, dict(multihot)
-    cards = {**buckets, **REFERENCE_IDENTITY}
-    return list(REFERENCE_NUMERICAL), {n: cards[n] for n in REFERENCE_ONEHOT}, dict(multihot)
-
-
-def feature_spec_dict(layout, train_files, test_files, metadata) -> dict:
-    numerical, onehot, multihot = layout
-    features = {LABEL: {"dtype": "float32"}}
-    features.update({n: {"dtype": "float32"} for n in numerical})
-    features.update({n: {"dtype": "int32", "cardinality": int(c)} for n, c in onehot.items()})
-    features.update({n: {"dtype": "int32", "cardinality": int(b), "max_hotness": int(h)}
-                     for n, (b, h) in multihot.items()})
-    features[MAP] = {"dtype": "int64"}
-    stored = [LABEL] + list(numerical) + list(onehot) + list(multihot)
-    return {
-        "feature_spec": features,
-        "source_spec": {"train": [{"type": "parquet", "features": stored, "files": list(train_files)}],
-                        "test": [{"type": "parquet", "features": stored + [MAP], "files": list(test_files)}]},
-        "channel_spec": {"label": [LABEL], "numerical": list(numerical), "onehot_categorical": list(onehot),
-                         "multihot_categorical": list(multihot), "map": [MAP]},
-        "metadata": metadata,
-    }
-
-
-def default_sizes(feature_set: str):
-    """(one-hot hash buckets, {multi-hot: (buckets, hotness)}) defaults of a feature set."""
-    return (dict(ONEHOT_BUCKETS), dict(MULTIHOT)) if feature_set == "legacy" else \
-        (dict(REFERENCE_BUCKETS), dict(REFERENCE_MULTIHOT))
-
-
 def run(spark, input_dir: str, output: str, num_files: int = 1, split_days: int = 11, train_fraction: float = 0.8,
         seed: int = 0, min_views: int = 5, smoothing: float = 10.0, buckets=None, multihot=None,
         bad_rows: str = "skip", overwrite: bool = False, feature_set: str = DEFAULT_FEATURE_SET) -> dict:
@@ -546,12 +476,6 @@ def run(spark, input_dir: str, output: str, num_files: int = 1, split_days: int 
         cached.unpersist()
     log.info("outbrain: wrote %s", output)
     return spec
-
-
-def check_split_sizes(expected: dict, input_dir: str) -> None:
-    if 0 in expected.values():
-        raise PreprocError(f"--input: {input_dir}: the {'train' if not expected['train'] else 'test'} split is "
-                           "empty (check --split-days / --train-fraction)")
 
 
 # ---------------------------------------------------------------- command line

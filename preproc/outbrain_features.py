@@ -33,6 +33,7 @@ How each reference feature is computed (both engines, see docs/preprocessing.md)
 """
 from __future__ import annotations
 
+LABEL, MAP = "clicked", "display_id"
 FEATURE_SETS = ("reference", "legacy")
 DEFAULT_FEATURE_SET = "reference"
 
@@ -70,3 +71,58 @@ REFERENCE_NUMERICAL = (list(REFERENCE_SIMILARITY.values())
                           "publish_time_promo_days_since_published"])
 assert sorted(REFERENCE_NUMERICAL) == sorted([f"{c}_ctr" for c in REFERENCE_CTR_MIN_VIEWS] + list(REFERENCE_COUNTS)
                                              + list(REFERENCE_AGES) + list(REFERENCE_SIMILARITY.values()))
+
+# Legacy feature set (see preproc.outbrain's docstring).
+CTR_CONTEXTS = ["ad_id", "ad_document_id", "campaign_id", "advertiser_id", "ad_source_id", "ad_publisher_id"]
+DOC_ATTRIBUTES = {"categories": ("documents_categories", "category_id"),
+                  "topics": ("documents_topics", "topic_id"),
+                  "entities": ("documents_entities", "entity_id")}
+ONEHOT_BUCKETS = {  # hashed one-hot features and their default bucket counts
+    "ad_id": 250_000, "ad_document_id": 200_000, "campaign_id": 40_000, "advertiser_id": 5_000,
+    "ad_source_id": 10_000, "ad_publisher_id": 2_000, "document_id": 300_000, "page_source_id": 10_000,
+    "page_publisher_id": 2_000, "geo_location": 4_000, "geo_country": 300, "geo_state": 2_000,
+}
+IDENTITY_ONEHOT = {"platform": 4}
+MULTIHOT = {  # multi-hot feature: (buckets, max_hotness)
+    "page_categories": (2_000, 3), "page_topics": (1_000, 10), "page_entities": (100_000, 10),
+    "ad_categories": (2_000, 3), "ad_topics": (1_000, 10), "ad_entities": (100_000, 10),
+}
+LOG_FEATURES = [f"{c}_views" for c in CTR_CONTEXTS] + ["page_doc_pageviews", "ad_doc_pageviews",
+                                                      "user_pageviews", "ad_doc_age_days"]
+NUMERICAL = ([f"{c}_ctr" for c in CTR_CONTEXTS] + [f"{c}_views" for c in CTR_CONTEXTS]
+             + [f"sim_{a}" for a in DOC_ATTRIBUTES] + ["page_doc_pageviews", "ad_doc_pageviews",
+                                                      "user_pageviews", "ad_doc_age_days"])
+ONEHOT = list(ONEHOT_BUCKETS) + list(IDENTITY_ONEHOT)
+
+
+def feature_layout(feature_set: str, buckets: dict, multihot: dict):
+    """(numerical names, {one-hot name: cardinality} in channel order, {multi-hot: (buckets, hotness)})."""
+    if feature_set == "legacy":
+        return list(NUMERICAL), {**buckets, **IDENTITY_ONEHOT}, dict(multihot)
+    cards = {**buckets, **REFERENCE_IDENTITY}
+    return list(REFERENCE_NUMERICAL), {n: cards[n] for n in REFERENCE_ONEHOT}, dict(multihot)
+
+
+def feature_spec_dict(layout, train_files, test_files, metadata) -> dict:
+    numerical, onehot, multihot = layout
+    features = {LABEL: {"dtype": "float32"}}
+    features.update({n: {"dtype": "float32"} for n in numerical})
+    features.update({n: {"dtype": "int32", "cardinality": int(c)} for n, c in onehot.items()})
+    features.update({n: {"dtype": "int32", "cardinality": int(b), "max_hotness": int(h)}
+                     for n, (b, h) in multihot.items()})
+    features[MAP] = {"dtype": "int64"}
+    stored = [LABEL] + list(numerical) + list(onehot) + list(multihot)
+    return {
+        "feature_spec": features,
+        "source_spec": {"train": [{"type": "parquet", "features": stored, "files": list(train_files)}],
+                        "test": [{"type": "parquet", "features": stored + [MAP], "files": list(test_files)}]},
+        "channel_spec": {"label": [LABEL], "numerical": list(numerical), "onehot_categorical": list(onehot),
+                         "multihot_categorical": list(multihot), "map": [MAP]},
+        "metadata": metadata,
+    }
+
+
+def default_sizes(feature_set: str):
+    """(one-hot hash buckets, {multi-hot: (buckets, hotness)}) defaults of a feature set."""
+    return (dict(ONEHOT_BUCKETS), dict(MULTIHOT)) if feature_set == "legacy" else \
+        (dict(REFERENCE_BUCKETS), dict(REFERENCE_MULTIHOT))

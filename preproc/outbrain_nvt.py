@@ -39,16 +39,13 @@ import pandas as pd
 from nvtabular.ops import Operator, StatOperator
 
 from preproc.errors import PreprocError
-from preproc.outbrain_features import (MAX_AGE_DAYS, REFERENCE_AGES, REFERENCE_COUNTS, REFERENCE_CTR_MIN_VIEWS,
-                                       REFERENCE_IDENTITY, REFERENCE_MULTIHOT_ATTRIBUTE, REFERENCE_NUMERICAL,
-                                       REFERENCE_ONEHOT, REFERENCE_SIMILARITY, REFERENCE_SOURCES)
-from preproc.outbrain_tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLES
+from preproc.outbrain_features import (DOC_ATTRIBUTES, LABEL, MAP, MAX_AGE_DAYS, REFERENCE_AGES, REFERENCE_COUNTS,
+                                       REFERENCE_CTR_MIN_VIEWS, REFERENCE_MULTIHOT_ATTRIBUTE,
+                                       REFERENCE_SIMILARITY, REFERENCE_SOURCES, default_sizes, feature_layout,
+                                       feature_spec_dict)
+from preproc.outbrain_tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLES, check_split_sizes, locate_tables
 
 log = logging.getLogger("preproc.outbrain_nvt")
-LABEL, MAP = "clicked", "display_id"
-ATTRIBUTE_TABLES = {"categories": ("documents_categories", "category_id"),
-                    "topics": ("documents_topics", "topic_id"),
-                    "entities": ("documents_entities", "entity_id")}
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 SPARK_HASH_SEED = 42  # Spark's xxhash64(*cols) starts from seed 42 and chains the columns
 
@@ -167,7 +164,7 @@ def joined_frame(tables: dict, split: pd.DataFrame | None = None) -> pd.DataFram
 def attribute_frames(tables: dict) -> dict:
     """{attribute: (document_id, key string, confidence)}, one row per (document, key) at its highest confidence."""
     out = {}
-    for attribute, (table, key) in ATTRIBUTE_TABLES.items():
+    for attribute, (table, key) in DOC_ATTRIBUTES.items():
         t = tables[table]
         keys = id_strings(t[key]) if key != "entity_id" else t[key].astype(object)
         frame = pd.DataFrame({"document_id": t["document_id"].astype("int64"), "key": keys,
@@ -467,13 +464,13 @@ def run(input_dir: str, output: str, num_files: int = 1, split_days: int = 11, t
     """The whole NVTabular pipeline; returns the feature-spec dict written to ``output``."""
     from merlin.io import Dataset
 
-    from preproc import outbrain, textio
+    from preproc import textio
     from preproc.output import atomic_dir, verify_against_spec
 
-    default_buckets, default_multihot = outbrain.default_sizes("reference")
+    default_buckets, default_multihot = default_sizes("reference")
     buckets = dict(buckets or default_buckets)
     multihot = dict(multihot or default_multihot)
-    paths = outbrain.locate_tables(input_dir)
+    paths = locate_tables(input_dir)
     tables, report = load_tables(paths, bad_rows)
     clicked = tables["events"][tables["events"]["display_id"].isin(tables["clicks_train"]["display_id"])]
     rows = joined_frame(tables, split_displays(clicked, split_days, train_fraction, seed))
@@ -482,13 +479,13 @@ def run(input_dir: str, output: str, num_files: int = 1, split_days: int = 11, t
     train_rows, test_rows = rows[rows["is_train"]].drop(columns="is_train"), rows[~rows["is_train"]].drop(
         columns="is_train")
     expected = {"train": len(train_rows), "test": len(test_rows)}
-    outbrain.check_split_sizes(expected, input_dir)
+    check_split_sizes(expected, input_dir)
     log.info("outbrain (nvtabular): %d train and %d test rows", expected["train"], expected["test"])
     train_ds, test_ds = Dataset(train_rows, cpu=True), Dataset(test_rows, cpu=True)
     workflow.fit(train_ds)
     train = workflow.transform(train_ds).to_ddf().compute()
     test = workflow.transform(test_ds).to_ddf().compute()
-    layout = outbrain.feature_layout("reference", buckets, multihot)
+    layout = feature_layout("reference", buckets, multihot)
     with atomic_dir(output, overwrite, verify=lambda stage: verify_against_spec(stage, expected)) as stage:
         train_files = write_parts(train, stage, "train", num_files, layout, by_display=False)
         test_files = write_parts(test, stage, "test", num_files, layout, by_display=True)
@@ -499,7 +496,7 @@ def run(input_dir: str, output: str, num_files: int = 1, split_days: int = 11, t
                     "split_days": split_days, "train_fraction": train_fraction, "seed": seed,
                     "ctr_min_views": REFERENCE_CTR_MIN_VIEWS, **stats, "bad_rows": report,
                     "workflow": "workflow"}
-        spec = outbrain.feature_spec_dict(layout, train_files, test_files, metadata)
+        spec = feature_spec_dict(layout, train_files, test_files, metadata)
         textio.write_feature_spec(spec, stage)
     log.info("outbrain (nvtabular): wrote %s", output)
     return spec
@@ -523,6 +520,3 @@ def _count_moments(workflow) -> dict:
     normalize = _op_of(workflow, "Normalize")
     return {c: {"mean": float(normalize.means[c]), "std": float(normalize.stds[c])} for c in REFERENCE_COUNTS}
 
-
-__all__ = ["run", "make_workflow", "joined_frame", "read_table", "split_displays", "spark_xxhash64",
-           "REFERENCE_IDENTITY", "REFERENCE_NUMERICAL", "REFERENCE_ONEHOT", "REFERENCE_SOURCES"]
