@@ -36,8 +36,8 @@ MODEL_DEFAULTS = {
 # Deep embedding widths of NVIDIA's W&D recipe per feature of the reference Outbrain feature set
 # (preproc.outbrain_features): 128 for the four largest id spaces, 19 for platform, 64 for the rest.
 # With the reference dataset they give the recipe's model: total embedding width 1235, ~92M
-# parameters. They apply while the run's --embedding-dim is the reference 64; any other value sets
-# every table to that width (and features not named here always get --embedding-dim).
+# parameters. They apply to a dataset with exactly these 16 categorical features while the run's
+# --embedding-dim is the reference 64; any other dataset or value gets --embedding-dim for every table.
 WIDE_DEEP_EMBEDDING_DIMS = {
     "document_id": 128, "ad_id": 128, "document_id_promo": 128, "campaign_id": 128, "platform": 19,
     "source_id_promo": 64, "source_id": 64, "geo_location": 64, "advertiser_id": 64, "geo_location_state": 64,
@@ -48,9 +48,11 @@ WIDE_DEEP_EMBEDDING_DIMS = {
 
 def embedding_dims(model: str, features, embedding_dim: int) -> list:
     """Deep embedding width of each categorical feature (in order) for a run's ``--embedding-dim``."""
-    if model == "wide_deep" and embedding_dim == MODEL_DEFAULTS["wide_deep"]["embedding_dim"]:
-        return [WIDE_DEEP_EMBEDDING_DIMS.get(f, embedding_dim) for f in features]
-    return [embedding_dim] * len(list(features))
+    features = list(features)
+    if (model == "wide_deep" and embedding_dim == MODEL_DEFAULTS["wide_deep"]["embedding_dim"]
+            and sorted(features) == sorted(WIDE_DEEP_EMBEDDING_DIMS)):
+        return [WIDE_DEEP_EMBEDDING_DIMS[f] for f in features]
+    return [embedding_dim] * len(features)
 
 
 # Small model and data sizes for `--synthetic` (a laptop/CI-sized run).

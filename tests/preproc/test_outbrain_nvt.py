@@ -234,8 +234,10 @@ def test_wide_deep_defaults_give_the_reference_model(tmp_path):
     assert params == embeddings + sum(c for _, c in onehot + multihot) + 14 + \
         (1248 * 1024 + 1024) + 4 * (1024 * 1024 + 1024) + 1025
     assert 91.5e6 < params < 92.5e6, params
-    # another --embedding-dim sets every table to it
-    assert set(embedding_dims("wide_deep", ["document_id", "platform"], 32)) == {32}
+    # another --embedding-dim, or another feature set (legacy also has document_id / platform), gets one width
+    names = [n for n, _ in onehot + multihot]
+    assert set(embedding_dims("wide_deep", names, 32)) == {32}
+    assert set(embedding_dims("wide_deep", names[:-1] + ["page_topics"], 64)) == {64}
 
 
 # ---------------------------------------------------------------- bad input
