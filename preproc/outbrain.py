@@ -591,7 +591,7 @@ def _run_nvtabular(args, plan: str, buckets: dict, multihot: dict) -> int:
     try:
         from preproc import outbrain_nvt
     except ImportError as exc:
-        raise PreprocError(f"--engine nvtabular: NVTabular is not installed ({exc}; pip install .[nvtabular])") \
+        raise PreprocError(f"--engine nvtabular: {exc.name or exc} is not installed (pip install .[nvtabular])") \
             from None
     outbrain_nvt.run(args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
                      buckets, multihot, args.bad_rows, args.overwrite)

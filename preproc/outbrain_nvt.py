@@ -36,6 +36,7 @@ import struct
 
 import numpy as np
 import pandas as pd
+import xxhash  # Spark's xxhash64 in Python (not an nvtabular dependency: part of the [nvtabular] extra)
 from nvtabular.ops import Operator, StatOperator
 
 from preproc.errors import PreprocError
@@ -58,8 +59,6 @@ def _signed(h: int) -> int:
 def spark_xxhash64(data: bytes, seed_literal: int) -> int:
     """Spark's ``xxhash64(<value>, lit(seed_literal))``: XXH64 of the value with seed 42, then of the int
     literal (4 bytes, little endian) seeded with that; as a signed 64-bit integer."""
-    import xxhash
-
     first = xxhash.xxh64_intdigest(data, SPARK_HASH_SEED)
     return _signed(xxhash.xxh64_intdigest(struct.pack("<i", seed_literal), first))
 

@@ -172,7 +172,7 @@ def test_spark_xxhash64_matches_spark(spark):
 
     from pyspark.sql import functions as F
 
-    pytest.importorskip("xxhash")
+    pytest.importorskip("nvtabular")
     from preproc.outbrain_nvt import spark_xxhash64
 
     values = ["US>CA>807", "", "é", "1234567", "a" * 33]
