@@ -22,7 +22,12 @@ Joins: clicks_train -> events (display_id; clicks without an event are
 dropped) -> promoted_content (ad_id) -> documents_meta for the page document
 (``document_id`` of the event) and for the ad's document (``ad_document_id``).
 
-Features (all null-free, so the parquet reader needs no masks):
+Feature sets (``--feature-set``): ``reference`` (default), NVIDIA's W&D recipe
+set, described in preproc.outbrain_features (``build_reference_features``; the
+NVTabular engine, preproc.outbrain_nvt, builds the same one); ``legacy``, below
+(``build_features``). Both are null-free, so the parquet reader needs no masks.
+
+Legacy features:
 
 * CTR per context, from the training split only: for each of ad_id,
   ad_document_id, campaign_id, advertiser_id, ad_source_id, ad_publisher_id,
@@ -56,7 +61,7 @@ Features (all null-free, so the parquet reader needs no masks):
   above; a document with none gets ``[0]``. Parquet list<int32> columns of
   variable length <= max_hotness (the reader pads with -1).
 
-Output (``OUT/``, written to a temporary sibling, verified against the spec,
+Output (both sets and engines; ``OUT/``, written to a temporary sibling, verified against the spec,
 then renamed): ``train/part_NNNNN.parquet`` and ``test/part_NNNNN.parquet``,
 exactly ``--num-files`` each (at least the number of training ranks); train
 rows spread round-robin, test rows placed by ``display_id mod num_files`` so a
@@ -70,63 +75,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from preproc import textio
 from preproc.errors import PreprocError
 from preproc.generate_outbrain import generate
-from preproc.outbrain_tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES, header_of  # noqa: F401
+from preproc.outbrain_features import (CTR_CONTEXTS, DEFAULT_FEATURE_SET, DOC_ATTRIBUTES,  # noqa: F401
+                                       FEATURE_SETS, IDENTITY_ONEHOT, LABEL, LOG_FEATURES, MAP, MAX_AGE_DAYS,
+                                       MULTIHOT, NUMERICAL, ONEHOT, ONEHOT_BUCKETS, REFERENCE_AGES,
+                                       REFERENCE_BUCKETS, REFERENCE_COUNTS, REFERENCE_CTR_MIN_VIEWS,
+                                       REFERENCE_MULTIHOT, REFERENCE_MULTIHOT_ATTRIBUTE, REFERENCE_NUMERICAL,
+                                       REFERENCE_ONEHOT, REFERENCE_SIMILARITY, REFERENCE_SOURCES, default_sizes,
+                                       feature_layout, feature_spec_dict)
+from preproc.outbrain_tables import (DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES,  # noqa: F401
+                                     check_split_sizes, header_of, locate_tables)
 
 DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"
 log = logging.getLogger("preproc.outbrain")
 
-CTR_CONTEXTS = ["ad_id", "ad_document_id", "campaign_id", "advertiser_id", "ad_source_id", "ad_publisher_id"]
-DOC_ATTRIBUTES = {"categories": ("documents_categories", "category_id"),
-                  "topics": ("documents_topics", "topic_id"),
-                  "entities": ("documents_entities", "entity_id")}
-ONEHOT_BUCKETS = {  # hashed one-hot features and their default bucket counts
-    "ad_id": 250_000, "ad_document_id": 200_000, "campaign_id": 40_000, "advertiser_id": 5_000,
-    "ad_source_id": 10_000, "ad_publisher_id": 2_000, "document_id": 300_000, "page_source_id": 10_000,
-    "page_publisher_id": 2_000, "geo_location": 4_000, "geo_country": 300, "geo_state": 2_000,
-}
-IDENTITY_ONEHOT = {"platform": 4}
-MULTIHOT = {  # multi-hot feature: (buckets, max_hotness)
-    "page_categories": (2_000, 3), "page_topics": (1_000, 10), "page_entities": (100_000, 10),
-    "ad_categories": (2_000, 3), "ad_topics": (1_000, 10), "ad_entities": (100_000, 10),
-}
-LOG_FEATURES = [f"{c}_views" for c in CTR_CONTEXTS] + ["page_doc_pageviews", "ad_doc_pageviews",
-                                                      "user_pageviews", "ad_doc_age_days"]
-NUMERICAL = ([f"{c}_ctr" for c in CTR_CONTEXTS] + [f"{c}_views" for c in CTR_CONTEXTS]
-             + [f"sim_{a}" for a in DOC_ATTRIBUTES] + ["page_doc_pageviews", "ad_doc_pageviews",
-                                                      "user_pageviews", "ad_doc_age_days"])
-ONEHOT = list(ONEHOT_BUCKETS) + list(IDENTITY_ONEHOT)
-LABEL, MAP = "clicked", "display_id"
 
 
-# ---------------------------------------------------------------- input checks (no Spark)
-def locate_tables(input_dir: str) -> dict[str, str]:
-    """{table: csv path} of the eight tables; one-line error for a missing, empty or mis-headed one."""
-    from preproc.output import input_files
-
-    if not os.path.isdir(input_dir):
-        raise PreprocError(f"--input: {input_dir}: not a directory holding the Outbrain CSV tables")
-    paths = {}
-    for table in TABLES:
-        candidates = [os.path.join(input_dir, f"{name}{ext}") for name in TABLE_FILE_ALIASES.get(table, [table])
-                      for ext in (".csv", ".csv.gz")]
-        found = [p for p in candidates if os.path.isfile(p)]
-        if not found:
-            raise PreprocError(f"--input: {os.path.join(input_dir, table + '.csv')}: missing Outbrain table {table}")
-        path = str(input_files(found[0])[0])
-        first = textio.first_line(path)
-        if first != header_of(table):
-            raise PreprocError(f"--input: {path}: header is {(first or '')[:60]!r}, expected {header_of(table)!r}")
-        if textio.line_count_at_most(path, 2) < 2:
-            raise PreprocError(f"--input: {path}: table {table} has a header but no rows")
-        paths[table] = path
-    return paths
-
-
+# ---------------------------------------------------------------- flag values (no Spark)
 def parse_sizes(text: str | None, defaults: dict, flag: str) -> dict:
     """'name=N,name=N' -> defaults updated; one-line error naming the flag."""
     sizes = dict(defaults)
@@ -167,16 +135,25 @@ def split_displays(events, split_days: int = 11, train_fraction: float = 0.8, se
     return ranked.select("display_id", "day", is_train.alias("is_train"))
 
 
+def _utc_seconds(text):
+    """Seconds since 1970 of a 'yyyy-MM-dd HH:mm:ss' time read as UTC (null when unparsable)."""
+    from pyspark.sql import functions as F
+
+    return F.unix_timestamp(F.concat(text, F.lit("+0000")), "yyyy-MM-dd HH:mm:ssZ")
+
+
 def join_tables(tables, split):
     """One row per (display, ad) with the event, ad and both documents' metadata."""
     from pyspark.sql import functions as F
 
     meta = tables["documents_meta"]
     page_meta = meta.select("document_id", F.col("source_id").alias("page_source_id"),
-                            F.col("publisher_id").alias("page_publisher_id"))
+                            F.col("publisher_id").alias("page_publisher_id"),
+                            _utc_seconds(F.col("publish_time")).alias("_page_publish_utc_s"))
     ad_meta = meta.select(F.col("document_id").alias("ad_document_id"), F.col("source_id").alias("ad_source_id"),
                           F.col("publisher_id").alias("ad_publisher_id"),
-                          F.unix_timestamp(F.to_timestamp("publish_time")).alias("_ad_publish_s"))
+                          F.unix_timestamp(F.to_timestamp("publish_time")).alias("_ad_publish_s"),
+                          _utc_seconds(F.col("publish_time")).alias("_ad_publish_utc_s"))
     promoted = tables["promoted_content"].select(
         "ad_id", F.col("document_id").alias("ad_document_id"), "campaign_id", "advertiser_id")
     events = tables["events"].join(split, "display_id")
@@ -214,10 +191,13 @@ def _doc_attribute(tables, attribute: str):
             .agg(F.max("confidence_level").alias("conf")))
 
 
-def similarity_features(rows, tables):
-    """Add ``sim_<attribute>``: confidence-weighted cosine between the page and the ad document."""
+def similarity_features(rows, tables, ad_doc="ad_document_id", names=None):
+    """Add ``sim_<attribute>`` (or ``names[attribute]``): confidence-weighted cosine between the page
+    document (``document_id``) and the ad document (``ad_doc``)."""
     from pyspark.sql import functions as F
 
+    names = names or {a: f"sim_{a}" for a in DOC_ATTRIBUTES}
+    rows = rows.withColumnRenamed(ad_doc, "ad_document_id") if ad_doc != "ad_document_id" else rows
     pairs = rows.select("document_id", "ad_document_id").distinct().filter(F.col("ad_document_id").isNotNull())
     for attribute in DOC_ATTRIBUTES:
         attr = _doc_attribute(tables, attribute)
@@ -230,9 +210,10 @@ def similarity_features(rows, tables):
                 .join(norms.select(F.col("document_id").alias("ad_document_id"), F.col("norm").alias("ad_norm")),
                       "ad_document_id")
                 .select("document_id", "ad_document_id",
-                        (F.col("dot") / (F.col("norm") * F.col("ad_norm"))).alias(f"sim_{attribute}")))
+                        (F.col("dot") / (F.col("norm") * F.col("ad_norm"))).alias(names[attribute])))
         rows = rows.join(sims, ["document_id", "ad_document_id"], "left")
-    return rows.fillna(0.0, [f"sim_{a}" for a in DOC_ATTRIBUTES])
+    rows = rows.fillna(0.0, [names[a] for a in DOC_ATTRIBUTES])
+    return rows.withColumnRenamed("ad_document_id", ad_doc) if ad_doc != "ad_document_id" else rows
 
 
 def popularity_features(rows, tables):
@@ -260,26 +241,38 @@ def hash_bucket(column, buckets: int, seed: int = 0):
     return F.when(column.isNull(), F.lit(0)).otherwise(hashed).cast("int")
 
 
-def multihot_features(rows, tables, multihot: dict, seed: int = 0):
-    """Add the page/ad document attribute lists (hashed ids, by decreasing confidence, at most max_hotness)."""
+def attribute_lists(tables, attribute: str, doc_col: str, name: str, buckets: int, hotness: int, seed: int = 0):
+    """(doc_col, name): a document's hashed ``attribute`` ids by decreasing confidence, at most ``hotness``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    order = Window.partitionBy("document_id").orderBy(F.desc("conf"), "key")
+    return (_doc_attribute(tables, attribute).withColumn("_r", F.row_number().over(order))
+            .filter(F.col("_r") <= hotness).groupBy("document_id")
+            .agg(F.sort_array(F.collect_list(F.struct("_r", hash_bucket(F.col("key"), buckets, seed)
+                                                       .alias("id")))).alias("_l"))
+            .select(F.col("document_id").alias(doc_col), F.col("_l.id").alias(name)))
+
+
+def with_lists(rows, lists: dict):
+    """Join {name: (doc_col, lists frame)} onto ``rows``; a document without any gets ``[0]``."""
+    from pyspark.sql import functions as F
+
+    for name, (doc_col, frame) in lists.items():
+        rows = rows.join(frame, doc_col, "left")
+    filled = [F.coalesce(F.col(n), F.array(F.lit(0))).cast("array<int>").alias(n) for n in lists]
+    return rows.select(*[c for c in rows.columns if c not in lists], *filled)
+
+
+def multihot_features(rows, tables, multihot: dict, seed: int = 0):
+    """Add the page/ad document attribute lists (hashed ids, by decreasing confidence, at most max_hotness)."""
+    lists = {}
     for attribute in DOC_ATTRIBUTES:
-        attr = _doc_attribute(tables, attribute)
         for side, doc_col in (("page", "document_id"), ("ad", "ad_document_id")):
             name = f"{side}_{attribute}"
             buckets, hotness = multihot[name]
-            order = Window.partitionBy("document_id").orderBy(F.desc("conf"), "key")
-            lists = (attr.withColumn("_r", F.row_number().over(order)).filter(F.col("_r") <= hotness)
-                     .groupBy("document_id")
-                     .agg(F.sort_array(F.collect_list(F.struct("_r", hash_bucket(F.col("key"), buckets, seed)
-                                                                .alias("id")))).alias("_l"))
-                     .select(F.col("document_id").alias(doc_col), F.col("_l.id").alias(name)))
-            rows = rows.join(lists, doc_col, "left")
-    names = [f"{side}_{a}" for a in DOC_ATTRIBUTES for side in ("page", "ad")]
-    filled = [F.coalesce(F.col(n), F.array(F.lit(0))).cast("array<int>").alias(n) for n in names]
-    return rows.select(*[c for c in rows.columns if c not in names], *filled)
+            lists[name] = (doc_col, attribute_lists(tables, attribute, doc_col, name, buckets, hotness, seed))
+    return with_lists(rows, lists)
 
 
 def categorical_features(rows, buckets: dict, seed: int = 0):
@@ -314,6 +307,105 @@ def standardize(rows, columns):
     return rows.select(*[c for c in rows.columns if c not in logged], *scaled), moments
 
 
+# ---------------------------------------------------------------- reference feature set (Spark)
+def reference_ctr_features(rows):
+    """Add ``<context>_ctr`` (thresholded training CTR, 0 below the threshold) and the raw training
+    views of the ``REFERENCE_COUNTS`` contexts (see preproc.outbrain_features)."""
+    from pyspark.sql import functions as F
+
+    train = rows.filter("is_train")
+    features = []
+    for ctx, min_views in REFERENCE_CTR_MIN_VIEWS.items():
+        stats = (train.filter(F.col(ctx).isNotNull()).groupBy(ctx)
+                 .agg(F.count("*").alias(f"_v_{ctx}"), F.sum(LABEL).alias(f"_c_{ctx}")))
+        rows = rows.join(stats, ctx, "left")
+        views = F.coalesce(F.col(f"_v_{ctx}"), F.lit(0))
+        features.append(F.when(views >= min_views, F.col(f"_c_{ctx}") / views).otherwise(F.lit(0.0))
+                        .cast("double").alias(f"{ctx}_ctr"))
+    features += [F.coalesce(F.col(f"_v_{ctx}"), F.lit(0)).cast("double").alias(name)
+                 for name, ctx in REFERENCE_COUNTS.items()]
+    return rows.select(*[c for c in rows.columns if not c.startswith(("_v_", "_c_"))], *features)
+
+
+def age_features(rows):
+    """Add the whole days from each document's publish time (UTC) to the event; 0 when negative or
+    over MAX_AGE_DAYS; null when the publish time is unknown (filled later)."""
+    from pyspark.sql import functions as F
+
+    event_ms = F.col("timestamp") + F.lit(OUTBRAIN_EPOCH_MS)
+    for name, side in REFERENCE_AGES.items():
+        days = F.floor((event_ms - F.col(f"_{side}_publish_utc_s") * 1000) / F.lit(DAY_MS))
+        rows = rows.withColumn(name, F.when((days < 0) | (days > MAX_AGE_DAYS), F.lit(0)).otherwise(days)
+                               .cast("double"))
+    return rows
+
+
+def reference_numerical_transform(rows):
+    """Ages: missing -> training median, then log1p; counts: log1p, then (x - mean) / sample std of the
+    training rows (std 0 -> no scaling); CTRs and similarities unchanged; all float32."""
+    from pyspark.sql import functions as F
+
+    train = rows.filter("is_train")
+    stats = train.agg(*[F.percentile(F.col(c), 0.5).alias(f"med_{c}") for c in REFERENCE_AGES],
+                      *[F.avg(F.log1p(c)).alias(f"m_{c}") for c in REFERENCE_COUNTS],
+                      *[F.stddev_samp(F.log1p(c)).alias(f"s_{c}") for c in REFERENCE_COUNTS]).first().asDict()
+    medians = {c: float(stats[f"med_{c}"]) if stats[f"med_{c}"] is not None else 0.0 for c in REFERENCE_AGES}
+    moments, out = {}, {}
+    for c in REFERENCE_AGES:
+        out[c] = F.log1p(F.coalesce(F.col(c), F.lit(medians[c])))
+    for c in REFERENCE_COUNTS:
+        mean, std = float(stats[f"m_{c}"] or 0.0), float(stats[f"s_{c}"] or 0.0)
+        moments[c] = {"mean": mean, "std": std}
+        out[c] = (F.log1p(c) - F.lit(mean)) / F.lit(std if std > 0 else 1.0)
+    scaled = [out.get(c, F.col(c)).cast("float").alias(c) for c in REFERENCE_NUMERICAL]
+    return (rows.select(*[c for c in rows.columns if c not in REFERENCE_NUMERICAL], *scaled),
+            {"age_medians": medians, "count_moments": moments})
+
+
+def reference_categoricals(rows, buckets: dict, seed: int = 0):
+    """Replace the raw reference columns by their hashed one-hot ids; add the geo parts and platform."""
+    from pyspark.sql import functions as F
+
+    geo_parts = F.split(F.col("geo_location"), ">")
+    raw = {name: F.col(name) for name in REFERENCE_SOURCES}
+    raw.update({"geo_location": F.col("geo_location"),
+                "geo_location_country": F.when(F.col("geo_location").isNotNull(), geo_parts.getItem(0)),
+                "geo_location_state": F.when(F.size(geo_parts) >= 2,
+                                             F.concat_ws(">", geo_parts.getItem(0), geo_parts.getItem(1)))})
+    platform = F.col("platform").cast("int")
+    ids = {name: hash_bucket(raw[name], size, seed) for name, size in buckets.items()}
+    ids["platform"] = F.when(platform.between(1, 3), platform).otherwise(0).cast("int")
+    keep = [c for c in rows.columns if c not in ids]
+    return rows.select(*keep, *[ids[n].alias(n) for n in REFERENCE_ONEHOT])
+
+
+def build_reference_features(tables, split_days=11, train_fraction=0.8, seed=0, buckets=None, multihot=None):
+    """The reference feature set: (rows, the persisted frame to unpersist, statistics)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    buckets = buckets or REFERENCE_BUCKETS
+    multihot = multihot or REFERENCE_MULTIHOT
+    clicked_events = tables["events"].join(tables["clicks_train"].select("display_id"), "display_id", "left_semi")
+    split = split_displays(clicked_events, split_days, train_fraction, seed)
+    joined = join_tables(tables, split).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = joined.select(*[c for c in joined.columns if c not in REFERENCE_SOURCES.values()],
+                         *[F.col(src).alias(name) for name, src in REFERENCE_SOURCES.items()])
+    rows = reference_ctr_features(rows)
+    rows = similarity_features(rows, tables, ad_doc="document_id_promo", names=REFERENCE_SIMILARITY)
+    rows = age_features(rows)
+    rows = with_lists(rows, {name: ("document_id", attribute_lists(
+        tables, REFERENCE_MULTIHOT_ATTRIBUTE[name], "document_id", name, b, h, seed))
+        for name, (b, h) in multihot.items()})
+    rows = reference_categoricals(rows, buckets, seed)
+    rows = rows.withColumn(LABEL, F.col(LABEL).cast("float"))
+    columns = [LABEL] + REFERENCE_NUMERICAL + REFERENCE_ONEHOT + list(multihot) + [MAP, "is_train"]
+    cached = rows.select(*columns).persist(StorageLevel.MEMORY_AND_DISK)
+    rows, stats = reference_numerical_transform(cached)
+    joined.unpersist()
+    return rows.select(*columns), cached, stats
+
+
 def build_features(tables, split_days=11, train_fraction=0.8, seed=0, min_views=5, smoothing=10.0,
                    buckets=None, multihot=None):
     """(rows with label, features, display_id, is_train; the persisted frame to unpersist; statistics)."""
@@ -341,59 +433,44 @@ def build_features(tables, split_days=11, train_fraction=0.8, seed=0, min_views=
     return rows, cached, {"global_ctr": prior, "numerical_moments": moments}
 
 
-def feature_spec_dict(buckets, multihot, train_files, test_files, metadata) -> dict:
-    features = {LABEL: {"dtype": "float32"}}
-    features.update({n: {"dtype": "float32"} for n in NUMERICAL})
-    features.update({n: {"dtype": "int32", "cardinality": int(b)} for n, b in buckets.items()})
-    features.update({n: {"dtype": "int32", "cardinality": int(c)} for n, c in IDENTITY_ONEHOT.items()})
-    features.update({n: {"dtype": "int32", "cardinality": int(b), "max_hotness": int(h)}
-                     for n, (b, h) in multihot.items()})
-    features[MAP] = {"dtype": "int64"}
-    stored = [LABEL] + NUMERICAL + list(buckets) + list(IDENTITY_ONEHOT) + list(multihot)
-    return {
-        "feature_spec": features,
-        "source_spec": {"train": [{"type": "parquet", "features": stored, "files": list(train_files)}],
-                        "test": [{"type": "parquet", "features": stored + [MAP], "files": list(test_files)}]},
-        "channel_spec": {"label": [LABEL], "numerical": list(NUMERICAL),
-                         "onehot_categorical": list(buckets) + list(IDENTITY_ONEHOT),
-                         "multihot_categorical": list(multihot), "map": [MAP]},
-        "metadata": metadata,
-    }
-
-
 def run(spark, input_dir: str, output: str, num_files: int = 1, split_days: int = 11, train_fraction: float = 0.8,
         seed: int = 0, min_views: int = 5, smoothing: float = 10.0, buckets=None, multihot=None,
-        bad_rows: str = "skip", overwrite: bool = False) -> dict:
+        bad_rows: str = "skip", overwrite: bool = False, feature_set: str = DEFAULT_FEATURE_SET) -> dict:
     """The whole pipeline; returns the feature-spec dict written to ``output``."""
     from pyspark.sql import functions as F
 
     from preproc.output import atomic_dir, verify_against_spec
 
-    buckets = dict(buckets or ONEHOT_BUCKETS)
-    multihot = dict(multihot or MULTIHOT)
+    default_buckets, default_multihot = default_sizes(feature_set)
+    buckets = dict(buckets or default_buckets)
+    multihot = dict(multihot or default_multihot)
     paths = locate_tables(input_dir)
     tables, report = load_tables(spark, paths, bad_rows)
-    rows, cached, stats = build_features(tables, split_days, train_fraction, seed, min_views, smoothing,
-                                         buckets, multihot)
+    if feature_set == "legacy":
+        rows, cached, stats = build_features(tables, split_days, train_fraction, seed, min_views, smoothing,
+                                             buckets, multihot)
+        settings = {"ctr_min_views": min_views, "ctr_smoothing": smoothing,
+                    "numerical_transform": "log1p on counts, then standardization", "log1p_features": LOG_FEATURES}
+    else:
+        rows, cached, stats = build_reference_features(tables, split_days, train_fraction, seed, buckets, multihot)
+        settings = {"ctr_min_views": REFERENCE_CTR_MIN_VIEWS}
     counts = {r["is_train"]: r["count"] for r in rows.groupBy("is_train").count().collect()}
     expected = {"train": counts.get(True, 0), "test": counts.get(False, 0)}
     log.info("outbrain: %d train and %d test rows", expected["train"], expected["test"])
     train = rows.filter("is_train").drop("is_train", MAP)
     test = rows.filter(~F.col("is_train")).drop("is_train")
     try:
-        if 0 in expected.values():
-            raise PreprocError(f"--input: {input_dir}: the {'train' if not expected['train'] else 'test'} split is "
-                               "empty (check --split-days / --train-fraction)")
+        check_split_sizes(expected, input_dir)
         with atomic_dir(output, overwrite, verify=lambda stage: verify_against_spec(stage, expected)) as stage:
             train_files, _ = textio.write_parquet_files(train, stage, "train", num_files)
             test_files, _ = textio.write_parquet_files(
                 test.withColumn("_f", F.pmod(F.col(MAP), F.lit(num_files))), stage, "test", num_files,
                 by="_f", sort_by=[MAP])
-            metadata = {"dataset": "outbrain", "rows": expected, "split_days": split_days,
-                        "train_fraction": train_fraction, "seed": seed, "ctr_min_views": min_views,
-                        "ctr_smoothing": smoothing, "numerical_transform": "log1p on counts, then standardization",
-                        "log1p_features": LOG_FEATURES, **stats, "bad_rows": report}
-            spec = feature_spec_dict(buckets, multihot, train_files, test_files, metadata)
+            metadata = {"dataset": "outbrain", "engine": "spark", "feature_set": feature_set, "rows": expected,
+                        "split_days": split_days, "train_fraction": train_fraction, "seed": seed, **settings,
+                        **stats, "bad_rows": report}
+            spec = feature_spec_dict(feature_layout(feature_set, buckets, multihot), train_files, test_files,
+                                     metadata)
             textio.write_feature_spec(spec, stage)
     finally:
         cached.unpersist()
@@ -422,17 +499,23 @@ def add_arguments(stages) -> None:
                        help="days before this one are split train/eval, later days all eval (default 11)")
     run_p.add_argument("--train-fraction", type=float, default=0.8, help="train share of early days (default 0.8)")
     run_p.add_argument("--seed", type=int, default=0, help="seed of the split and the feature hashing")
-    run_p.add_argument("--ctr-min-views", type=int, default=5, help="views below which CTR is the prior (default 5)")
-    run_p.add_argument("--ctr-smoothing", type=float, default=10.0, help="prior pseudo-views of the CTR (default 10)")
+    add_engine_argument(run_p)
+    run_p.add_argument("--feature-set", choices=FEATURE_SETS, default=DEFAULT_FEATURE_SET,
+                       help="reference: NVIDIA's W&D recipe set (13 numerical, 13 one-hot, 3 multi-hot; default); "
+                            "legacy: 19 numerical, 13 one-hot, 6 multi-hot")
+    run_p.add_argument("--ctr-min-views", type=int, default=None,
+                       help="legacy set: views below which CTR is the prior (default 5)")
+    run_p.add_argument("--ctr-smoothing", type=float, default=None,
+                       help="legacy set: prior pseudo-views of the CTR (default 10)")
     run_p.add_argument("--buckets", default=None, metavar="NAME=N,...",
-                       help="hash buckets per one-hot feature (defaults: " +
-                            ", ".join(f"{k}={v}" for k, v in ONEHOT_BUCKETS.items()) + ")")
+                       help="hash buckets per one-hot feature (reference defaults: " +
+                            ", ".join(f"{k}={v}" for k, v in REFERENCE_BUCKETS.items()) + ")")
     run_p.add_argument("--hotness", default=None, metavar="NAME=H,...",
-                       help="max_hotness per multi-hot feature (defaults: " +
-                            ", ".join(f"{k}={v[1]}" for k, v in MULTIHOT.items()) + ")")
+                       help="max_hotness per multi-hot feature (reference defaults: " +
+                            ", ".join(f"{k}={v[1]}" for k, v in REFERENCE_MULTIHOT.items()) + ")")
     run_p.add_argument("--multihot-buckets", default=None, metavar="NAME=N,...",
-                       help="hash buckets per multi-hot feature (defaults: " +
-                            ", ".join(f"{k}={v[0]}" for k, v in MULTIHOT.items()) + ")")
+                       help="hash buckets per multi-hot feature (reference defaults: " +
+                            ", ".join(f"{k}={v[0]}" for k, v in REFERENCE_MULTIHOT.items()) + ")")
     add_bad_rows_argument(run_p)
     add_spark_arguments(run_p)
     run_p.set_defaults(func=_run)
@@ -447,33 +530,69 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def multihot_from_args(hotness: str | None, mh_buckets: str | None) -> dict:
-    h = parse_sizes(hotness, {k: v[1] for k, v in MULTIHOT.items()}, "--hotness")
-    b = parse_sizes(mh_buckets, {k: v[0] for k, v in MULTIHOT.items()}, "--multihot-buckets")
-    return {k: (b[k], h[k]) for k in MULTIHOT}
+ENGINES = ("spark", "nvtabular")
+
+
+def add_engine_argument(parser) -> None:
+    parser.add_argument("--engine", choices=ENGINES, default="spark",
+                        help="preprocessing engine: spark (default) or nvtabular (an nvtabular.Workflow, CPU here, "
+                             "saved next to the data); both build the same dataset")
+
+
+def multihot_from_args(hotness: str | None, mh_buckets: str | None, defaults: dict | None = None) -> dict:
+    defaults = MULTIHOT if defaults is None else defaults
+    h = parse_sizes(hotness, {k: v[1] for k, v in defaults.items()}, "--hotness")
+    b = parse_sizes(mh_buckets, {k: v[0] for k, v in defaults.items()}, "--multihot-buckets")
+    return {k: (b[k], h[k]) for k in defaults}
 
 
 def _run(args: argparse.Namespace) -> int:
     from preproc.output import check_output_free
-    from preproc.spark import session_or_plan, settings_from_args
 
     if args.num_files < 1:
         raise PreprocError(f"--num-files: must be >= 1, got {args.num_files}")
     if not 0.0 < args.train_fraction < 1.0:
         raise PreprocError(f"--train-fraction: must be in (0, 1), got {args.train_fraction}")
-    if args.ctr_min_views < 0 or args.ctr_smoothing < 0:
+    legacy_only = [f for f, v in (("--ctr-min-views", args.ctr_min_views), ("--ctr-smoothing", args.ctr_smoothing))
+                   if v is not None]
+    if args.feature_set != "legacy" and legacy_only:
+        raise PreprocError(f"{legacy_only[0]}: applies to --feature-set legacy only (the reference set uses the "
+                           "recipe's fixed CTR thresholds)")
+    min_views = 5 if args.ctr_min_views is None else args.ctr_min_views
+    smoothing = 10.0 if args.ctr_smoothing is None else args.ctr_smoothing
+    if min_views < 0 or smoothing < 0:
         raise PreprocError("--ctr-min-views / --ctr-smoothing: must be >= 0")
-    buckets = parse_sizes(args.buckets, ONEHOT_BUCKETS, "--buckets")
-    multihot = multihot_from_args(args.hotness, args.multihot_buckets)
+    if args.engine == "nvtabular" and args.feature_set != "reference":
+        raise PreprocError("--engine nvtabular: builds --feature-set reference only")
+    default_buckets, default_multihot = default_sizes(args.feature_set)
+    buckets = parse_sizes(args.buckets, default_buckets, "--buckets")
+    multihot = multihot_from_args(args.hotness, args.multihot_buckets, default_multihot)
     paths = locate_tables(args.input)
     check_output_free(args.output, args.overwrite)
-    settings = settings_from_args(args)
-    spark = session_or_plan(settings, "preproc-outbrain", args.dry_run,
-                            [f"plan: outbrain {args.input} -> {args.output} ({len(paths)} tables, "
-                             f"num_files={args.num_files}, split_days={args.split_days}, "
-                             f"train_fraction={args.train_fraction})"])
+    plan = (f"plan: outbrain {args.input} -> {args.output} ({len(paths)} tables, engine={args.engine}, "
+            f"feature_set={args.feature_set}, num_files={args.num_files}, split_days={args.split_days}, "
+            f"train_fraction={args.train_fraction})")
+    if args.engine == "nvtabular":
+        return _run_nvtabular(args, plan, buckets, multihot)
+    from preproc.spark import session_or_plan, settings_from_args
+
+    spark = session_or_plan(settings_from_args(args), "preproc-outbrain", args.dry_run, [plan])
     if spark is None:
         return 0
     run(spark, args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
-        args.ctr_min_views, args.ctr_smoothing, buckets, multihot, args.bad_rows, args.overwrite)
+        min_views, smoothing, buckets, multihot, args.bad_rows, args.overwrite, args.feature_set)
+    return 0
+
+
+def _run_nvtabular(args, plan: str, buckets: dict, multihot: dict) -> int:
+    if args.dry_run:
+        print(f"# {plan}")
+        return 0
+    try:
+        from preproc import outbrain_nvt
+    except ImportError as exc:
+        raise PreprocError(f"--engine nvtabular: {exc.name or exc} is not installed (pip install .[nvtabular])") \
+            from None
+    outbrain_nvt.run(args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
+                     buckets, multihot, args.bad_rows, args.overwrite)
     return 0

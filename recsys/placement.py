@@ -309,12 +309,13 @@ def _parse(argv):
 
 def main(argv=None):
     args = _parse(argv)
-    from recsys.models.defaults import MODEL_DEFAULTS, dense_param_count, embedding_tables
+    from recsys.models.defaults import MODEL_DEFAULTS, dense_param_count, embedding_dims, embedding_tables
     defaults = MODEL_DEFAULTS[args.model]
     dim = args.embedding_dim or defaults["embedding_dim"]
     try:
         if args.feature_spec:
-            tables = [(n, c, dim) for n, c in embedding_tables(args.model, args.feature_spec)]
+            named = embedding_tables(args.model, args.feature_spec)
+            tables = [(n, c, d) for (n, c), d in zip(named, embedding_dims(args.model, [n for n, _ in named], dim))]
         else:
             cards = [int(x) for x in args.cardinalities.split(",") if x.strip()]
             tables = [(f"cat_{i}", c, dim) for i, c in enumerate(cards)]
@@ -323,7 +324,8 @@ def main(argv=None):
         return 2
     opt = args.optimizer or defaults["embedding_optimizer"]
     capacity = int(args.gpu_memory_gb * 1e9 * args.memory_fraction)
-    dense = dense_param_count(args.model, n_tables=len(tables), embedding_dim=dim)
+    dense = dense_param_count(args.model, n_tables=len(tables), embedding_dim=dim,
+                              total_embedding_dim=sum(t[2] for t in tables))
     plan = plan_placement(
         tables, args.gpus, bytes_per_param=2 if args.amp else 4, optimizer_slots=OPTIMIZER_SLOTS[opt],
         dense_params=dense, capacity_bytes=capacity, model_parallel=not args.replicated,

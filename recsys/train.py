@@ -241,7 +241,7 @@ def _memory_budget_gb(args):
 
 def _resolve_placement(args, world):
     """Where the embedding tables go, decided (and checked against the budget) before TensorFlow starts."""
-    from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count
+    from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count, embedding_dims
     from recsys.placement import OPTIMIZER_SLOTS, PlacementError, choose_placement
     if args.embedding_placement == "model_parallel" and args.xla:
         _refuse("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
@@ -257,14 +257,16 @@ def _resolve_placement(args, world):
     dim = args.factors if args.model == "ncf" else args.embedding_dim
     cards = [(f, spec.cardinality(f)) for ch in CATEGORICAL_CHANNELS[args.model] if ch in spec.channel_spec
              for f in spec.features(ch)]
-    tables = [(f, c, dim) for f, c in cards]
+    dims = embedding_dims(args.model, [f for f, _ in cards], dim)
+    tables = [(f, c, d) for (f, c), d in zip(cards, dims)]
     if args.model == "wide_deep":          # the wide part: one 1-wide table per feature
         tables += [(f"{f}/wide", c, 1) for f, c in cards]
     args.embedding_tables = tables
     optimizer = {"dlrm": args.optimizer, "wide_deep": args.optimizer, "ncf": "adam"}[args.model]
     overrides = {k: getattr(args, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers")
                  if getattr(args, k, None) is not None}
-    dense = dense_param_count(args.model, n_tables=len(cards), embedding_dim=dim, **overrides)
+    dense = dense_param_count(args.model, n_tables=len(cards), embedding_dim=dim, total_embedding_dim=sum(dims),
+                              **overrides)
     budget = _memory_budget_gb(args)
     try:
         return choose_placement(args.embedding_placement, world, tables, dense_params=dense,

@@ -33,6 +33,28 @@ MODEL_DEFAULTS = {
         embedding_optimizer="adam"),
 }
 
+# Deep embedding widths of NVIDIA's W&D recipe per feature of the reference Outbrain feature set
+# (preproc.outbrain_features): 128 for the four largest id spaces, 19 for platform, 64 for the rest.
+# With the reference dataset they give the recipe's model: total embedding width 1235, ~92M
+# parameters. They apply to a dataset with exactly these 16 categorical features while the run's
+# --embedding-dim is the reference 64; any other dataset or value gets --embedding-dim for every table.
+WIDE_DEEP_EMBEDDING_DIMS = {
+    "document_id": 128, "ad_id": 128, "document_id_promo": 128, "campaign_id": 128, "platform": 19,
+    "source_id_promo": 64, "source_id": 64, "geo_location": 64, "advertiser_id": 64, "geo_location_state": 64,
+    "publisher_id_promo": 64, "publisher_id": 64, "geo_location_country": 64, "topic_id_list": 64,
+    "entity_id_list": 64, "category_id_list": 64,
+}
+
+
+def embedding_dims(model: str, features, embedding_dim: int) -> list:
+    """Deep embedding width of each categorical feature (in order) for a run's ``--embedding-dim``."""
+    features = list(features)
+    if (model == "wide_deep" and embedding_dim == MODEL_DEFAULTS["wide_deep"]["embedding_dim"]
+            and sorted(features) == sorted(WIDE_DEEP_EMBEDDING_DIMS)):
+        return [WIDE_DEEP_EMBEDDING_DIMS[f] for f in features]
+    return [embedding_dim] * len(features)
+
+
 # Small model and data sizes for `--synthetic` (a laptop/CI-sized run).
 SYNTHETIC_DEFAULTS = {
     "dlrm": dict(batch_size=512, eval_batch_size=2048, epochs=2, lr=0.5, warmup_steps=10,
@@ -75,8 +97,9 @@ def _mlp_params(sizes):
 
 
 def dense_param_count(model: str, n_tables: int, embedding_dim: int, n_numerical: int = 13,
-                      **overrides) -> int:
-    """Replicated (non-embedding) parameters, for the per-rank memory estimate."""
+                      total_embedding_dim: int | None = None, **overrides) -> int:
+    """Replicated (non-embedding) parameters, for the per-rank memory estimate (``total_embedding_dim``:
+    the summed widths when the tables differ, see :func:`embedding_dims`)."""
     d = dict(MODEL_DEFAULTS[model])
     d.update(overrides)
     if model == "dlrm":
@@ -85,6 +108,7 @@ def dense_param_count(model: str, n_tables: int, embedding_dim: int, n_numerical
         top_in = n * (n - 1) // 2 + bottom[-1]
         return _mlp_params(bottom) + _mlp_params([top_in] + list(d["top_mlp"]))
     if model == "wide_deep":
-        return _mlp_params([n_tables * embedding_dim + n_numerical] + list(d["deep_hidden_units"]) + [1])
+        width = n_tables * embedding_dim if total_embedding_dim is None else total_embedding_dim
+        return _mlp_params([width + n_numerical] + list(d["deep_hidden_units"]) + [1])
     layers = list(d["layers"])
     return _mlp_params(layers) + layers[-1] + d["factors"] + 1

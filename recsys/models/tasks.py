@@ -132,12 +132,15 @@ class WideDeepTask(Task):
         return [(f, self.spec.cardinality(f)) for f in self.spec.features(channel)]
 
     def build_model(self):
+        from recsys.models.defaults import embedding_dims
         from recsys.models.wide_deep import WideDeep
         a = self.args
-        return WideDeep(self._tables("onehot_categorical"), self._tables("multihot_categorical"),
-                        embedding_dim=a.embedding_dim, deep_hidden_units=a.deep_hidden_units,
-                        deep_dropout=a.deep_dropout, combiner=a.combiner, model_parallel=self.model_parallel,
-                        column_slice_threshold=a.column_slice_threshold, seed=a.seed)
+        onehot, multihot = self._tables("onehot_categorical"), self._tables("multihot_categorical")
+        dims = embedding_dims(self.name, [f for f, _ in onehot + multihot], a.embedding_dim)
+        return WideDeep(onehot, multihot, embedding_dim=dims, deep_hidden_units=a.deep_hidden_units,
+                        deep_dropout=a.deep_dropout, combiner=a.combiner,
+                        model_parallel=self.model_parallel, column_slice_threshold=a.column_slice_threshold,
+                        seed=a.seed)
 
     def optimizer_groups(self, model):
         a = self.args

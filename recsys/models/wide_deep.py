@@ -12,7 +12,9 @@ class WideDeep(tf.keras.Model):
     """inputs: {'numerical': [B, n], 'onehot_categorical': {name: [B]},
     'multihot_categorical': {name: [B, hot] padded with -1}}; returns logits [B, 1] f32.
 
-    ``wide_variables`` / ``deep_variables`` split the weights for the two optimizers.
+    ``embedding_dim``: one deep embedding width, or one per feature (one-hot then multi-hot, see
+    recsys.models.defaults.embedding_dims). ``wide_variables`` / ``deep_variables`` split the
+    weights for the two optimizers.
     """
 
     def __init__(self, onehot, multihot, embedding_dim=64, deep_hidden_units=(1024,) * 5,

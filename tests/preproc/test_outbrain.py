@@ -1,4 +1,5 @@
-"""Outbrain -> Wide & Deep preprocessing: split, CTR and similarity by hand, full pipeline, bad input."""
+"""Outbrain -> Wide & Deep preprocessing: split, CTR and similarity by hand, full pipeline (the legacy
+feature set; the reference set and the NVTabular engine: test_outbrain_nvt.py), bad input."""
 from __future__ import annotations
 
 import math
@@ -129,12 +130,15 @@ def generated(spark, tmp_path_factory):
     base = tmp_path_factory.mktemp("outbrain")
     generate(str(base / "raw"), displays=300, seed=3)
     spec = outbrain.run(spark, str(base / "raw"), str(base / "out"), num_files=NUM_FILES, seed=0,
-                        buckets={**outbrain.ONEHOT_BUCKETS, "ad_id": 1000, "document_id": 1000})
+                        buckets={**outbrain.ONEHOT_BUCKETS, "ad_id": 1000, "document_id": 1000}, feature_set="legacy")
     return base, spec
 
 
 def test_pipeline_files_split_and_map_channel(generated):
     base, spec = generated
+    assert spec["metadata"]["feature_set"] == "legacy"
+    assert [len(spec["channel_spec"][c]) for c in ("numerical", "onehot_categorical", "multihot_categorical")] \
+        == [19, 13, 6]
     out = base / "out"
     for mapping in ("train", "test"):
         files = spec["source_spec"][mapping][0]["files"]
