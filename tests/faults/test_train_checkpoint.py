@@ -24,7 +24,7 @@ TRIALS = 20
 
 
 def _progress(path):
-    """(reports, saved steps) of a writer's progress file, each list in order."""
+    """(reports, [(writer index, saved step)]) of a progress file: one report per writer start."""
     reports, saved = [], []
     try:
         lines = open(path).read().splitlines()
@@ -32,7 +32,7 @@ def _progress(path):
         return reports, saved
     for line in lines:
         if line.startswith("saved "):
-            saved.append((len(reports), int(line.split()[1])))
+            saved.append((len(reports) - 1, int(line.split()[1])))   # (index of its writer's report, step)
         elif line.startswith("{"):
             reports.append(json.loads(line))
     return reports, saved
@@ -66,7 +66,7 @@ def test_kill_during_checkpoint_write(slurm_cluster, tmp_path):
             if layout in last_kill:   # from the kill to the next writer having restored
                 recover_s.append(time.monotonic() - last_kill[layout])
             # the writer reports what it found, then saves after every step: kill after a random delay
-            wait_for(lambda: len([s for r, s in _progress(progress)[1] if r == n_reports]) >= 2 or proc.poll() is not None,
+            wait_for(lambda: sum(1 for r, _ in _progress(progress)[1] if r == n_reports) >= 2 or proc.poll() is not None,
                      timeout=300, what=f"trial {trial}: the writer to save twice")
             assert proc.poll() is None, proc.stderr.read()[-2000:]
             time.sleep(rng.uniform(0.0, 0.4))      # the random kill point (not a synchronisation)

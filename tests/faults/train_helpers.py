@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,14 +15,20 @@ REPO = Path(__file__).resolve().parents[2]
 DLRM = ["--model", "dlrm", "--embedding-dim", "8", "--bottom-mlp", "16,8", "--top-mlp", "32,16,1",
         "--batch-size", "256", "--eval-batch-size", "1024", "--lr", "0.5", "--warmup-steps", "4",
         "--decay-start-step", "1000", "--decay-steps", "0"]
-ROWS = {"train": 8192, "test": 1024}
+ROWS_SMALL = {"train": 8192, "test": 1024}
+# The jobs of the Slurm fault tests: 16384 rows, batch 512 -> 32 steps per epoch, 3 epochs (a
+# checkpoint after each), every step logged.
+ENGINE = [*DLRM[2:], "--batch-size", "512", "--bottom-mlp", "64,32,8", "--top-mlp", "128,64,1",
+          "--epochs", "3", "--log-every", "1"]
+ROWS = {"train": 16384, "test": 1024}
+STEPS = 96
 
 
 def make_data(out, model="dlrm", rows=None):
     """A small synthetic dataset in `out` (feature_spec.yaml and its files)."""
     from recsys.data import synthetic
     spec = synthetic.default_spec(model, num_files=2)
-    synthetic.generate(spec, str(out), rows or ROWS, seed=7)
+    synthetic.generate(spec, str(out), rows or ROWS_SMALL, seed=7)
     return Path(out)
 
 
@@ -37,6 +44,15 @@ def engine_env(base=None):
 def run_engine(args, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "recsys.train", *map(str, args)], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout, env=env or engine_env())
+
+
+def submit(cli, *args):
+    """`recsys-submit` through tests/jobs' Cli: (run dir, jobs.json, stderr with its warnings)."""
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = re.search(r"^run dir (.+)$", proc.stdout, re.M).group(1).strip()
+    with open(os.path.join(run_dir, "jobs.json")) as handle:
+        return run_dir, json.load(handle), proc.stderr
 
 
 def read_log(path):
