@@ -107,8 +107,10 @@ def test_requeue_without_progress_stops(cli, slurm_cluster, data, tmp_path):
                 release_requeued(slurm_cluster, job)
                 return False
             wait_for(started, timeout=200, what=f"attempt {attempt} to start")
-            # USR2 while the engine is still starting: the attempt writes no checkpoint
-            slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+            # USR2 while the engine is still starting: the attempt writes no checkpoint (the batch
+            # step may take a moment to be known to the controller after the script wrote start=)
+            wait_for(lambda: slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job]).returncode == 0,
+                     timeout=60, what=f"attempt {attempt} to take USR2")
             wait_for(lambda attempt=attempt: _count(run_dir, job, "idle_attempts") >= attempt, timeout=200,
                      what=f"attempt {attempt} to be judged")
         state = slurm_cluster.wait_job(job, timeout=200)
