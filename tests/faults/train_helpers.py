@@ -111,7 +111,14 @@ def step_history(records):
 
 
 def release_requeued(cluster, job_id):
-    """Slurm holds a requeued job back (its BeginTime a while ahead): let it start now."""
+    """Slurm holds a requeued job back (its BeginTime a while ahead): let it start now, but only
+    once it is pending and no node is still completing a job (an attempt started while the previous
+    attempt's step is being torn down on the same node can see its srun return at once)."""
+    if cluster.job_state(job_id) != "PENDING":
+        return
+    states = cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()
+    if any("comp" in s for s in states):
+        return
     cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
 
