@@ -24,6 +24,7 @@ import signal
 import time
 
 from recsys.errors import EngineError
+
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
 _OLD_RE = re.compile(r"^ckpt-(\d+)\.old-\d+$")      # a checkpoint being replaced by a new copy
 _LEFTOVER = (".tmp-ckpt-", ".trash-")               # written or deleted by a writer that was killed
