@@ -81,6 +81,9 @@ def test_node_lost_mid_training(cli, slurm_cluster, data, tmp_path):
         downed = nodes[-1]
         slurm_cluster.run(["scontrol", "update", f"nodename={downed}", "state=down", "reason=fault-injection"], check=True)
         t_fault = time.monotonic()
+        # The emulated node's slurmd is alive, so the node returns to service at once
+        # (ReturnToService=2): keep it drained, as a lost node stays away, until the test ends.
+        slurm_cluster.run(["scontrol", "update", f"nodename={downed}", "state=drain", "reason=fault-injection"])
 
         def requeued():
             fields = job_fields(slurm_cluster, job)
