@@ -166,13 +166,22 @@ def test_full_disk_during_checkpoint(small_fs, tmp_path):
     changed = int(_tree_digest(ck / "ckpt-0000000004") != before) if (ck / "ckpt-0000000004").is_dir() else 1
     one_line = len(lines) == 1 and lines[0].startswith("recsys-train: error: cannot write checkpoint") \
         and "No space left on device" in lines[0] and "ckpt-0000000004" in lines[0]
-    survived = int(res.returncode == 1 and one_line and not partial and not changed)
+    # the sharded layout (every rank writes its part; the ranks agree on failure) on the same full disk
+    sharded = small_fs / "sharded"
+    writer = subprocess.run([sys.executable, "-m", "tests.faults.ckpt_writer", str(sharded), str(tmp_path / "w.progress"),
+                             "sharded"], cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300)
+    sharded_left = [n for n in os.listdir(sharded) if n.startswith((".tmp", ".trash", "ckpt-"))]
+    sharded_ok = writer.returncode != 0 and "CheckpointWriteError: cannot write checkpoint" in writer.stderr \
+        and "No space left on device" in writer.stderr and not sharded_left
+    survived = int(res.returncode == 1 and one_line and not partial and not changed) + int(sharded_ok)
     record(FaultResult(
-        fault="full disk during checkpoint", trials=1, survived=survived, data_lost=len(partial) + changed,
-        recover_s=None,
-        detail=f"checkpoint dir on a full 4 MB tmpfs: exit 1 after {elapsed:.0f} s with one line, previous checkpoint byte-identical, "
-               f"nothing partial left (left: {', '.join(left)})"))
+        fault="full disk during checkpoint", trials=2, survived=survived,
+        data_lost=len(partial) + changed + len(sharded_left), recover_s=None,
+        detail=f"checkpoint dir on a full 4 MB tmpfs: training exits 1 after {elapsed:.0f} s with one line, previous "
+               f"checkpoint byte-identical, nothing partial left (left: {', '.join(left)}); a sharded-layout save "
+               f"fails the same way, leaving {len(sharded_left)} entries"))
     assert res.returncode == 1, res.stderr[-3000:]
     assert one_line, lines
     assert not partial, left
     assert not changed
+    assert sharded_ok, (writer.returncode, writer.stderr[-2000:], sharded_left)
