@@ -117,9 +117,22 @@ def release_requeued(cluster, job_id):
     if cluster.job_state(job_id) != "PENDING":
         return
     states = cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()
-    if any("comp" in s for s in states):
+    if any("comp" in s for s in states) or _stepd_alive(job_fields(cluster, job_id).get("JobId", job_id)):
         return
     cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+def _stepd_alive(raw_id):
+    """Whether a slurmstepd of job `raw_id` still runs on this host (the emulated nodes all do)."""
+    mark = f"slurmstepd: [{raw_id}.".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(mark):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def job_fields(cluster, job_id):
