@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from .progress import checkpoint_dir
 from .request import resolve
 
 if TYPE_CHECKING:   # pragma: no cover
@@ -57,6 +58,7 @@ class JobSpec:
     after_any: List[str] = field(default_factory=list)       # keys (chunks of a capped array)
     external_after: List[str] = field(default_factory=list)  # job ids outside this run
     env: dict = field(default_factory=dict)                  # extra exports for this job
+    checkpoint_dir: Optional[str] = None  # the engine's --checkpoint-dir (requeue progress guard)
 
     @property
     def array_size(self):
@@ -245,9 +247,10 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
                   gpus_per_node=res.gpus_per_node, external_after=list(req.after))
 
     if res.engine != "preproc":
+        ckpt = checkpoint_dir(req.engine_args) if res.engine == "recsys" and req.kind == "train" else None
         base = JobSpec(key=f"{prefix}main" if not prefix else key_prefix, name=res.name,
                        command=_engine_command(res, python, handoff), bind=True,
-                       env=_engine_env(res), **common)
+                       env=_engine_env(res), checkpoint_dir=ckpt, **common)
         if req.array:
             return _array_specs(base, req.array, req.array_parallelism, max_array)
         return [base]

@@ -12,6 +12,7 @@ import string
 
 from .errors import RequestError
 from .plan import ENGINES, RunPath, SlurmHelper, slurm_dir
+from .progress import MAX_IDLE_REQUEUES
 from .slurmtime import format_time
 
 _SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
@@ -226,5 +227,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
         bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
         container=shlex.quote(container.image if container is not None else ""),
         requeue="yes" if spec.requeue else "no",
+        checkpoint_dir=shlex.quote(spec.checkpoint_dir or ""),
+        max_idle_requeues=int(MAX_IDLE_REQUEUES),
         step=step,
     )

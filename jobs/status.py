@@ -234,10 +234,32 @@ def poll_until(poll_once, done, on_poll=None, first=None, factor=1.5, ceiling=No
         delay = min(ceiling, delay * factor)
 
 
-def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None):
-    """Poll a run until every job is terminal."""
-    return poll_until(lambda: poll(run_dir), lambda result: result["done"], on_poll=on_poll, first=first,
-                      factor=factor, ceiling=ceiling, timeout=timeout)
+def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None, outage=None):
+    """Poll a run until every job is terminal. A controller that does not answer (restarted,
+    overloaded) is waited for, with one line per failed poll on stderr, for up to `outage`
+    seconds in a row (RECSYS_WATCH_OUTAGE_S, default 900) before its error is raised."""
+    import sys
+
+    outage = float(outage if outage is not None else os.environ.get("RECSYS_WATCH_OUTAGE_S", "900"))
+    since = [None]
+
+    def once():
+        try:
+            result = poll(run_dir)
+        except slurmcli.SlurmCommandError as exc:
+            now = time.monotonic()
+            since[0] = since[0] or now
+            if not slurmcli.is_transient(str(exc)) or now - since[0] > outage:
+                raise
+            print(f"recsys-submit: {exc}; polling again (controller unreachable for {now - since[0]:.0f} s)",
+                  file=sys.stderr, flush=True)
+            return None
+        since[0] = None
+        return result
+
+    return poll_until(once, lambda result: result is not None and result["done"],
+                      on_poll=(lambda result: result is not None and on_poll(result)) if on_poll else None,
+                      first=first, factor=factor, ceiling=ceiling, timeout=timeout)
 
 
 def run_failed(result):

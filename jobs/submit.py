@@ -15,6 +15,7 @@ from . import runs as runs_mod
 from .backends import backend_for
 from .errors import RequestError, SlurmCommandError, SubmitError
 from .plan import plan, run_name
+from .progress import lead_time_warning
 from .render import render
 
 
@@ -86,6 +87,10 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
                            submitting=True)
     run_dir = _run_dir(resolved, profile, runs_dir)
     wait = backend.check(specs, run_dir, wait)
+    for spec in specs:
+        warning = lead_time_warning(spec, run_dir)
+        if warning:
+            log(f"warning: {warning}")
     try:
         os.makedirs(os.path.join(run_dir, "logs"))
     except OSError as exc:

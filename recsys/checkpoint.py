@@ -5,6 +5,14 @@ A checkpoint is a directory ``<dir>/ckpt-<step>`` holding a ``tf.train.Checkpoin
 epoch variables) plus ``meta.json`` (step, epoch, batches already consumed in that
 epoch). It is written under a temporary name in the same directory and renamed,
 so a job killed mid-save never leaves a checkpoint that ``--restore`` would pick.
+
+Every step that can be interrupted keeps a complete checkpoint findable (tests/faults kill
+writers at random points): a checkpoint replaced by a newer copy of the same step is renamed
+to ``ckpt-<step>.old-<pid>`` first and still listed until the new copy is in place; a pruned
+one is renamed to ``.trash-...`` before it is deleted, so a half-deleted checkpoint is never
+listed. What a killed writer left behind is cleared by the next writer (:meth:`recover`). A
+write that fails (a full disk) removes its temporary directory and raises
+:class:`CheckpointWriteError`, one line, with the previous checkpoint untouched.
 """
 from __future__ import annotations
 
@@ -15,25 +23,91 @@ import shutil
 import signal
 import time
 
+from recsys.errors import EngineError
+
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
+_OLD_RE = re.compile(r"^ckpt-(\d+)\.old-\d+$")      # a checkpoint being replaced by a new copy
+_LEFTOVER = (".tmp-ckpt-", ".trash-")               # written or deleted by a writer that was killed
 META = "meta.json"
 PREFIX = "ckpt"
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(EngineError):
+    """A checkpoint that cannot be restored (missing, incomplete, of another model): exit 2."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (e.g. a full disk): nothing half-written is left, the
+    previous checkpoint stays; the run stops with exit 1."""
+    exit_code = 1
+
+
+def write_failure(final, err, previous):
+    """The one-line CheckpointWriteError of a failed save of ``final``."""
+    reason = getattr(err, "strerror", None) or (str(getattr(err, "message", "") or err).strip().splitlines() or
+                                                [type(err).__name__])[0]
+    return CheckpointWriteError(f"cannot write checkpoint {final}: {reason}; nothing of it is left and the "
+                                f"previous checkpoint {previous or '(none)'} is kept")
+
+
+def _fsync_dir(path):
+    """Make a rename in ``path`` durable (best effort: not every file system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def publish(tmp, final):
     """Rename a fully written checkpoint directory into place. The same step saved twice (epoch
-    end, then a signal) replaces the older copy; a reader never sees a half-written one."""
+    end, then a signal) replaces the older copy, which stays listed (as ``.old-<pid>``) until
+    the new one is in place; a reader never sees a half-written one."""
     if os.path.exists(final):
         old = final + f".old-{os.getpid()}"
         os.rename(final, old)
         os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        discard(old)
     else:
         os.rename(tmp, final)
+    _fsync_dir(os.path.dirname(final))
+
+
+def discard(path):
+    """Delete a checkpoint directory so that no reader ever lists it half-deleted: rename it out
+    of the listing first, then remove it."""
+    trash = os.path.join(os.path.dirname(path), f".trash-{os.path.basename(path)}-{os.getpid()}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def recover(directory):
+    """Clear what a killed writer left in ``directory``: put back a replaced checkpoint whose new
+    copy never arrived, delete temporary and half-deleted directories. Call before writing."""
+    if not directory or not os.path.isdir(directory):
+        return
+    names = os.listdir(directory)
+    for name in names:
+        m = _OLD_RE.match(name)
+        final = os.path.join(directory, f"ckpt-{m.group(1)}") if m else None
+        if m and not os.path.exists(final):
+            try:
+                os.rename(os.path.join(directory, name), final)
+            except OSError:
+                pass
+        elif m:
+            discard(os.path.join(directory, name))
+    for name in names:
+        if name.startswith(_LEFTOVER):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 class AtomicCheckpointer:
@@ -46,18 +120,22 @@ class AtomicCheckpointer:
         self.writer = writer
         if writer and directory:
             os.makedirs(directory, exist_ok=True)
+            recover(directory)
 
     def list(self):
         """Complete checkpoints as ``[(step, path)]``, oldest first."""
         if not self.directory or not os.path.isdir(self.directory):
             return []
-        found = []
+        found, replaced = {}, {}
         for name in os.listdir(self.directory):
-            m = _CKPT_RE.match(name)
+            m = _CKPT_RE.match(name) or _OLD_RE.match(name)
             path = os.path.join(self.directory, name)
             if m and os.path.isfile(os.path.join(path, META)):
-                found.append((int(m.group(1)), path))
-        return sorted(found)
+                (found if _CKPT_RE.match(name) else replaced)[int(m.group(1))] = path
+        # A copy being replaced counts only while its replacement is not in place yet.
+        for step, path in replaced.items():
+            found.setdefault(step, path)
+        return sorted(found.items())
 
     def latest(self):
         found = self.list()
@@ -69,21 +147,23 @@ class AtomicCheckpointer:
         if not self.writer:
             return final
         tmp = os.path.join(self.directory, f".tmp-ckpt-{int(step):010d}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        self.checkpoint.write(os.path.join(tmp, PREFIX))
-        info = dict(meta, step=int(step), saved_at=time.time())
-        with open(os.path.join(tmp, META), "w") as f:
-            json.dump(info, f)
-            f.flush()
-            os.fsync(f.fileno())
-        publish(tmp, final)
+        previous = self.latest()
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            self.checkpoint.write(os.path.join(tmp, PREFIX))
+            info = dict(meta, step=int(step), saved_at=time.time())
+            write_json(os.path.join(tmp, META), info, atomic=False)
+            publish(tmp, final)
+        except Exception as err:     # OSError, or TensorFlow's OpError for the same cause
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise write_failure(final, err, previous) from None
         self._prune()
         return final
 
     def _prune(self):
         for _, path in self.list()[:-self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+            discard(path)
 
     def restore(self, path=None):
         """Load ``path`` (or the newest checkpoint); returns its meta dict."""
@@ -98,6 +178,35 @@ class AtomicCheckpointer:
             meta = json.load(f)
         meta["path"] = path
         return meta
+
+
+def write_json(path, obj, atomic=True):
+    """Write ``obj`` as JSON, flushed to disk; ``atomic``: under a temporary name, then renamed."""
+    target = path + ".tmp" if atomic else path
+    try:
+        with open(target, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if atomic:
+            os.rename(target, path)
+    except BaseException:
+        if atomic and os.path.exists(target):
+            os.unlink(target)
+        raise
+
+
+ATTEMPT = "attempt.json"
+
+
+def note_attempt(directory, **fields):
+    """Record in ``<directory>/attempt.json`` how long this attempt took to start and to write a
+    checkpoint: the submission layer warns when a job's USR2 lead time leaves less than that
+    (a requeued job would make no progress). Best effort: a full disk must not stop training here."""
+    try:
+        write_json(os.path.join(directory, ATTEMPT), dict(fields, written_at=time.time()))
+    except OSError:
+        pass
 
 
 class StopRequest:

@@ -18,9 +18,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from recsys.checkpoint import StopRequest
+from recsys.checkpoint import StopRequest, note_attempt
 from recsys.config import TrainConfig
 from recsys.errors import DataError, DivergedError, data_error_message
+from recsys.logger import process_start
 
 
 # Weight digests (replica consistency check in the summary) only for models up to this size.
@@ -50,6 +51,7 @@ class Engine:
         self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")  # set by SIGUSR2
         self._eval_step = None                    # step of the last evaluation (None: none yet)
         self._saved_step = self._saved_path = None  # step and path of the last checkpoint written
+        self._startup_s = None                    # process start -> first trained step of this process
         self._count_nonfinite, self._nonfinite = False, 0
         self._build()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
@@ -166,19 +168,24 @@ class Engine:
     def restore(self, path=None):
         meta = self.checkpointer.restore(path)
         self.broadcast_initial_state()
-        self.log.info(f"restored {meta['path']} at step {int(self.global_step.numpy())} "
-                      f"epoch {int(self.epoch.numpy())}", checkpoint=meta["path"])
+        step, epoch = int(self.global_step.numpy()), int(self.epoch.numpy())
+        # Steps after this one that an earlier attempt logged are trained (and logged) again.
+        self.log.info(f"restored {meta['path']} at step {step} epoch {epoch}; training continues at step "
+                      f"{step + 1}", checkpoint=meta["path"], restored_step=step, restored_epoch=epoch)
         return meta
 
     def save(self, reason):
         if self.checkpointer is None:
             return None
+        t0 = time.time()
         path = self.checkpointer.save(int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
                                       step_in_epoch=int(self.step_in_epoch.numpy()), reason=reason)
         self.dist.barrier()
         self._saved_step, self._saved_path = int(self.global_step.numpy()), path
         if self.dist.is_chief:
             self.log.record("checkpoint", path=path, step=int(self.global_step.numpy()), reason=reason)
+            note_attempt(self.args.checkpoint_dir, startup_s=self._startup_s, checkpoint_s=round(time.time() - t0, 3),
+                         step=self._saved_step, reason=reason)
         return path
 
     # --- loops -----------------------------------------------------------------
@@ -219,6 +226,8 @@ class Engine:
                         self._stop_flag.assign(1.0)
                     loss, stop_any = self._train_step(inputs, labels)
                     step = int(self.global_step.numpy())
+                    if self._startup_s is None:
+                        self._startup_s = round(time.time() - process_start(), 3)
                     # The stop flag is read every step anyway: reading the loss too costs no extra sync.
                     loss_v = float(loss.numpy())
                     if math.isfinite(loss_v):

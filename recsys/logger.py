@@ -54,7 +54,7 @@ class RunLogger:
         """A start-up phase reached, timed from the process start, so that a scaling study
         can show start-up apart from step throughput. Horovod init is collective, so the
         chief's time for it (and after it) is when the slowest rank had joined."""
-        self.record("startup", phase=phase, since_start_s=round(time.time() - _process_start(), 3), **fields)
+        self.record("startup", phase=phase, since_start_s=round(time.time() - process_start(), 3), **fields)
 
     def info(self, message, **fields):
         """A note for humans (console) that is also kept in the JSON log."""
@@ -90,7 +90,7 @@ class RunLogger:
             self._file = None
 
 
-def _process_start():
+def process_start():
     """Wall-clock start of this process (Linux /proc), else when this module was imported."""
     try:
         with open("/proc/self/stat") as handle:

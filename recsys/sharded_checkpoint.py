@@ -27,7 +27,8 @@ import os
 import shutil
 import time
 
-from recsys.checkpoint import META, PREFIX, AtomicCheckpointer, CheckpointError, publish
+from recsys.checkpoint import (META, PREFIX, AtomicCheckpointer, CheckpointError, discard, publish,
+                               write_failure)
 
 FORMAT = "sharded-v1"
 TABLES = "tables.json"
@@ -108,7 +109,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
     """Same interface as AtomicCheckpointer (latest/save/restore), collective over the ranks."""
 
     def __init__(self, directory, checkpoint, model, dist, counters, optimizers=(), keep=3, signature=None, log=None):
-        super().__init__(directory, checkpoint, keep=keep, writer=True)
+        super().__init__(directory, checkpoint, keep=keep, writer=dist.is_chief)  # the chief clears leftovers
         self.model, self.dist, self.counters, self.signature, self.log = model, dist, counters, signature, log
         self.optimizers = list(optimizers)
         self.sharded_model = has_local_tables(model)
@@ -121,10 +122,51 @@ class ShardedCheckpointer(AtomicCheckpointer):
         dist = self.dist
         final = os.path.join(self.directory, f"ckpt-{int(step):010d}")
         tmp = os.path.join(self.directory, f".tmp-ckpt-{int(step):010d}")
+        previous = self.latest() if dist.is_chief else None
+        error = None
         if dist.is_chief:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+            except OSError as err:
+                error = err
         dist.barrier()
+        try:
+            if error is None and os.path.isdir(tmp):
+                self._write_own(tmp, np)
+        except Exception as err:     # OSError, or TensorFlow's OpError (a full disk on any rank)
+            error = error or err
+        # Every rank learns whether any rank failed (a rank that raised alone would hang the others).
+        failed = int(dist.allreduce_sum(np.array(0 if error is None else 1, np.int32)))
+        if failed:
+            if dist.is_chief:
+                shutil.rmtree(tmp, ignore_errors=True)
+            dist.barrier()
+            raise write_failure(final, error or OSError(f"{failed} rank(s) could not write their part"), previous)
+        if dist.is_chief:
+            groups = {g.name: {"cardinalities": g.cardinalities, "dims": g.dims} for g in _groups(self.model)}
+            info = dict(meta, step=int(step), saved_at=time.time(), format=FORMAT, world_size=dist.size,
+                        writers=self._writers(), sharded_model=self.sharded_model, groups=groups,
+                        signature=self.signature)
+            unfinished = [r for r in info["writers"] if not os.path.isfile(os.path.join(rank_dir(tmp, r), DONE))]
+            try:
+                if unfinished:
+                    raise OSError(f"ranks {unfinished} did not finish writing")
+                _write_json(os.path.join(tmp, META), info)
+                publish(tmp, final)
+            except OSError as err:
+                shutil.rmtree(tmp, ignore_errors=True)
+                error = err
+            else:
+                self._prune()
+        failed = int(dist.allreduce_sum(np.array(0 if error is None else 1, np.int32)))
+        if failed:
+            raise write_failure(final, error or OSError("rank 0 could not publish it"), previous)
+        return final
+
+    def _write_own(self, tmp, np):
+        """This rank's part of a checkpoint: its TF checkpoint, its table slices, then DONE."""
+        dist = self.dist
         if dist.rank in self._writers():
             d = rank_dir(tmp, dist.rank)
             os.makedirs(d)
@@ -142,20 +184,6 @@ class ShardedCheckpointer(AtomicCheckpointer):
                                     "shape": list(var.shape), "file": name})
             _write_json(os.path.join(d, TABLES), listing)
             _write_json(os.path.join(d, DONE), {"rank": dist.rank, "saved_at": time.time()})
-        dist.barrier()
-        if dist.is_chief:
-            groups = {g.name: {"cardinalities": g.cardinalities, "dims": g.dims} for g in _groups(self.model)}
-            info = dict(meta, step=int(step), saved_at=time.time(), format=FORMAT, world_size=dist.size,
-                        writers=self._writers(), sharded_model=self.sharded_model, groups=groups,
-                        signature=self.signature)
-            validate_layout = [r for r in info["writers"] if not os.path.isfile(os.path.join(rank_dir(tmp, r), DONE))]
-            if validate_layout:
-                raise CheckpointError(f"{tmp}: ranks {validate_layout} did not finish writing")
-            _write_json(os.path.join(tmp, META), info)
-            publish(tmp, final)
-            self._prune()
-        dist.barrier()
-        return final
 
     def restore(self, path=None):
         import numpy as np
