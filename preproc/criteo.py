@@ -140,20 +140,35 @@ def _shard_arguments(args) -> tuple[int, int]:
     return shard, count
 
 
-def _plan(args) -> tuple[list[tuple[int, int, Path]], int, list[int]]:
-    """Checks that need no Spark: input days, thresholds, rules, output. Returns (files, last day, thresholds)."""
+def _plan(args) -> tuple[list[tuple[int, int, Path]] | None, int | None, list[int]]:
+    """Checks that need no Spark: input days, thresholds, rules, output. Returns (files, last day, thresholds).
+
+    A --dry-run checks only the flags: an input that is not here (yet) gives (None, None,
+    thresholds), and an existing output is noted by the plan, not refused."""
     thresholds = layout.parse_thresholds(args.threshold)
     rules_from_args(args)
+    if args.dry_run and not Path(args.input).exists():
+        return None, None, thresholds
     days = layout.day_files(input_files(args.input), args.days)
-    check_output_free(args.output, args.overwrite)
+    if not args.dry_run:
+        check_output_free(args.output, args.overwrite)
     files = [(idx, day, path) for idx, (day, path) in enumerate(days)]
     return files, days[-1][0], thresholds
 
 
-def _describe_files(files, last_day) -> list[str]:
+def _input_bytes(files) -> int | None:
+    return None if files is None else sum(p.stat().st_size for _, _, p in files)
+
+
+def _describe_files(args, files, last_day) -> list[str]:
+    notes = []
+    if Path(args.output).exists() and not args.overwrite:
+        notes.append(f"note: --output {args.output} exists: the run needs --overwrite")
+    if files is None:
+        return notes + [f"input {args.input}: not here (days and input size unknown; the run checks them)"]
     train = [p.name for _, d, p in files if d < last_day]
-    return [f"train days 0..{last_day - 1}: {', '.join(train)}",
-            f"last day {last_day} ({files[-1][2].name}): first half test, second half validation"]
+    return notes + [f"train days 0..{last_day - 1}: {', '.join(train)}",
+                    f"last day {last_day} ({files[-1][2].name}): first half test, second half validation"]
 
 
 def cmd_generate(args) -> int:
@@ -173,10 +188,10 @@ def cmd_dictionary(args) -> int:
     from preproc.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
-    settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
+    settings = settings_from_args(args, input_bytes=_input_bytes(files))
     spark = session_or_plan(settings, "criteo-dictionary", args.dry_run,
                             ["stage dictionary", f"thresholds {thresholds}", f"rules {rules_from_args(args)}"]
-                            + _describe_files(files, last_day))
+                            + _describe_files(args, files, last_day))
     if spark is None:
         return 0
     build_dictionary(spark, layout.Staging(args.output), files, last_day, thresholds, args.bad_rows,
@@ -222,10 +237,10 @@ def cmd_run(args) -> int:
     from preproc.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
-    settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
+    settings = settings_from_args(args, input_bytes=_input_bytes(files))
     spark = session_or_plan(settings, "criteo-run", args.dry_run,
                             ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}",
-                             f"rules {rules_from_args(args)}"] + _describe_files(files, last_day))
+                             f"rules {rules_from_args(args)}"] + _describe_files(args, files, last_day))
     if spark is None:
         return 0
     report = run(spark, files, last_day, thresholds, args.output, overwrite=args.overwrite,
