@@ -1,0 +1,89 @@
+"""What a new user's first runs need from the engine (issue 15 items 2-4): a global batch larger
+than the training data is one line before TensorFlow, a run too short to time or too slow for
+the hardware found says so (stderr and the JSON log), and missing parents of --checkpoint-dir and
+--log-path are created as `mkdir -p` would."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SMALL, base_env, read_log, records, run_train, summary
+from recsys.config import TrainConfig
+from recsys.errors import EngineError
+from recsys.slow_config import slow_warning
+from recsys.train import build_parser, resolve
+
+NO_TF = ("import sys, runpy; sys.argv=['recsys-train']+sys.argv[1:]\n"
+         "try:\n    runpy.run_module('recsys.train', run_name='__main__')\n"
+         "finally:\n    print('TF_LOADED' if 'tensorflow' in sys.modules else 'TF_NOT_LOADED', file=sys.stderr)")
+
+
+def _cfg(argv):
+    return TrainConfig.from_args(build_parser().parse_args(argv))
+
+
+def test_batch_larger_than_the_training_rows_is_one_line_before_tensorflow(tiny_data):
+    data = tiny_data("dlrm")     # 8192 training rows
+    res = subprocess.run([sys.executable, "-c", NO_TF, "--model", "dlrm", "--data-path", str(data)],
+                         env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.strip() and not x.startswith("TF_")]
+    assert lines == [f"recsys-train: error: --batch-size 65536 is larger than the 8192 training rows of "
+                     f"{data}/feature_spec.yaml: give --batch-size 8192 or less"], res.stderr
+    assert "TF_NOT_LOADED" in res.stderr
+
+
+def test_batch_checks_of_synthetic_and_ncf_data(tiny_data):
+    with pytest.raises(EngineError, match=r"^--batch-size 4096 is larger than --synthetic-rows 1000: "
+                                          r"give --batch-size 512 or less"):
+        _cfg(["--model", "dlrm", "--synthetic", "--synthetic-rows", "1000", "--batch-size", "4096"])
+    # NCF: an epoch is the positives with their negatives (6000 x (1 + 4) samples)
+    with pytest.raises(EngineError, match=r"\(30000 samples with negatives\)"):
+        _cfg(["--model", "ncf", "--data-path", str(tiny_data("ncf")), "--batch-size", "65536"])
+    fits = _cfg(["--model", "ncf", "--data-path", str(tiny_data("ncf")), "--batch-size", "16384", "--epochs", "1"])
+    assert fits.notes[0].startswith("warning: 1 training step(s)")
+
+
+def test_short_run_is_stated():
+    cfg = _cfg(["--model", "dlrm", "--synthetic", "--synthetic-rows", "2048", "--batch-size", "1024",
+                "--epochs", "1"])
+    assert cfg.notes == ["warning: 2 training step(s) (--synthetic-rows 2048, --batch-size 1024, --epochs 1): "
+                         "no more than the --benchmark-warmup-steps 20, so no throughput is measured; a smaller "
+                         "--batch-size gives more steps"]
+    assert _cfg(["--model", "dlrm", "--synthetic"]).notes == []     # 32 steps per epoch: timed
+
+
+def test_reference_sizes_on_cpu_warn_and_small_ones_do_not():
+    ref = resolve(build_parser().parse_args(["--model", "dlrm", "--synthetic", "--synthetic-rows", "100000",
+                                             "--batch-size", "65536", "--embedding-dim", "128",
+                                             "--bottom-mlp", "512,256,128", "--top-mlp", "1024,1024,512,256,1",
+                                             "--amp", "--xla"]))
+    line = slow_warning(ref, gpus=0, cores=2)
+    assert line.startswith("warning: no GPU found and this configuration will be very slow here: "
+                           "--batch-size 65536 with these layer widths is about ")
+    assert "--amp emulates float16" in line and "--xla compiles" in line and "\n" not in line
+    assert slow_warning(ref, gpus=1, cores=2) is None
+    small = resolve(build_parser().parse_args(["--model", "dlrm", "--synthetic"]))
+    assert slow_warning(small, gpus=0, cores=2) is None
+    wd = resolve(build_parser().parse_args(["--model", "wide_deep", "--synthetic", "--synthetic-rows", "200000",
+                                            "--batch-size", "131072", "--deep-hidden-units", "1024,1024,1024,1024,1024"]))
+    assert "--batch-size 131072" in slow_warning(wd, gpus=0, cores=2)
+
+
+def test_run_creates_missing_parents_and_logs_its_warnings(tmp_path):
+    """A real run: --log-path and --checkpoint-dir under directories that do not exist yet;
+    2 steps (short-run warning) with --amp on CPU (slow warning), each one line on stderr
+    and an info record in the JSON log."""
+    log = tmp_path / "logs" / "2026" / "run.jsonl"
+    ckpt = tmp_path / "ckpt" / "dlrm" / "a"
+    res = run_train(["--model", "dlrm", "--synthetic", "--synthetic-rows", "512", "--epochs", "1",
+                     *SMALL["dlrm"], "--amp", "--log-path", log, "--checkpoint-dir", ckpt])
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = read_log(log)
+    infos = [r["message"] for r in records(recs, "info")]
+    short = [m for m in infos if m.startswith("warning: 2 training step(s)")]
+    slow = [m for m in infos if m.startswith("warning: no GPU found") and "--amp emulates float16" in m]
+    assert len(short) == 1 and len(slow) == 1, infos
+    assert f"[recsys] {short[0]}" in res.stderr and f"[recsys] {slow[0]}" in res.stderr
+    assert summary(recs)["step"] == 2
+    assert any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
