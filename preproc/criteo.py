@@ -40,7 +40,16 @@ from preproc.errors import PreprocError
 from preproc.output import add_output_arguments, check_output_free, input_files
 from preproc.spark import add_spark_arguments, settings_from_args
 
-DESCRIPTION = "Criteo 1TB click logs -> DLRM split-binary (stages: generate, dictionary, transform, finalize, run)"
+DESCRIPTION = "Criteo 1TB click logs -> DLRM split-binary dataset"
+EXAMPLES = {
+    "generate": "python -m preproc criteo generate --out /tmp/criteo_raw --rows 20000 --days 4 --seed 0",
+    "dictionary": "python -m preproc criteo dictionary --input /data/criteo/raw --output /data/criteo/dlrm --threshold 15",
+    "transform": "python -m preproc criteo transform --output /data/criteo/dlrm --shard 0 --num-shards 24",
+    "finalize": "python -m preproc criteo finalize --output /data/criteo/dlrm",
+    "run": "python -m preproc criteo run --input /tmp/criteo_raw --output /tmp/criteo_dlrm --threshold 3\n"
+           "  python -m preproc criteo run --input /data/criteo/raw --output /data/criteo/dlrm --dry-run "
+           "--nodes 4 --node-cores 80 --node-memory-gb 1500",
+}
 log = logging.getLogger("preproc.criteo")
 
 
@@ -49,8 +58,8 @@ def add_arguments(stages: argparse._SubParsersAction) -> None:
     gen.add_argument("--out", required=True, help="directory for day_0 .. day_<D-1>")
     gen.add_argument("--rows", type=int, default=100_000, help="rows over all days (default 100000)")
     gen.add_argument("--days", type=int, default=24, help="day files (default 24, as the real set)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--overwrite", action="store_true")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the generated values (default 0)")
+    gen.add_argument("--overwrite", action="store_true", help="replace day files already in --out")
     gen.set_defaults(func=cmd_generate)
 
     dictionary = stages.add_parser("dictionary", help="build the per-column dictionaries (array stage 1)")
