@@ -25,7 +25,7 @@ import pytest
 from tests.docs.examples import Block, extract, markdown_files, script
 
 REPO = Path(__file__).resolve().parents[2]
-BLOCK_TIMEOUT_S = 180
+BLOCK_TIMEOUT_S = 300     # a hang guard: the slowest block (Criteo via Spark) takes about a minute alone
 TAIL_CHARS = 3000
 FILES = [p for p in markdown_files(REPO) if any(b.mode != "skip" for b in extract(p))]
 
@@ -60,9 +60,16 @@ def _env(cluster_env: dict, tmp_path: Path) -> dict:
     return env
 
 
+def _readable(text: str) -> str:
+    """Output tail without Spark's console progress bars."""
+    text = re.sub(r"\[Stage \d+:[^\]]*\]", "", text.replace("\r", "\n"))
+    return "\n".join(line for line in text.splitlines() if line.strip())
+
+
 def _run_block(block: Block, work: Path, env: dict) -> str | None:
     """Run one block; None when it passed, else the failure message."""
     body = script(block)
+    where = f"{block.path.relative_to(REPO)}:{block.line}"
     # ERR trap: which command failed, as a line of the markdown file
     prologue = (f"set -eo pipefail\ntrap 'echo \"docs-test: {block.path.name}:$(({block.line} + LINENO - 2)):"
                 f" failed (exit $?): $BASH_COMMAND\" >&2' ERR\n")
@@ -72,10 +79,11 @@ def _run_block(block: Block, work: Path, env: dict) -> str | None:
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return f"{block.where}: timed out after {BLOCK_TIMEOUT_S} s\n{body}\n--- output tail ---\n{(out + err)[-TAIL_CHARS:]}"
+        return (f"{where}: timed out after {BLOCK_TIMEOUT_S} s\n{body}\n--- output tail ---\n"
+                f"{_readable(out + err)[-TAIL_CHARS:]}")
     if res.returncode != 0:
-        return (f"{block.where}: exit {res.returncode} ({block.mode})\n{body}\n--- stdout tail ---\n"
-                f"{res.stdout[-TAIL_CHARS // 2:]}\n--- stderr tail ---\n{res.stderr[-TAIL_CHARS:]}")
+        return (f"{where}: exit {res.returncode} ({block.mode})\n{body}\n--- stdout tail ---\n"
+                f"{_readable(res.stdout)[-TAIL_CHARS // 2:]}\n--- stderr tail ---\n{_readable(res.stderr)[-TAIL_CHARS:]}")
     return None
 
 
@@ -90,6 +98,6 @@ def test_examples_run_as_printed(md, slurm_cluster, tmp_path):
             continue
         start = time.monotonic()
         failure = _run_block(block, work, env)
-        timings.append(f"{block.where} {block.mode} {time.monotonic() - start:.1f}s")
+        timings.append(f"{block.path.relative_to(REPO)}:{block.line} {block.mode} {time.monotonic() - start:.1f}s")
         print(timings[-1])
         assert failure is None, failure
