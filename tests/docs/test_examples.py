@@ -88,6 +88,7 @@ def _run_block(block: Block, work: Path, env: dict) -> str | None:
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.parametrize("md", FILES, ids=[str(p.relative_to(REPO)) for p in FILES])
 def test_examples_run_as_printed(md, slurm_cluster, tmp_path):
     work = _workdir(tmp_path)

@@ -81,3 +81,13 @@ def test_every_repository_example_parses():
     blocks = [b for p in markdown_files(REPO) for b in extract(p)]
     assert len(blocks) > 10
     assert all(b.mode in ("run", "skip", "dry-run", "setup-done") for b in blocks)
+
+
+def test_a_failing_block_names_file_line_command_and_output_tail(tmp_path):
+    from tests.docs.test_examples import _run_block
+    from tests.docs.examples import Block
+    block = Block(REPO / "docs" / "example.md", 12, "echo fine\nls no-such-file-here\necho never\n")
+    message = _run_block(block, tmp_path, {"PATH": "/usr/bin:/bin"})
+    assert message.startswith("docs/example.md:12: exit 2 (run)\n")
+    assert "docs-test: example.md:14: failed (exit 2): ls no-such-file-here" in message
+    assert "No such file or directory" in message and "never" not in message.split("--- stdout tail ---")[1]
