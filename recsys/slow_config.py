@@ -5,14 +5,16 @@ five 1024-wide layers) are GPU sizes: on CPU cores one step takes minutes, and
 ``--amp`` (float16 math is emulated on CPUs) or ``--xla`` (compiles for minutes on
 CPUs) make it worse, with nothing on the console to say why. The estimate is the
 dense work of a step, about 6 floating-point operations per dense weight per sample
-(forward and backward), over a rate of ``CPU_FLOPS_PER_CORE`` per core; embedding
-lookups are cheap next to it. It is a rough bound to warn by, not a prediction.
+(forward and backward), over a rate of ``CPU_FLOPS_PER_CORE`` per core, times
+``AMP_CPU_SLOWDOWN`` with --amp; embedding lookups are cheap next to it. It is a rough
+bound to warn by, not a prediction: small models with --amp or --xla are not warned about.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 CPU_FLOPS_PER_CORE = 10e9      # sustained fp32 rate of TF's CPU kernels on one core, about
+AMP_CPU_SLOWDOWN = 8.0         # float16 matmuls are emulated on CPUs: several times slower than fp32
 SLOW_STEP_S = 2.0              # warn when one step is estimated to take longer than this
 
 
@@ -26,7 +28,8 @@ def estimated_cpu_step_s(cfg, cores: int) -> float:
                  if getattr(cfg, k, None) is not None}
     dense = dense_param_count(cfg.model, n_tables=max(1, n_tables), embedding_dim=dim, **overrides)
     samples = cfg.batch_size // max(1, cfg.world_size)
-    return 6.0 * dense * samples / (CPU_FLOPS_PER_CORE * max(1, cores))
+    seconds = 6.0 * dense * samples / (CPU_FLOPS_PER_CORE * max(1, cores))
+    return seconds * (AMP_CPU_SLOWDOWN if cfg.amp else 1.0)
 
 
 def slow_warning(cfg, gpus: int, cores: int) -> Optional[str]:
@@ -34,16 +37,14 @@ def slow_warning(cfg, gpus: int, cores: int) -> Optional[str]:
     or None when it should run at a reasonable speed."""
     if gpus:
         return None
-    reasons = []
     step_s = estimated_cpu_step_s(cfg, cores)
-    if step_s > SLOW_STEP_S:
-        reasons.append(f"--batch-size {cfg.batch_size} with these layer widths is about {step_s:,.0f} s per step "
-                       f"on {cores} CPU core(s)")
-    if cfg.amp:
-        reasons.append("--amp emulates float16 on CPUs (slower than float32)")
-    if cfg.xla:
-        reasons.append("--xla compiles for minutes on CPUs")
-    if not reasons:
+    if step_s <= SLOW_STEP_S:
         return None
-    return (f"warning: no GPU found and this configuration will be very slow here: {'; '.join(reasons)}. "
-            f"For a quick CPU run use --synthetic (small sizes) or a smaller --batch-size and layers, without --amp/--xla")
+    why = [f"--batch-size {cfg.batch_size} with these layer widths"]
+    if cfg.amp:
+        why.append("--amp (float16 is emulated on CPUs)")
+    if cfg.xla:
+        why.append("--xla compilation on top")
+    return (f"warning: no GPU found: this configuration will be very slow here, about {step_s:,.0f} s per step "
+            f"on {cores} CPU core(s) ({'; '.join(why)}); for a quick CPU run use --synthetic (small sizes) "
+            f"or a smaller --batch-size and layers, without --amp")
