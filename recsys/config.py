@@ -97,7 +97,7 @@ class TrainConfig:
     embedding_tables: Optional[list] = None     # [(feature, rows, width)] the placement plans
     placement_mode: Optional[str] = None        # replicated | model_parallel (from --embedding-placement)
     placement_reason: Optional[str] = None
-    notes: List[str] = dataclasses.field(default_factory=list)  # one-line warnings the run logs at start
+    notes: list = dataclasses.field(default_factory=list)  # [(warning kind, one line)] the run logs at start
 
     @classmethod
     def from_args(cls, namespace) -> "TrainConfig":
@@ -212,10 +212,10 @@ class TrainConfig:
         if self.max_steps:
             steps = min(steps, self.max_steps)
         if self.mode == "train" and steps <= self.benchmark_warmup_steps:
-            self.notes.append(f"warning: {steps} training step(s) ({what}, --batch-size {self.batch_size}, "
+            self.notes.append(("short_run", f"warning: {steps} training step(s) ({what}, --batch-size {self.batch_size}, "
                               f"--epochs {self.epochs}): no more than the --benchmark-warmup-steps "
                               f"{self.benchmark_warmup_steps}, so no throughput is measured; a smaller "
-                              f"--batch-size gives more steps")
+                              f"--batch-size gives more steps"))
 
     def _check_paths(self):
         if self.restore and not self.checkpoint_dir:

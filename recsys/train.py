@@ -379,8 +379,8 @@ def _log_notes(args, gpus, log):
     except AttributeError:
         cores = os.cpu_count() or 1
     slow = slow_warning(args, gpus, args.intra_op_threads or cores)
-    for note in list(args.notes) + ([slow] if slow else []):
-        log.info(note)
+    for kind, line in list(args.notes) + ([("slow_on_this_hardware", slow)] if slow else []):
+        log.info(line, warning=kind)
 
 
 def _log_placement(args, spec, task, dist, log):

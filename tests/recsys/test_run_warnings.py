@@ -41,15 +41,15 @@ def test_batch_checks_of_synthetic_and_ncf_data(tiny_data):
     with pytest.raises(EngineError, match=r"\(30000 samples with negatives\)"):
         _cfg(["--model", "ncf", "--data-path", str(tiny_data("ncf")), "--batch-size", "65536"])
     fits = _cfg(["--model", "ncf", "--data-path", str(tiny_data("ncf")), "--batch-size", "16384", "--epochs", "1"])
-    assert fits.notes[0].startswith("warning: 1 training step(s)")
+    assert fits.notes[0][1].startswith("warning: 1 training step(s)")
 
 
 def test_short_run_is_stated():
     cfg = _cfg(["--model", "dlrm", "--synthetic", "--synthetic-rows", "2048", "--batch-size", "1024",
                 "--epochs", "1"])
-    assert cfg.notes == ["warning: 2 training step(s) (--synthetic-rows 2048, --batch-size 1024, --epochs 1): "
+    assert cfg.notes == [("short_run", "warning: 2 training step(s) (--synthetic-rows 2048, --batch-size 1024, --epochs 1): "
                          "no more than the --benchmark-warmup-steps 20, so no throughput is measured; a smaller "
-                         "--batch-size gives more steps"]
+                         "--batch-size gives more steps")]
     assert _cfg(["--model", "dlrm", "--synthetic"]).notes == []     # 32 steps per epoch: timed
 
 
@@ -82,7 +82,9 @@ def test_warnings_reach_stderr_and_the_json_log(tmp_path):
     log = RunLogger(tmp_path / "new" / "log.jsonl", console=console)   # parent created as mkdir -p
     _log_notes(cfg, 0, log)
     log.close()
-    messages = [r["message"] for r in records(read_log(tmp_path / "new" / "log.jsonl"), "info")]
+    infos = records(read_log(tmp_path / "new" / "log.jsonl"), "info")
+    assert [r["warning"] for r in infos] == ["short_run", "slow_on_this_hardware"]
+    messages = [r["message"] for r in infos]
     assert len(messages) == 2 and messages[0].startswith("warning: 2 training step(s) (--synthetic-rows 65536")
     assert messages[1].startswith("warning: no GPU found: this configuration will be very slow here")
     assert console.getvalue().splitlines() == [f"[recsys] {m}" for m in messages]
@@ -100,6 +102,7 @@ def test_run_creates_missing_parents_and_states_a_short_run(tmp_path):
     infos = [r["message"] for r in records(recs, "info")]
     short = [m for m in infos if m.startswith("warning: 2 training step(s)")]
     assert len(short) == 1 and not any(m.startswith("warning: no GPU") for m in infos), infos
+    assert [r.get("warning") for r in records(recs, "info") if r.get("warning")] == ["short_run"]
     assert f"[recsys] {short[0]}" in res.stderr
     assert summary(recs)["step"] == 2
     assert any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
