@@ -25,7 +25,7 @@ import pytest
 from tests.docs.examples import Block, extract, markdown_files, script
 
 REPO = Path(__file__).resolve().parents[2]
-BLOCK_TIMEOUT_S = 300     # a hang guard: the slowest block (Criteo via Spark) takes about a minute alone
+BLOCK_TIMEOUT_S = 600     # a hang guard: the slowest block (Criteo via Spark) takes a minute or two on an idle 2-core box
 TAIL_CHARS = 3000
 FILES = [p for p in markdown_files(REPO) if any(b.mode != "skip" for b in extract(p))]
 
