@@ -14,7 +14,10 @@ stage really runs). The module provides:
     The callable takes the parsed ``argparse.Namespace`` and returns an exit
     status (``None`` means 0).
 ``DESCRIPTION`` (optional)
-    One line shown by ``python -m preproc --help``.
+    One line shown by ``python -m preproc --help`` (which lists every dataset and
+    the ``help`` of each of its stages).
+``EXAMPLES`` (optional)
+    ``{stage: command line}``: shown at the end of that stage's ``--help``.
 
 Stage functions raise ``preproc.errors.PreprocError`` for anything the user can
 fix; ``main`` prints it as ONE line and exits 2. Shared flag groups live next to
@@ -61,15 +64,46 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     """The parser of one dataset: ``python -m preproc <dataset> <stage> ...``."""
     module = _load(dataset)
     parser = argparse.ArgumentParser(prog=f"python -m preproc {dataset}",
-                                     description=getattr(module, "DESCRIPTION", None))
+                                     description=getattr(module, "DESCRIPTION", None),
+                                     epilog=f"each stage: python -m preproc {dataset} STAGE --help")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True)
     module.add_arguments(stages)
+    _describe_stages(stages, getattr(module, "EXAMPLES", {}))
     return parser
 
 
+def _describe_stages(stages: argparse._SubParsersAction, examples: dict) -> None:
+    """Each stage's --help opens with its one-line description and ends with the module's
+    example command for it (``EXAMPLES``: stage -> command line)."""
+    helps = {choice.dest: choice.help for choice in stages._choices_actions}
+    for name, stage in stages.choices.items():
+        stage.description = stage.description or helps.get(name)
+        if name in examples and not stage.epilog:
+            stage.epilog = "example:\n  " + examples[name]
+            stage.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def stage_list(dataset: str) -> list[tuple[str, str]]:
+    """[(stage, one-line description)] of a dataset, in the order its module adds them."""
+    parser = build_parser(dataset)
+    stages = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [(choice.dest, choice.help or "") for choice in stages._choices_actions]
+
+
 def _usage() -> str:
-    lines = ["usage: python -m preproc DATASET STAGE [flags]   (python -m preproc DATASET --help)",
-             "datasets: " + ", ".join(sorted(DATASETS))]
+    lines = ["usage: python -m preproc DATASET STAGE [flags]",
+             "Preprocess a recommender dataset with Spark into a feature-spec dataset for recsys-train.",
+             "Help of one dataset: python -m preproc DATASET --help; of one stage: python -m preproc DATASET STAGE --help",
+             "", "datasets and their stages:"]
+    for dataset in sorted(DATASETS):
+        try:
+            module = _load(dataset)
+            stages = stage_list(dataset)
+        except PreprocError as exc:
+            lines.append(f"  {dataset:<10} ({exc})")
+            continue
+        lines.append(f"  {dataset:<10} {getattr(module, 'DESCRIPTION', '')}")
+        lines += [f"    {name:<12} {text}" for name, text in stages]
     return "\n".join(lines)
 
 

@@ -40,7 +40,16 @@ from preproc.errors import PreprocError
 from preproc.output import add_output_arguments, check_output_free, input_files
 from preproc.spark import add_spark_arguments, settings_from_args
 
-DESCRIPTION = "Criteo 1TB click logs -> DLRM split-binary (stages: generate, dictionary, transform, finalize, run)"
+DESCRIPTION = "Criteo 1TB click logs -> DLRM split-binary dataset"
+EXAMPLES = {
+    "generate": "python -m preproc criteo generate --out /tmp/criteo_raw --rows 20000 --days 4 --seed 0",
+    "dictionary": "python -m preproc criteo dictionary --input /data/criteo/raw --output /data/criteo/dlrm --threshold 15",
+    "transform": "python -m preproc criteo transform --output /data/criteo/dlrm --shard 0 --num-shards 24",
+    "finalize": "python -m preproc criteo finalize --output /data/criteo/dlrm",
+    "run": "python -m preproc criteo run --input /tmp/criteo_raw --output /tmp/criteo_dlrm --threshold 3\n"
+           "  python -m preproc criteo run --input /data/criteo/raw --output /data/criteo/dlrm --dry-run "
+           "--nodes 4 --node-cores 80 --node-memory-gb 1500",
+}
 log = logging.getLogger("preproc.criteo")
 
 
@@ -49,8 +58,8 @@ def add_arguments(stages: argparse._SubParsersAction) -> None:
     gen.add_argument("--out", required=True, help="directory for day_0 .. day_<D-1>")
     gen.add_argument("--rows", type=int, default=100_000, help="rows over all days (default 100000)")
     gen.add_argument("--days", type=int, default=24, help="day files (default 24, as the real set)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--overwrite", action="store_true")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the generated values (default 0)")
+    gen.add_argument("--overwrite", action="store_true", help="replace day files already in --out")
     gen.set_defaults(func=cmd_generate)
 
     dictionary = stages.add_parser("dictionary", help="build the per-column dictionaries (array stage 1)")
@@ -140,20 +149,35 @@ def _shard_arguments(args) -> tuple[int, int]:
     return shard, count
 
 
-def _plan(args) -> tuple[list[tuple[int, int, Path]], int, list[int]]:
-    """Checks that need no Spark: input days, thresholds, rules, output. Returns (files, last day, thresholds)."""
+def _plan(args) -> tuple[list[tuple[int, int, Path]] | None, int | None, list[int]]:
+    """Checks that need no Spark: input days, thresholds, rules, output. Returns (files, last day, thresholds).
+
+    A --dry-run checks only the flags: an input that is not here (yet) gives (None, None,
+    thresholds), and an existing output is noted by the plan, not refused."""
     thresholds = layout.parse_thresholds(args.threshold)
     rules_from_args(args)
+    if args.dry_run and not Path(args.input).exists():
+        return None, None, thresholds
     days = layout.day_files(input_files(args.input), args.days)
-    check_output_free(args.output, args.overwrite)
+    if not args.dry_run:
+        check_output_free(args.output, args.overwrite)
     files = [(idx, day, path) for idx, (day, path) in enumerate(days)]
     return files, days[-1][0], thresholds
 
 
-def _describe_files(files, last_day) -> list[str]:
+def _input_bytes(files) -> int | None:
+    return None if files is None else sum(p.stat().st_size for _, _, p in files)
+
+
+def _describe_files(args, files, last_day) -> list[str]:
+    notes = []
+    if Path(args.output).exists() and not args.overwrite:
+        notes.append(f"note: --output {args.output} exists: the run needs --overwrite")
+    if files is None:
+        return notes + [f"input {args.input}: not here (days and input size unknown; the run checks them)"]
     train = [p.name for _, d, p in files if d < last_day]
-    return [f"train days 0..{last_day - 1}: {', '.join(train)}",
-            f"last day {last_day} ({files[-1][2].name}): first half test, second half validation"]
+    return notes + [f"train days 0..{last_day - 1}: {', '.join(train)}",
+                    f"last day {last_day} ({files[-1][2].name}): first half test, second half validation"]
 
 
 def cmd_generate(args) -> int:
@@ -173,10 +197,10 @@ def cmd_dictionary(args) -> int:
     from preproc.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
-    settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
+    settings = settings_from_args(args, input_bytes=_input_bytes(files))
     spark = session_or_plan(settings, "criteo-dictionary", args.dry_run,
                             ["stage dictionary", f"thresholds {thresholds}", f"rules {rules_from_args(args)}"]
-                            + _describe_files(files, last_day))
+                            + _describe_files(args, files, last_day))
     if spark is None:
         return 0
     build_dictionary(spark, layout.Staging(args.output), files, last_day, thresholds, args.bad_rows,
@@ -222,10 +246,10 @@ def cmd_run(args) -> int:
     from preproc.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
-    settings = settings_from_args(args, input_bytes=sum(p.stat().st_size for _, _, p in files))
+    settings = settings_from_args(args, input_bytes=_input_bytes(files))
     spark = session_or_plan(settings, "criteo-run", args.dry_run,
                             ["stages dictionary, transform (1 shard), finalize", f"thresholds {thresholds}",
-                             f"rules {rules_from_args(args)}"] + _describe_files(files, last_day))
+                             f"rules {rules_from_args(args)}"] + _describe_files(args, files, last_day))
     if spark is None:
         return 0
     report = run(spark, files, last_day, thresholds, args.output, overwrite=args.overwrite,

@@ -46,6 +46,10 @@ from preproc.generate_movielens import generate
 from preproc.movielens_format import LAYOUTS, RATING_COLUMNS
 
 DESCRIPTION = "MovieLens ml-1m / ml-20m ratings -> NCF (user, item) parquet + feature_spec.yaml"
+EXAMPLES = {
+    "generate": "python -m preproc movielens generate --out /tmp/ml-raw --users 2000 --items 1000 --format ml-20m",
+    "run": "python -m preproc movielens run --input /tmp/ml-raw --output /tmp/ml-ncf --num-files 2",
+}
 log = logging.getLogger("preproc.movielens")
 
 def locate_ratings(input_path: str, fmt: str | None = None) -> tuple[str, str]:
@@ -240,10 +244,11 @@ def add_arguments(stages) -> None:
 
     gen = stages.add_parser("generate", help="write a small synthetic ratings file in the ml-1m or ml-20m layout")
     gen.add_argument("--out", required=True, help="directory to write ratings.dat / ratings.csv into")
-    gen.add_argument("--users", type=int, default=1000)
-    gen.add_argument("--items", type=int, default=500)
-    gen.add_argument("--format", choices=sorted(LAYOUTS), default="ml-1m")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--users", type=int, default=1000, help="users (default 1000)")
+    gen.add_argument("--items", type=int, default=500, help="items (default 500)")
+    gen.add_argument("--format", choices=sorted(LAYOUTS), default="ml-1m",
+                     help="ml-1m: ratings.dat (::-separated); ml-20m: ratings.csv (default ml-1m)")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the generated ratings (default 0)")
     gen.set_defaults(func=_generate)
 
     run_p = stages.add_parser("run", help="ratings -> NCF train/test parquet + feature_spec.yaml")

@@ -90,6 +90,10 @@ from preproc.outbrain_tables import (DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIAS
                                      check_split_sizes, header_of, locate_tables)
 
 DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"
+EXAMPLES = {
+    "generate": "python -m preproc outbrain generate --out /tmp/ob-raw --displays 5000 --seed 0",
+    "run": "python -m preproc outbrain run --input /tmp/ob-raw --output /tmp/ob-wd --num-files 4",
+}
 log = logging.getLogger("preproc.outbrain")
 
 
@@ -487,7 +491,7 @@ def add_arguments(stages) -> None:
     gen = stages.add_parser("generate", help="write small synthetic Kaggle tables (all eight CSVs)")
     gen.add_argument("--out", required=True, help="directory for the CSV tables")
     gen.add_argument("--displays", type=int, default=2000, help="number of displays (default 2000)")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0, help="seed of the generated tables (default 0)")
     gen.set_defaults(func=_generate)
 
     run_p = stages.add_parser("run", help="Kaggle tables -> Wide & Deep train/test parquet + feature_spec.yaml")

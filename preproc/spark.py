@@ -8,7 +8,9 @@ The stages log it, and ``--dry-run`` prints it and exits before Spark starts.
 Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
 
 * Master: ``--spark-master``, else ``$SPARK_MASTER_URL`` (exported by
-  slurm/spark-standalone.sh), else ``local[<node cores>]``.
+  slurm/spark-standalone.sh), else ``local[<node cores>]`` for one node. Several
+  ``--nodes`` without a master: ``--dry-run`` plans the standalone cluster (master
+  ``PLANNED_MASTER``), a real run is refused.
 * Executors per node (cluster mode): with GPUs and a RAPIDS jar, one executor per
   GPU with ``node_cores // gpus`` cores (DGX-2: 80 cores, 16 GPUs -> 16 x 5;
   DGX A100: 256 cores, 8 GPUs -> 8 x 32); on CPUs, 5-core executors
@@ -53,7 +55,10 @@ log = logging.getLogger("preproc.spark")
 
 DISCOVERY_SCRIPT = str(Path(__file__).resolve().with_name("gpu-discovery.sh"))
 CPU_EXECUTOR_CORES = 5
-PARTITION_INPUT_BYTES = 2 * 2**30  # the reference's 600 partitions for ~1.3 TB of raw Criteo text
+PARTITION_INPUT_BYTES = 2 * 2**30
+# The master of a --dry-run plan for several nodes when no URL is known yet (the standalone
+# cluster that slurm/spark-standalone.sh starts on the job's first node).
+PLANNED_MASTER = "spark://<first node of the job>:7077"  # the reference's 600 partitions for ~1.3 TB of raw Criteo text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +100,12 @@ def _gib(value: float) -> str:
     return f"{max(1, int(value))}g"
 
 
-def spark_settings(shape: ClusterShape, environ: dict | None = None) -> SparkSettings:
-    """Derive the Spark configuration from the cluster shape (pure; see module docstring)."""
+def spark_settings(shape: ClusterShape, environ: dict | None = None, plan_only: bool = False) -> SparkSettings:
+    """Derive the Spark configuration from the cluster shape (pure; see module docstring).
+
+    ``plan_only`` (--dry-run): several nodes without a master URL are planned as the
+    standalone cluster slurm/spark-standalone.sh would start (master ``PLANNED_MASTER``);
+    a real run refuses them (one machine's local mode would ignore --nodes)."""
     environ = os.environ if environ is None else environ
     if shape.node_cores < 1:
         raise PreprocError(f"--node-cores: must be >= 1, got {shape.node_cores}")
@@ -110,7 +119,14 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None) -> SparkSet
         raise PreprocError("--rapids-jar: given but --gpus-per-node is 0")
     if shape.gpus_per_node and shape.node_cores < shape.gpus_per_node:
         raise PreprocError(f"--node-cores: {shape.node_cores} cores cannot feed {shape.gpus_per_node} GPUs")
-    master = shape.master or environ.get("SPARK_MASTER_URL") or f"local[{shape.node_cores}]"
+    master = shape.master or environ.get("SPARK_MASTER_URL")
+    if not master and shape.nodes > 1:
+        if not plan_only:
+            raise PreprocError(f"--nodes: {shape.nodes} nodes need a Spark standalone cluster: give --spark-master "
+                               f"URL, or submit with `recsys-submit preprocess --mode multinode` (its "
+                               f"slurm/spark-standalone.sh exports $SPARK_MASTER_URL)")
+        master = PLANNED_MASTER
+    master = master or f"local[{shape.node_cores}]"
     local = master.startswith("local")
     gpu = bool(shape.gpus_per_node and shape.rapids_jar)
     if shape.gpus_per_node and not shape.rapids_jar:
@@ -221,7 +237,8 @@ def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                        help="extra spark property (repeatable; wins over the derived ones)")
     group.add_argument("--dry-run", action="store_true",
-                       help="print the effective Spark configuration and the plan, start nothing")
+                       help="print the Spark configuration and the plan for the flags given and start nothing; "
+                            "checks only the flags (the input, output and jar need not exist yet)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict | None = None,
@@ -246,7 +263,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict | None = None,
         except ValueError:
             raise PreprocError(f"${variable}: {value!r} is not a number") from None
 
-    if args.rapids_jar and not os.path.isfile(args.rapids_jar):
+    dry_run = bool(getattr(args, "dry_run", False))
+    if args.rapids_jar and not os.path.isfile(args.rapids_jar) and not dry_run:  # a plan names it only
         raise PreprocError(f"--rapids-jar: {args.rapids_jar}: no such file")
     shape = ClusterShape(node_cores=pick(args.node_cores, "RECSYS_SPARK_WORKER_CORES", cores, int),
                          node_memory_gb=pick(args.node_memory_gb, "RECSYS_SPARK_WORKER_MEMORY_GB", memory_gb, float),
@@ -254,7 +272,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict | None = None,
                          gpus_per_node=pick(args.gpus_per_node, "RECSYS_SPARK_GPUS", 0, int),
                          rapids_jar=args.rapids_jar, local_dirs=args.local_dirs, master=args.spark_master,
                          shuffle_partitions=args.shuffle_partitions, input_bytes=input_bytes)
-    settings = spark_settings(shape, environ)
+    settings = spark_settings(shape, environ, plan_only=dry_run)
     for item in args.spark_conf:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("spark."):

@@ -97,6 +97,7 @@ class TrainConfig:
     embedding_tables: Optional[list] = None     # [(feature, rows, width)] the placement plans
     placement_mode: Optional[str] = None        # replicated | model_parallel (from --embedding-placement)
     placement_reason: Optional[str] = None
+    notes: list = dataclasses.field(default_factory=list)  # [(warning kind, one line)] the run logs at start
 
     @classmethod
     def from_args(cls, namespace) -> "TrainConfig":
@@ -236,12 +237,36 @@ class TrainConfig:
             from recsys.feature_spec import FeatureSpec, FeatureSpecError
             try:
                 spec = FeatureSpec.from_yaml(self.feature_spec)
-                spec.validate()
+                rows = spec.validate()
                 kind = model_kind(spec)
             except (FeatureSpecError, OSError, ValueError) as e:
                 _fail(str(e))
             if kind != self.model:
                 _fail(f"{self.feature_spec}: a {kind} dataset, not for --model {self.model}")
+            if rows.get("train"):
+                self._check_batch_fits(rows["train"], f"the {rows['train']} training rows of {self.feature_spec}")
+        elif self.synthetic_rows:
+            self._check_batch_fits(self.synthetic_rows, f"--synthetic-rows {self.synthetic_rows}")
+
+    def _check_batch_fits(self, rows: int, what: str):
+        """A global batch larger than one epoch trains a single short step (or none): refused,
+        with the largest batch that gives at least one full step. NCF samples its negatives,
+        so an epoch holds (1 + --negative-samples) samples per stored positive."""
+        if self.mode not in ("train", "benchmark"):
+            return
+        samples = rows * (1 + (self.negative_samples or 0)) if self.model == "ncf" else rows
+        if self.batch_size > samples:
+            extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
+            _fail(f"--batch-size {self.batch_size} is larger than {what}{extra}: give --batch-size "
+                  f"{_fitting_batch(samples, self.world_size)} or less")
+        steps = (samples // self.batch_size) * self.epochs
+        if self.max_steps:
+            steps = min(steps, self.max_steps)
+        if self.mode == "train" and steps <= self.benchmark_warmup_steps:
+            self.notes.append(("short_run", f"warning: {steps} training step(s) ({what}, --batch-size {self.batch_size}, "
+                              f"--epochs {self.epochs}): no more than the --benchmark-warmup-steps "
+                              f"{self.benchmark_warmup_steps}, so no throughput is measured; a smaller "
+                              f"--batch-size gives more steps"))
 
     def _check_paths(self):
         if self.restore and not self.checkpoint_dir:
@@ -250,16 +275,34 @@ class TrainConfig:
             from recsys.checkpoint import AtomicCheckpointer
             if not self.checkpoint_dir or AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
                 _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir ({self.checkpoint_dir or 'not given'})")
+        # Missing directories are created when the run starts (as `mkdir -p`): the nearest
+        # existing ancestor must be a writable directory.
         if self.checkpoint_dir:
-            parent = os.path.dirname(os.path.abspath(self.checkpoint_dir))
             if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
                 _fail(f"--checkpoint-dir {self.checkpoint_dir}: exists and is not a directory")
-            if not os.path.isdir(self.checkpoint_dir) and not os.access(parent, os.W_OK):
-                _fail(f"--checkpoint-dir {self.checkpoint_dir}: parent directory missing or not writable")
+            _check_creatable("--checkpoint-dir", self.checkpoint_dir, self.checkpoint_dir)
         if self.log_path:
-            parent = os.path.dirname(os.path.abspath(self.log_path))
-            if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-                _fail(f"--log-path {self.log_path}: directory {parent} missing or not writable")
+            if os.path.isdir(self.log_path):
+                _fail(f"--log-path {self.log_path}: is a directory")
+            _check_creatable("--log-path", self.log_path, os.path.dirname(os.path.abspath(self.log_path)))
+
+
+def _fitting_batch(samples: int, world_size: int) -> int:
+    """A batch to suggest: the ranks times the largest power of two that fits ``samples``."""
+    per_rank = max(1, samples // world_size)
+    return world_size * (1 << (per_rank.bit_length() - 1))
+
+
+def _check_creatable(flag: str, value: str, directory: str):
+    """``directory`` exists or can be made with ``mkdir -p``: its nearest existing ancestor
+    is a writable directory (not a file)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        _fail(f"{flag} {value}: {path} is not a directory")
+    if not os.access(path, os.W_OK):
+        _fail(f"{flag} {value}: directory {path} is not writable")
 
 
 def _flag(dest: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -39,6 +40,7 @@ class RunLogger:
         self.progress_every = max(1, int(progress_every))
         self._file = None
         if enabled and log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)   # as mkdir -p
             self._file = open(log_path, "a", buffering=1, encoding="utf-8")
         self._last_progress = 0.0
 

@@ -361,6 +361,7 @@ def run(args):
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
     log = RunLogger(args.log_path, enabled=dist.is_chief, progress_every=args.log_every)
     log.startup("horovod_init", world_size=dist.size)
+    _log_notes(args, len(gpus), log)
     temporary = None
     try:
         if args.amp:
@@ -401,6 +402,19 @@ def run(args):
             shutil.rmtree(temporary, ignore_errors=True)
     dist.shutdown()
     return 0
+
+
+def _log_notes(args, gpus, log):
+    """The configuration's warnings (a short run, a configuration too slow for this hardware):
+    one line each on stderr and in the JSON log, before the first step."""
+    from recsys.slow_config import slow_warning
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    slow = slow_warning(args, gpus, args.intra_op_threads or cores)
+    for kind, line in list(args.notes) + ([("slow_on_this_hardware", slow)] if slow else []):
+        log.info(line, warning=kind)
 
 
 def _log_placement(args, spec, task, dist, log):

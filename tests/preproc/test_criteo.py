@@ -317,3 +317,30 @@ def test_generated_data_trains(spark, tmp_path):
                              "--max-steps", "5", "--batch-size", "128"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_dry_run_plans_the_nodes_given_without_input_jar_or_master(tmp_path):
+    """Issue 15 item 5: a plan for a 4-node DGX-2 cluster from the flags alone (no input, no jar,
+    no --spark-master here): the standalone layout, not one local executor with a huge driver."""
+    result = run_cli("criteo", "run", "--input", str(tmp_path / "absent"), "--output", str(tmp_path / "o"),
+                     "--dry-run", "--node-cores", "80", "--node-memory-gb", "1500", "--nodes", "4",
+                     "--gpus-per-node", "16", "--rapids-jar", str(tmp_path / "rapids.jar"))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "spark.master=spark://<first node of the job>:7077" in out
+    assert "# mode=cluster-gpu executors_per_node=16 executor_cores=5" in out
+    assert "spark.cores.max=320" in out and "spark.driver.memory=32g" in out   # 4 x 16 x 5; 32g, not 750g
+    assert f"# input {tmp_path / 'absent'}: not here" in out
+    assert not (tmp_path / "o").exists()
+
+
+def test_dry_run_notes_an_existing_output_and_a_real_run_refuses_nodes_without_master(hand_built, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    result = run_cli("criteo", "run", "--input", str(hand_built), "--output", str(out), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"# note: --output {out} exists: the run needs --overwrite" in result.stdout
+    result = run_cli("criteo", "run", "--input", str(hand_built), "--output", str(tmp_path / "new"), "--nodes", "4")
+    assert result.returncode == 2
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--nodes: 4 nodes need a Spark standalone cluster" in lines[0], result.stderr

@@ -84,3 +84,14 @@ def test_shuffle_partitions_follow_the_input_size_on_a_cluster():
         "spark.sql.shuffle.partitions"] == "8"  # tiny input: 2 x 4 cores, not 600
     assert spark_settings(ClusterShape(**shape, input_bytes=1300 * 2**30), environ={}).conf[
         "spark.sql.shuffle.partitions"] == "650"  # ~1.3 TB: about the reference's 600
+
+
+def test_several_nodes_without_master_plan_a_standalone_cluster_or_are_refused():
+    from preproc.spark import PLANNED_MASTER
+    shape = ClusterShape(node_cores=80, node_memory_gb=1500, nodes=4)
+    s = spark_settings(shape, environ={}, plan_only=True)
+    assert s.master == PLANNED_MASTER and s.mode == "cluster-cpu"
+    assert (s.executors_per_node, s.executor_cores) == (16, 5) and s.conf["spark.cores.max"] == "320"
+    with pytest.raises(PreprocError, match="^--nodes: 4 nodes need a Spark standalone cluster"):
+        spark_settings(shape, environ={})
+    assert spark_settings(shape, environ={"SPARK_MASTER_URL": "spark://n1:7077"}).master == "spark://n1:7077"

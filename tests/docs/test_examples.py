@@ -1,0 +1,104 @@
+"""Every shell example of README.md and docs/*.md runs as printed (docs/testing.md,
+"Executable documentation").
+
+One test per markdown file: its ```bash blocks run in order, as bash scripts with
+``set -eo pipefail``, in one fresh working directory shared by the file's blocks (a
+walk-through such as generate -> run -> train builds on the block before). That
+directory holds links to the repository's top-level entries (``slurm/``, ``docs/``,
+``.venv`` ...), so the paths the docs use resolve, while everything an example writes
+stays in it. ``.venv/bin`` is first on PATH; the environment is the session test
+cluster's (SLURM_CONF, the MPI settings), and ``RECSYS_PROFILE_PATH`` holds
+``mysite.yaml``, the site profile docs/profiles.md shows, so ``--profile mysite``
+resolves. A failure names the file, the block's line and the failing command, with the
+tail of its output.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.docs.examples import Block, extract, markdown_files, script
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK_TIMEOUT_S = 600     # a hang guard: the slowest block (Criteo via Spark) takes a minute or two on an idle 2-core box
+TAIL_CHARS = 3000
+FILES = [p for p in markdown_files(REPO) if any(b.mode != "skip" for b in extract(p))]
+
+
+def _site_profile() -> str:
+    """The `mysite` example of docs/profiles.md (the YAML block that names mysite.yaml)."""
+    text = (REPO / "docs" / "profiles.md").read_text()
+    m = re.search(r"```yaml\n(# [^\n]*mysite\.yaml[^\n]*\n.*?)```", text, re.S)
+    assert m, "docs/profiles.md lost its mysite.yaml example (the docs test's --profile mysite)"
+    return m.group(1)
+
+
+def _workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", "recsys-runs") and not entry.name.startswith(".pytest"):
+            (work / entry.name).symlink_to(entry)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "mysite.yaml").write_text(_site_profile())
+    (work / "mysite.yaml").write_text(_site_profile())   # `profiles validate mysite.yaml`
+    return work
+
+
+def _env(cluster_env: dict, tmp_path: Path) -> dict:
+    env = dict(cluster_env)
+    env["PATH"] = os.pathsep.join([str(REPO / ".venv" / "bin"), env.get("PATH", "")])
+    env["RECSYS_PROFILE_PATH"] = str(tmp_path / "profiles")
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("RECSYS_RUN_ROOT", None)
+    return env
+
+
+def _readable(text: str) -> str:
+    """Output tail without Spark's console progress bars."""
+    text = re.sub(r"\[Stage \d+:[^\]]*\]", "", text.replace("\r", "\n"))
+    return "\n".join(line for line in text.splitlines() if line.strip())
+
+
+def _run_block(block: Block, work: Path, env: dict) -> str | None:
+    """Run one block; None when it passed, else the failure message."""
+    body = script(block)
+    where = f"{block.path.relative_to(REPO)}:{block.line}"
+    # ERR trap: which command failed, as a line of the markdown file
+    prologue = (f"set -eo pipefail\ntrap 'echo \"docs-test: {block.path.name}:$(({block.line} + LINENO - 2)):"
+                f" failed (exit $?): $BASH_COMMAND\" >&2' ERR\n")
+    try:
+        res = subprocess.run(["bash", "-c", prologue + body], cwd=work, env=env, text=True,
+                             capture_output=True, timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return (f"{where}: timed out after {BLOCK_TIMEOUT_S} s\n{body}\n--- output tail ---\n"
+                f"{_readable(out + err)[-TAIL_CHARS:]}")
+    if res.returncode != 0:
+        return (f"{where}: exit {res.returncode} ({block.mode})\n{body}\n--- stdout tail ---\n"
+                f"{_readable(res.stdout)[-TAIL_CHARS // 2:]}\n--- stderr tail ---\n{_readable(res.stderr)[-TAIL_CHARS:]}")
+    return None
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("md", FILES, ids=[str(p.relative_to(REPO)) for p in FILES])
+def test_examples_run_as_printed(md, slurm_cluster, tmp_path):
+    work = _workdir(tmp_path)
+    env = _env(slurm_cluster.env, tmp_path)
+    timings = []
+    for block in extract(md):
+        if block.mode == "skip":
+            continue
+        start = time.monotonic()
+        failure = _run_block(block, work, env)
+        timings.append(f"{block.path.relative_to(REPO)}:{block.line} {block.mode} {time.monotonic() - start:.1f}s")
+        print(timings[-1])
+        assert failure is None, failure
