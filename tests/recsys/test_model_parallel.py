@@ -80,6 +80,27 @@ def _assert_each_rank_holds_its_plan_share(ck, world, column_slice_threshold=Non
             assert held, f"rank {r} holds no table of {group}"
 
 
+def _assert_exchange_and_initial_state(run):
+    """Replicated: the tables are seeded on every rank, not broadcast (only the dense weights are), and
+    their averaged gradients stay IndexedSlices (allgathered rows, never a dense table-sized allreduce).
+    Model parallel: the shards stay local. Both: the checkpoint's dense weights are all that was broadcast."""
+    weights = _weights(run["ck"])
+    tables = [k for k in weights if k.startswith("table:")]
+    dense_bytes = sum(w.nbytes for k, w in weights.items() if k.startswith("dense:"))
+    (state,) = records(run["log"], "initial_state")
+    (exchange,) = records(run["log"], "gradient_exchange")
+    assert state["broadcast_bytes"] == dense_bytes > 0
+    assert not exchange["sparse_as_dense"]
+    if exchange["local"] == 0:                                 # replicated
+        assert state["seeded_table_bytes"] == sum(weights[k].nbytes for k in tables) and state["local_bytes"] == 0
+        assert exchange["allgathered_indexed_slices"] == len(tables)
+        assert exchange["allreduced_dense_bytes"] == dense_bytes
+        assert len(set(summary(run["log"])["replica_weight_digests"])) == 1     # identical without a broadcast
+    else:
+        assert state["seeded_table_bytes"] == 0 and state["local_bytes"] > 0
+        assert exchange["allgathered_indexed_slices"] == 0 and exchange["allreduced_dense_bytes"] == dense_bytes
+
+
 @pytest.fixture(scope="module")
 def dlrm_two_rank_runs(tiny_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dlrm-mp")
@@ -91,6 +112,8 @@ def test_dlrm_two_ranks_model_parallel_matches_replicated(dlrm_two_rank_runs):
     _, runs = dlrm_two_rank_runs
     mp, rep = runs["model_parallel"], runs["replicated"]
     _assert_same_training(mp, rep)
+    _assert_exchange_and_initial_state(rep)
+    _assert_exchange_and_initial_state(mp)
     assert "implementation: horovod-alltoall" in mp["stderr"]
     placement = records(mp["log"], "placement")[-1]
     assert placement["model_parallel"] and placement["implementation"] == "horovod-alltoall"
