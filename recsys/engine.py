@@ -97,7 +97,7 @@ class Engine:
         compared across ranks, and broadcast after all if they differ), since a broadcast costs a
         transient copy of every table on every rank; optimizer state, identical on every rank
         by construction (constant initial slots; after a restore every rank has read the same
-        checkpoint). A ``initial_state`` record says what was broadcast.
+        checkpoint). An ``initial_state`` record says what was broadcast.
         """
         if self.dist.size == 1:
             return
