@@ -53,6 +53,7 @@ class Engine:
         self._saved_step = self._saved_path = None  # step and path of the last checkpoint written
         self._startup_s = None                    # process start -> first trained step of this process
         self._count_nonfinite, self._nonfinite = False, 0
+        self._exchange_logged = False
         self._build()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
@@ -82,6 +83,7 @@ class Engine:
             inner = opt.inner_optimizer if isinstance(opt, tf.keras.mixed_precision.LossScaleOptimizer) else opt
             inner.build(variables)
         self._local_ids = self.task.local_variable_ids(self.model)
+        self._seeded_ids, self._table_seeds = self.task.seeded_tables(self.model)
 
     def state_variables(self):
         out = list(self.model.variables)
@@ -90,14 +92,31 @@ class Engine:
         return out
 
     def broadcast_initial_state(self):
-        """Every rank starts from rank 0's weights and optimizer state (after init or restore)."""
-        if self.dist.size > 1:
-            if self._local_ids:
-                # Model-parallel: shards (and their optimizer slots, zero at start) stay per rank.
-                shared = [v for v in self.model.variables if id(v) not in self._local_ids]
-            else:
-                shared = self.state_variables()
-            self.dist.broadcast_variables(shared, root_rank=0)
+        """Every rank starts from rank 0's dense weights (after init or restore).
+
+        Not broadcast: model-parallel shards (each rank holds its own); embedding tables, which
+        every rank initialises identically from its group's seed (checked here: the seeds are
+        compared across ranks, and broadcast after all if they differ), since a broadcast costs a
+        transient copy of every table on every rank; optimizer state, identical on every rank
+        by construction (constant initial slots; after a restore every rank has read the same
+        checkpoint). An ``initial_state`` record says what was broadcast.
+        """
+        if self.dist.size == 1:
+            return
+        seeded = self._seeded_ids
+        if seeded:
+            seeds = np.asarray(self._table_seeds, np.int64)
+            every = np.asarray(self.dist.allgather(seeds[None, :]))
+            if (every != seeds[None, :]).any():
+                self.log.info("embedding table seeds differ across ranks: broadcasting the tables from rank 0")
+                seeded = set()
+        shared = [v for v in self.model.variables if id(v) not in self._local_ids and id(v) not in seeded]
+        self.dist.broadcast_variables(shared, root_rank=0)
+        if self.dist.is_chief:
+            nbytes = lambda vs: sum(int(v.shape.num_elements()) * v.dtype.size for v in vs)  # noqa: E731
+            self.log.record("initial_state", broadcast_variables=len(shared), broadcast_bytes=nbytes(shared),
+                            seeded_table_bytes=nbytes(v for v in self.model.variables if id(v) in seeded),
+                            local_bytes=nbytes(v for v in self.model.variables if id(v) in self._local_ids))
 
     # --- steps -------------------------------------------------------------
     def _variables(self):
@@ -114,8 +133,9 @@ class Engine:
             grads = self.loss_scaler.get_unscaled_gradients(grads)
         return loss, grads
 
-    def _train_step_impl(self, inputs, labels):
-        """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
+    def _reduced_gradients(self, inputs, labels):
+        """(mean loss over ranks, stop flag summed over ranks, gradients): averaged over ranks, embedding
+        gradients kept IndexedSlices (allgathered) unless --sparse-as-dense; local shards' as they are."""
         loss, grads = self._grad_fn(inputs, labels)
         grads = list(grads)
         shared = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
@@ -127,6 +147,27 @@ class Engine:
             extras=[tf.cast(loss, tf.float32), tf.identity(self._stop_flag)])
         for k, g in zip(shared, reduced):
             grads[k] = g
+        if not self._exchange_logged:          # at the first trace: how the gradients travel
+            self._exchange_logged = True
+            self._log_gradient_exchange(grads, shared)
+        return loss, stop, grads
+
+    def _log_gradient_exchange(self, grads, shared):
+        """``gradient_exchange`` record: how many gradients are averaged as IndexedSlices (allgather of
+        the rows a step touched) or dense (allreduce of the whole variable), and how many stay local."""
+        if not self.dist.is_chief or self.dist.size == 1:
+            return
+        variables = self._variables()
+        sparse = [k for k in shared if isinstance(grads[k], tf.IndexedSlices)]
+        dense = [k for k in shared if grads[k] is not None and k not in sparse]
+        self.log.record("gradient_exchange", allgathered_indexed_slices=len(sparse), allreduced_dense=len(dense),
+                        allreduced_dense_bytes=sum(int(variables[k].shape.num_elements()) * variables[k].dtype.size
+                                                   for k in dense),
+                        local=len(variables) - len(shared), sparse_as_dense=bool(self.args.sparse_as_dense))
+
+    def _train_step_impl(self, inputs, labels):
+        """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
+        loss, stop, grads = self._reduced_gradients(inputs, labels)
         i = 0
         finite = None
         for k, (_, opt, variables) in enumerate(self.groups):

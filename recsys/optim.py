@@ -42,11 +42,41 @@ class WarmupPolyDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
                     power=self.power, end_lr=self.end_lr)
 
 
+class SGD(tf.keras.optimizers.SGD):
+    """Keras SGD whose plain (momentum 0) form keeps no state and applies sparse gradients sparsely.
+
+    Keras 2.15's SGD allocates a momentum slot the size of every variable even with momentum 0,
+    and applies an embedding gradient (IndexedSlices) as ``m = m * 0; m += g; var += m``: a
+    second copy of every table plus full-table temporaries and a full-table update each step
+    (a replicated rank peaked at about 5x its table bytes). Here momentum 0 means no slot and
+    ``var.scatter_add(-lr * g)`` (dense gradients: ``var += -lr * g``, as Keras does); a
+    non-zero momentum is Keras's own update.
+    """
+
+    def build(self, var_list):
+        if self.momentum != 0:
+            return super().build(var_list)
+        tf.keras.optimizers.Optimizer.build(self, var_list)
+        if getattr(self, "_built", False):
+            return
+        self.momentums = []
+        self._built = True
+
+    def update_step(self, gradient, variable):
+        if self.momentum != 0:
+            return super().update_step(gradient, variable)
+        lr = tf.cast(self.learning_rate, variable.dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            variable.scatter_add(tf.IndexedSlices(-gradient.values * lr, gradient.indices, gradient.dense_shape))
+        else:
+            variable.assign_add(-gradient * lr)
+
+
 def make_optimizer(name, learning_rate, **kw):
     """A Keras (2.15, non-legacy) optimizer by name: sgd, adagrad, adam, rmsprop, ftrl."""
     name = name.lower()
     if name == "sgd":
-        return tf.keras.optimizers.SGD(learning_rate, momentum=kw.get("momentum", 0.0))
+        return SGD(learning_rate, momentum=kw.get("momentum", 0.0))
     if name == "adagrad":
         return tf.keras.optimizers.Adagrad(learning_rate, initial_accumulator_value=kw.get("initial_accumulator", 0.0) or 1e-8)
     if name == "adam":

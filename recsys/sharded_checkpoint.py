@@ -6,7 +6,7 @@ Layout (format ``sharded-v1``)::
                                      (who holds which table columns), the model signature
     ckpt-<step>/rank-<r>/ckpt.*      rank r's tf.train.Checkpoint: dense weights, its own
                                      table slices, optimizer state, counters
-    ckpt-<step>/rank-<r>/tables.json the table slices rank r wrote as .npy (group, table,
+    ckpt-<step>/rank-<r>/tables.json the table slices rank r wrote as .npy (group, table, slots,
                                      columns, file), to re-shard at another world size
     ckpt-<step>/rank-<r>/DONE        the rank finished writing
 
@@ -16,7 +16,10 @@ complete or absent. Restore at the same world size reads each rank's own
 TF checkpoint (bitwise, optimizer included); at another world size (or into a
 replicated model, e.g. evaluation on one rank) it restores the dense weights
 and counters from rank 0 and assembles each table slice the new plan gives
-this rank from the saved columns (optimizer slots of the tables restart).
+this rank, and the tables' optimizer slots (``<slice>.<slot>.npy``, e.g. FTRL's
+accumulators and linears), from the saved columns; the dense weights' optimizer
+state restarts. A replicated run's checkpoint restores into a model-parallel run
+of the same model (tables cut into this rank's slices; optimizer state restarts).
 Pure Python until a save/restore: the argument layer validates a checkpoint
 (:func:`validate`) without TensorFlow.
 """
@@ -71,7 +74,8 @@ def validate(path, expected_signature=None):
             missing.append(f"rank-{r:05d}")
             continue
         with open(os.path.join(d, TABLES)) as f:
-            missing += [f"rank-{r:05d}/{p['file']}" for p in json.load(f) if not os.path.isfile(os.path.join(d, p["file"]))]
+            files = [name for p in json.load(f) for name in [p["file"], *p.get("slots", {}).values()]]
+            missing += [f"rank-{r:05d}/{name}" for name in files if not os.path.isfile(os.path.join(d, name))]
         if not any(n.startswith(PREFIX + ".index") for n in os.listdir(d)):
             missing.append(f"rank-{r:05d}/{PREFIX}.index")
     if missing:
@@ -99,6 +103,34 @@ def _pieces(group, rank):
     if group._dist is not None:
         return {}, False                       # distributed-embeddings: same world size only
     return {(t, 0, group.dims[t]): layer.embeddings for t, layer in enumerate(group.tables)}, rank == 0
+
+
+def table_slots(optimizers, var):
+    """{slot name: optimizer variable} of table ``var`` (e.g. FTRL's accumulators and linears, RMSprop's
+    velocities): a Keras optimizer keeps one list per slot, indexed like the variables it was built on."""
+    import tensorflow as tf
+    for opt in optimizers:
+        index = getattr(opt, "_index_dict", None) or {}
+        key = opt._var_key(var)
+        if key not in index:
+            continue
+        i, n = index[key], len(index)
+        return {name.strip("_"): value[i] for name, value in sorted(vars(opt).items())
+                if name != "_variables" and isinstance(value, list) and len(value) == n
+                and all(isinstance(x, tf.Variable) for x in value) and value[i].shape == var.shape}
+    return {}
+
+
+def _saved_pieces(path, meta):
+    """{(group, table, slot or None): [(col_start, col_end, file)]} of every rank's saved table slices."""
+    saved = {}
+    for r in meta["writers"]:
+        with open(os.path.join(rank_dir(path, r), TABLES)) as f:
+            for p in json.load(f):
+                for slot, name in [(None, p["file"]), *sorted(p.get("slots", {}).items())]:
+                    saved.setdefault((p["group"], p["table"], slot), []).append(
+                        (p["col_start"], p["col_end"], os.path.join(rank_dir(path, r), name)))
+    return saved
 
 
 def has_local_tables(model):
@@ -178,10 +210,14 @@ class ShardedCheckpointer(AtomicCheckpointer):
                 for (t, c0, c1), var in sorted(pieces.items()):
                     if (t, c0, c1) not in own and not replicated_too:
                         continue
-                    name = f"{group.name}.t{t}.c{c0}-{c1}.npy"
-                    np.save(os.path.join(d, name), var.numpy())
+                    name = f"{group.name}.t{t}.c{c0}-{c1}"
+                    np.save(os.path.join(d, name + ".npy"), var.numpy())
+                    slots = {}
+                    for slot, slot_var in table_slots(self.optimizers, var).items():
+                        slots[slot] = f"{name}.{slot}.npy"
+                        np.save(os.path.join(d, slots[slot]), slot_var.numpy())
                     listing.append({"group": group.name, "table": t, "col_start": c0, "col_end": c1,
-                                    "shape": list(var.shape), "file": name})
+                                    "shape": list(var.shape), "file": name + ".npy", "slots": slots})
             _write_json(os.path.join(d, TABLES), listing)
             _write_json(os.path.join(d, DONE), {"rank": dist.rank, "saved_at": time.time()})
 
@@ -192,7 +228,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
             raise CheckpointError(f"no checkpoint in {self.directory}")
         meta = validate(path, self.signature)
         if meta.get("format") != FORMAT:
-            raise CheckpointError(f"{path}: a replicated checkpoint; restore it with --embedding-placement replicated")
+            return self._restore_replicated(path, meta)
         same_layout = meta["world_size"] == self.dist.size and meta["sharded_model"] == self.sharded_model
         if same_layout:
             src = rank_dir(path, self.dist.rank if self.sharded_model else 0)
@@ -201,21 +237,57 @@ class ShardedCheckpointer(AtomicCheckpointer):
             import tensorflow as tf
             tf.train.Checkpoint(model=self.model, **self.counters).read(
                 os.path.join(rank_dir(path, 0), PREFIX)).expect_partial()
-            saved = {}
-            for r in meta["writers"]:
-                with open(os.path.join(rank_dir(path, r), TABLES)) as f:
-                    for p in json.load(f):
-                        saved.setdefault((p["group"], p["table"]), []).append((p["col_start"], p["col_end"],
-                                                                                os.path.join(rank_dir(path, r), p["file"])))
+            saved = _saved_pieces(path, meta)
+            resharded, restarted = set(), set()
             for group in _groups(self.model):
                 pieces, _ = _pieces(group, self.dist.rank)
                 for (t, c0, c1), var in pieces.items():
-                    var.assign(_assemble(saved.get((group.name, t), []), c0, c1, tuple(var.shape), np))
+                    var.assign(_assemble(saved.get((group.name, t, None), []), c0, c1, tuple(var.shape), np))
+                    # The tables' optimizer slots are re-sharded like the tables (checkpoints written
+                    # before slots were saved have none: those slots restart from their initial value).
+                    for slot, slot_var in table_slots(self.optimizers, var).items():
+                        if (group.name, t, slot) in saved:
+                            slot_var.assign(_assemble(saved[(group.name, t, slot)], c0, c1, tuple(var.shape), np))
+                            resharded.add(slot)
+                        else:
+                            restarted.add(slot)
             for opt in self.optimizers:            # learning-rate schedules continue from the step
                 opt.iterations.assign(self.counters["global_step"])
             if self.log is not None and self.dist.is_chief:
+                slots = (f"table optimizer slots re-sharded ({', '.join(sorted(resharded))})" if resharded
+                         else "the tables' optimizer has no slots" if not restarted else "")
+                if restarted:
+                    slots += ("; " if slots else "") + f"not in the checkpoint, restarting: {', '.join(sorted(restarted))}"
                 self.log.info(f"re-sharded {path}: written by {meta['world_size']} rank(s), restored on "
-                              f"{self.dist.size}; table optimizer state restarts")
+                              f"{self.dist.size}; {slots}; dense weights' optimizer state restarts")
+        meta["path"] = path
+        return meta
+
+
+    def _restore_replicated(self, path, meta):
+        """A replicated run's checkpoint (``recsys.checkpoint`` layout) into this model-parallel run:
+        dense weights and counters as saved, each table slice of this rank's plan cut from the saved
+        table (one whole table in memory at a time); the optimizer state restarts (a replicated
+        checkpoint keys the slots by the replicated model's variable order)."""
+        import tensorflow as tf
+        prefix = os.path.join(path, PREFIX)
+        tf.train.Checkpoint(model=self.model, **self.counters).read(prefix).expect_partial()
+        reader = tf.train.load_checkpoint(prefix)
+        shapes = reader.get_variable_to_shape_map()
+        for group in _groups(self.model):
+            pieces, _ = _pieces(group, self.dist.rank)
+            for (t, c0, c1), var in pieces.items():
+                key = f"model/{group.name}/tables/{t}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+                want = [group.cardinalities[t], group.dims[t]]
+                if list(shapes.get(key, [])) != want:
+                    raise CheckpointError(f"{path}: checkpoint of another model (no {group.name} table {t} of "
+                                          f"shape {want})")
+                var.assign(reader.get_tensor(key)[:, c0:c1])
+        for opt in self.optimizers:            # learning-rate schedules continue from the step
+            opt.iterations.assign(self.counters["global_step"])
+        if self.log is not None and self.dist.is_chief:
+            self.log.info(f"re-sharded {path}: a replicated checkpoint, restored on {self.dist.size} ranks "
+                          f"(model parallel); optimizer state restarts")
         meta["path"] = path
         return meta
 
@@ -278,13 +350,21 @@ def checkpoint_weights(path):
             out[f"dense:{key}"] = reader.get_tensor(key)
     if sharded:
         meta = read_meta(path)
-        saved = {}
-        for r in meta["writers"]:
-            with open(os.path.join(rank_dir(path, r), TABLES)) as f:
-                for p in json.load(f):
-                    saved.setdefault((p["group"], p["table"]), []).append(
-                        (p["col_start"], p["col_end"], os.path.join(rank_dir(path, r), p["file"])))
+        saved = _saved_pieces(path, meta)
         for group, info in meta["groups"].items():
             for t, (rows, dim) in enumerate(zip(info["cardinalities"], info["dims"])):
-                out[f"table:{group}/{t}"] = _assemble(saved.get((group, t), []), 0, dim, (rows, dim), np)
+                out[f"table:{group}/{t}"] = _assemble(saved.get((group, t, None), []), 0, dim, (rows, dim), np)
+    return out
+
+
+def checkpoint_table_slots(path):
+    """{``<group>/<table>/<slot>``: whole array} of the tables' optimizer slots in a sharded checkpoint."""
+    import numpy as np
+    meta = read_meta(path)
+    out = {}
+    for (group, t, slot), pieces in _saved_pieces(path, meta).items():
+        if slot is not None:
+            info = meta["groups"][group]
+            shape = (info["cardinalities"][t], info["dims"][t])
+            out[f"{group}/{t}/{slot}"] = _assemble(pieces, 0, shape[1], shape, np)
     return out

@@ -73,6 +73,14 @@ class EmbeddingGroup(tf.keras.layers.Layer):
             return self._mp.local_variables()
         return list(self.trainable_variables) if self._dist is not None else []
 
+    def seeded_variables(self):
+        """Tables every rank initialises identically from this group's seed (``ColumnSeededUniform``),
+        so the engine need not broadcast them: replicated tables, and the small tables a
+        model-parallel layer keeps replicated. distributed-embeddings' tables are local."""
+        if self._mp is not None:
+            return list(self._mp.dp_tables.values())
+        return [] if self._dist is not None else [t.embeddings for t in self.tables]
+
     def call(self, ids):
         if self._mp is not None:
             return self._mp(ids)

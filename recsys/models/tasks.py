@@ -46,6 +46,13 @@ class Task:
         return {id(v) for layer in model.submodules if isinstance(layer, EmbeddingGroup)
                 for v in layer.local_variables()}
 
+    def seeded_tables(self, model):
+        """(ids of the tables every rank initialises identically from its group's seed, the seeds of
+        the groups in model order); the engine does not broadcast these tables when the seeds agree."""
+        from recsys.models.embeddings import EmbeddingGroup
+        groups = [layer for layer in model.submodules if isinstance(layer, EmbeddingGroup)]
+        return {id(v) for g in groups for v in g.seeded_variables()}, [g.seed for g in groups]
+
     # --- data -------------------------------------------------------------------
     def train_dataset(self, epoch):
         return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,

@@ -80,6 +80,27 @@ def _assert_each_rank_holds_its_plan_share(ck, world, column_slice_threshold=Non
             assert held, f"rank {r} holds no table of {group}"
 
 
+def _assert_exchange_and_initial_state(run):
+    """Replicated: the tables are seeded on every rank, not broadcast (only the dense weights are), and
+    their averaged gradients stay IndexedSlices (allgathered rows, never a dense table-sized allreduce).
+    Model parallel: the shards stay local. Both: the checkpoint's dense weights are all that was broadcast."""
+    weights = _weights(run["ck"])
+    tables = [k for k in weights if k.startswith("table:")]
+    dense_bytes = sum(w.nbytes for k, w in weights.items() if k.startswith("dense:"))
+    (state,) = records(run["log"], "initial_state")
+    (exchange,) = records(run["log"], "gradient_exchange")
+    assert state["broadcast_bytes"] == dense_bytes > 0
+    assert not exchange["sparse_as_dense"]
+    if exchange["local"] == 0:                                 # replicated
+        assert state["seeded_table_bytes"] == sum(weights[k].nbytes for k in tables) and state["local_bytes"] == 0
+        assert exchange["allgathered_indexed_slices"] == len(tables)
+        assert exchange["allreduced_dense_bytes"] == dense_bytes
+        assert len(set(summary(run["log"])["replica_weight_digests"])) == 1     # identical without a broadcast
+    else:
+        assert state["seeded_table_bytes"] == 0 and state["local_bytes"] > 0
+        assert exchange["allgathered_indexed_slices"] == 0 and exchange["allreduced_dense_bytes"] == dense_bytes
+
+
 @pytest.fixture(scope="module")
 def dlrm_two_rank_runs(tiny_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dlrm-mp")
@@ -91,6 +112,8 @@ def test_dlrm_two_ranks_model_parallel_matches_replicated(dlrm_two_rank_runs):
     _, runs = dlrm_two_rank_runs
     mp, rep = runs["model_parallel"], runs["replicated"]
     _assert_same_training(mp, rep)
+    _assert_exchange_and_initial_state(rep)
+    _assert_exchange_and_initial_state(mp)
     assert "implementation: horovod-alltoall" in mp["stderr"]
     placement = records(mp["log"], "placement")[-1]
     assert placement["model_parallel"] and placement["implementation"] == "horovod-alltoall"
@@ -140,22 +163,53 @@ def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(w
     sliced = [p for rank in listing for p in rank if p["col_end"] - p["col_start"] < 8 and p["group"] == "deep_embeddings"]
     assert sliced, "the threshold should have split some deep tables by columns"
     final = summary(mp["log"])
-    # re-shard: evaluate the 4-rank checkpoint on 2 ranks (model parallel) and on 1 rank (replicated)
+    # re-shard: the 4-rank checkpoint on 2 ranks (model parallel), through a restart of training at its
+    # last step (restore, no step, then its own checkpoint in the 2-rank layout), and evaluated on 1 rank
+    ck2 = tmp_path / "ck-2"
+    shutil.copytree(mp["ck"], ck2)
     for np_, placement in ((2, "model_parallel"), (1, "auto")):
         log = tmp_path / f"eval-{np_}.jsonl"
+        mode = (["--run-mode", "train", "--epochs", "1", "--max-steps", STEPS, "--restore", "--checkpoint-dir", ck2]
+                if np_ == 2 else ["--run-mode", "evaluate", "--checkpoint-dir", mp["ck"]])
         args = ["--model", "wide_deep", "--data-path", data, *SMALL["wide_deep"], "--deep-dropout", "0", *extra,
-                "--run-mode", "evaluate", "--checkpoint-dir", mp["ck"], "--log-path", log,
-                "--embedding-placement", placement]
+                *mode, "--log-path", log, "--embedding-placement", placement]
         if np_ == 1:
             res = run_train(args)
             assert res.returncode == 0, res.stderr[-3000:]
         else:
-            res = _mpirun(np_, args)
+            res = res_2 = _mpirun(np_, args)
         assert f"restored on {np_}" in res.stderr
         s = summary(read_log(log))
         assert s["step"] == STEPS
         for key in ("auc", "map_at_12", "bce"):
             assert s[key] == pytest.approx(final[key], abs=1e-6), (np_, key)
+    # the tables' optimizer slots (RMSprop's velocities for the deep tables, FTRL's accumulators and
+    # linears for the wide ones) went through the re-shard with the tables: the 2-rank checkpoint holds
+    # exactly the 4-rank one's
+    from recsys.sharded_checkpoint import checkpoint_table_slots, read_meta
+    assert "table optimizer slots re-sharded (accumulators, linears, velocities)" in res_2.stderr
+    assert read_meta(str(_latest(ck2)))["world_size"] == 2
+    before, after = checkpoint_table_slots(str(_latest(mp["ck"]))), checkpoint_table_slots(str(_latest(ck2)))
+    assert sorted(before) == sorted(after) and {k.rsplit("/", 1)[1] for k in before} == {
+        "accumulators", "linears", "velocities"}
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    assert any(np.abs(v).sum() > 0 for k, v in before.items() if k.endswith("velocities"))
+    wb, wa = _weights(mp["ck"]), _weights(ck2)
+    for key in wb:
+        np.testing.assert_array_equal(wa[key], wb[key], err_msg=key)
+
+
+def test_replicated_checkpoint_restores_into_model_parallel_run(dlrm_two_rank_runs, tiny_data, tmp_path):
+    """The replicated run's checkpoint, evaluated model parallel on 2 ranks: its metrics."""
+    _, runs = dlrm_two_rank_runs
+    rep = runs["replicated"]
+    log = tmp_path / "eval.jsonl"
+    res = _mpirun(2, _eval_args(tiny_data("dlrm"), rep["ck"], log, "--embedding-placement", "model_parallel"))
+    assert "a replicated checkpoint, restored on 2 ranks (model parallel)" in res.stderr
+    s, want = summary(read_log(log)), summary(rep["log"])
+    assert s["step"] == STEPS and records(read_log(log), "placement")[-1]["model_parallel"]
+    assert s["auc"] == pytest.approx(want["auc"], abs=1e-6) and s["bce"] == pytest.approx(want["bce"], abs=1e-6)
 
 
 def _eval_args(data, ck, log, *extra):
