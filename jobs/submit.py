@@ -116,7 +116,9 @@ def _fail(backend, record, spec, exc, keep_partial):
         outcome, record.state = "kept", PARTIAL
     for job in submitted:
         job.outcome = outcome
-    record.error = (f"job {spec.key!r} not submitted: {exc}; submitted before it: {done}; {fate}; "
+    uncertain = getattr(exc, "uncertain", False)
+    what = "may or may not have been submitted" if uncertain else "not submitted"
+    record.error = (f"job {spec.key!r} {what}: {exc}; submitted before it: {done}; {fate}; "
                     f"run dir {record.run_dir}")
     record.save()
-    raise SubmitError(record.error) from None
+    raise SubmitError(record.error, uncertain=uncertain) from None
