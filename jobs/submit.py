@@ -13,7 +13,7 @@ import sys
 
 from . import runs as runs_mod
 from .backends import backend_for
-from .errors import RequestError, SlurmCommandError, SubmitError
+from .errors import SlurmCommandError, SubmitError
 from .plan import plan, run_name
 from .render import render
 
@@ -71,10 +71,8 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
     resolved, specs = plan(requests, profile, max_array_size=backend.max_array_size(requests))
     run_dir = _run_dir(resolved, profile, runs_dir)
     wait = backend.check(specs, run_dir, wait)
-    try:
-        os.makedirs(os.path.join(run_dir, "logs"))
-    except OSError as exc:
-        raise RequestError(f"--runs-dir: cannot create {run_dir!r}: {exc.strerror}") from None
+    # Created now under the next free name (another submission may have taken this one meanwhile).
+    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), run_name(resolved))
     RequestRecord(requests=[r.request.to_dict() for r in resolved], profile=profile.as_dict()).save(run_dir)
     record = RunRecord(run_dir=run_dir, profile=profile.name, profile_path=profile.path,
                        scheduler=backend.scheduler, accounting=backend.accounting(), foreground=wait)
