@@ -159,9 +159,10 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
             raise
         written = _bytes_under(tmp)
         total = shutil.disk_usage(final.parent).total
+        kept = ", the previous output untouched" if final.exists() else ""
         raise OutputError(f"{final}: no space left on device after writing {_format(written)} of it "
-                          f"(file system of {_format(total)}); nothing published, the previous output is "
-                          "untouched and the temporary removed") from None
+                          f"(file system of {_format(total)}); nothing published{kept}, the temporary "
+                          "removed") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,7 +4,7 @@ The controller of the session cluster is stopped with `local-cluster.sh stop-ctl
 saves its state, as `systemctl stop` does), kept down for OUTAGE_S seconds and started again from
 its state directory (`start-ctld`, which returns once it answers and every node responds). Five
 jobs go in before the outage; the other fifteen are submitted from five threads while the
-controller is down. Every job must then be in the queue exactly once (one queue entry per
+controller is down (the same request each time, so concurrent runs share a name). Every job must then be in the queue exactly once (one queue entry per
 submission token, `--comment=recsys:<token>`), no job may be in the queue that the API did not
 report, and every job must run to COMPLETED. With the sbatch retries turned off the same outage
 must instead give one clear error line per submission that did not go in, and nothing of those
@@ -55,8 +55,9 @@ def controller(cluster, action: str) -> float:
 
 
 def hello(index: int) -> JobRequest:
+    """The same request every time, as a sweep script submits it: concurrent runs share a name."""
     return JobRequest(kind="benchmark", profile="ci", model="hello", nodes=1, gpus_per_node=1, time="5",
-                      name=f"outage-{index:02d}")
+                      name="outage")
 
 
 def queue_by_token(cluster) -> dict:
@@ -83,6 +84,9 @@ def run_with_outage(cluster):
         except SubmitError as exc:
             with lock:
                 errors[index] = str(exc)
+        except Exception as exc:    # anything else is a defect: keep it for the assertion
+            with lock:
+                errors[index] = f"UNEXPECTED {type(exc).__name__}: {exc}"
 
     for index in range(BEFORE):
         one(index)
@@ -116,7 +120,7 @@ def account(cluster, records: dict, errors: dict) -> tuple[list[str], list[str],
             (duplicated if len(ids) > 1 else missing).append(f"job {index}: reported {job['job_id']}, queue {ids}")
     for index, message in errors.items():
         token = re.search(r"recsys:([0-9a-f]{16})", message)
-        if "\n" in message or not token or f"outage-{index:02d}-" not in message:
+        if "\n" in message or not token or "runs/outage-" not in message:
             unclear.append(f"job {index}: {message}")
             continue
         ids = queue.get(token.group(1), [])
