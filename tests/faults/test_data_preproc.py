@@ -289,7 +289,8 @@ def small_disk(tmp_path):
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
     yield mount
-    subprocess.run(["umount", str(mount)], capture_output=True)
+    if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)   # a file still open in it
 
 
 @contextlib.contextmanager
