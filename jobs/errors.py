@@ -11,7 +11,12 @@ class RequestError(ValueError):
 
 
 class SubmitError(RuntimeError):
-    """Slurm refused or failed a submission (after retries of transient failures)."""
+    """Slurm refused or failed a submission (after retries of transient failures). `uncertain`:
+    the controller could not be asked whether the job went in after all."""
+
+    def __init__(self, message, uncertain=False):
+        super().__init__(message)
+        self.uncertain = uncertain
 
 
 class SlurmCommandError(RuntimeError):

@@ -44,15 +44,22 @@ def new_run_dir(runs_dir, name, create=True):
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = os.path.join(check_runs_dir(runs_dir), f"{name}-{stamp}")
     path, n = base, 1
-    while os.path.exists(path):
+    while True:
+        if not create:
+            if not os.path.exists(path):
+                return path
+        else:
+            try:        # claim the name with one mkdir: concurrent submissions never share a run dir
+                os.makedirs(path)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise RequestError(f"--runs-dir: cannot create {path!r}: {exc.strerror}") from None
+            else:
+                os.mkdir(os.path.join(path, "logs"))
+                return path
         n += 1
         path = f"{base}-{n}"
-    if create:
-        try:
-            os.makedirs(os.path.join(path, "logs"))
-        except OSError as exc:
-            raise RequestError(f"--runs-dir: cannot create {path!r}: {exc.strerror}") from None
-    return path
 
 
 def write_json(path, data):

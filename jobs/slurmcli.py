@@ -2,8 +2,9 @@
 
 The only place that runs them, so that retries, one-line errors and call counting live in one
 module. sbatch is retried on transient controller failures with exponential back-off, and a
-retry first asks squeue whether the earlier attempt went through (every job carries a unique
-`--comment=recsys:<token>`), so a job is never submitted twice.
+retry after an attempt that may have reached the controller first asks squeue whether it went
+through (every job carries a unique `--comment=recsys:<token>`), so a job is never submitted
+twice; giving up says whether the job went in, did not, or (controller unreachable) cannot tell.
 """
 
 import os
@@ -22,6 +23,7 @@ TRANSIENT = (
     "zero bytes were transmitted",
     "slurm_persist_conn_open",
 )
+NOT_DELIVERED = ("connect failure", "connection refused")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 
@@ -78,24 +80,33 @@ def _retry_settings(retries, backoff):
     return retries, backoff
 
 
+def never_delivered(message):
+    """The client could not even connect: the request never reached the controller."""
+    low = (message or "").lower()
+    return any(t in low for t in NOT_DELIVERED)
+
+
 def sbatch(script, token, args=(), retries=None, backoff=None, log=None):
     """Submit `script`; returns the job id. Transient failures are retried with back-off
-    (backoff, 2*backoff, ...), each retry first checking squeue for the token."""
+    (backoff, 2*backoff, ...). Once an attempt may have reached the controller (a timeout, not a
+    refused connection), every later attempt first asks squeue for the token, and so does giving
+    up: a job is never submitted twice, and an error says whether it went in."""
     retries, backoff = _retry_settings(retries, backoff)
-    last = ""
+    last, maybe_in = "", False
     for attempt in range(retries + 1):
         if attempt:
             delay = backoff * (2 ** (attempt - 1))
             if log:
                 log(f"sbatch: transient failure ({last}); retry {attempt}/{retries} in {delay:g} s")
             time.sleep(delay)
-            try:
-                found = find_by_token(token)
-            except SlurmCommandError as exc:
-                last = str(exc)
-                continue        # cannot tell whether it went through: do not submit again yet
-            if found:
-                return found
+            if maybe_in:
+                try:
+                    found = find_by_token(token)
+                except SlurmCommandError as exc:
+                    last = str(exc)
+                    continue        # cannot tell whether it went through: do not submit again yet
+                if found:
+                    return found
         proc = run(["sbatch", "--parsable"] + list(args) + [str(script)], timeout=120)
         if proc.returncode == 0:
             job_id = proc.stdout.strip().splitlines()[-1].split(";")[0].strip()
@@ -106,26 +117,38 @@ def sbatch(script, token, args=(), retries=None, backoff=None, log=None):
         last = first_line(proc.stderr or proc.stdout)
         if not is_transient(proc.stderr + proc.stdout):
             raise SubmitError(f"sbatch {script}: {last}")
-    raise SubmitError(f"sbatch {script}: still failing after {retries} retries: {last}")
+        maybe_in = maybe_in or not never_delivered(proc.stderr + proc.stdout)
+    failing = f"sbatch {script}: still failing after {retries} retries: {last}"
+    if not maybe_in:
+        raise SubmitError(f"{failing} (no attempt reached the controller: comment recsys:{token} not submitted)")
+    try:        # a timed-out attempt may still have gone in (the reply was lost): look once more
+        found = find_by_token(token)
+    except SlurmCommandError as exc:
+        raise SubmitError(f"{failing}; whether it went in is unknown ({exc}): look for comment "
+                          f"recsys:{token} in `squeue --states=all -o %i,%k`", uncertain=True) from None
+    if found:
+        return found
+    raise SubmitError(f"{failing} (not in the queue: comment recsys:{token} not submitted)")
 
 
 _CONFIG = {}
 
 
 def show_config():
-    """`scontrol show config` as a dict (cached per process); {} when the controller is not
-    reachable."""
+    """`scontrol show config` as a dict (cached per process once the controller answered); {} while
+    it is not reachable, asked again next time (an outage must not stick for the process's life)."""
     if "config" not in _CONFIG:
         config = {}
         try:
             proc = run(["scontrol", "show", "config"], timeout=60)
-            if proc.returncode == 0:
-                for line in proc.stdout.splitlines():
-                    key, sep, value = line.partition("=")
-                    if sep:
-                        config[key.strip()] = value.strip()
+            if proc.returncode != 0:
+                return {}
+            for line in proc.stdout.splitlines():
+                key, sep, value = line.partition("=")
+                if sep:
+                    config[key.strip()] = value.strip()
         except SlurmCommandError:
-            pass
+            return {}
         _CONFIG["config"] = config
     return _CONFIG["config"]
 

@@ -87,14 +87,12 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
                            submitting=True)
     run_dir = _run_dir(resolved, profile, runs_dir)
     wait = backend.check(specs, run_dir, wait)
+    # Created now under the next free name (another submission may have taken this one meanwhile).
+    run_dir = runs_mod.new_run_dir(runs_dir or runs_mod.default_runs_dir(profile), run_name(resolved))
     for spec in specs:
         warning = lead_time_warning(spec, run_dir)
         if warning:
             log(f"warning: {warning}")
-    try:
-        os.makedirs(os.path.join(run_dir, "logs"))
-    except OSError as exc:
-        raise RequestError(f"--runs-dir: cannot create {run_dir!r}: {exc.strerror}") from None
     RequestRecord(requests=[r.request.to_dict() for r in resolved], profile=profile.as_dict()).save(run_dir)
     record = RunRecord(run_dir=run_dir, profile=profile.name, profile_path=profile.path,
                        scheduler=backend.scheduler, accounting=backend.accounting(), foreground=wait)
@@ -139,7 +137,9 @@ def _fail(backend, record, spec, exc, keep_partial):
         outcome, record.state = "kept", PARTIAL
     for job in submitted:
         job.outcome = outcome
-    record.error = (f"job {spec.key!r} not submitted: {exc}; submitted before it: {done}; {fate}; "
+    uncertain = getattr(exc, "uncertain", False)
+    what = "may or may not have been submitted" if uncertain else "not submitted"
+    record.error = (f"job {spec.key!r} {what}: {exc}; submitted before it: {done}; {fate}; "
                     f"run dir {record.run_dir}")
     record.save()
-    raise SubmitError(record.error) from None
+    raise SubmitError(record.error, uncertain=uncertain) from None

@@ -20,7 +20,7 @@ stage really runs). The module provides:
     ``{stage: command line}``: shown at the end of that stage's ``--help``.
 
 Stage functions raise ``preproc.errors.PreprocError`` for anything the user can
-fix; ``main`` prints it as ONE line and exits 2. Shared flag groups live next to
+fix; ``main`` prints it as ONE line and exits 2 (``OutputError``, e.g. a full disk: exit 1). Shared flag groups live next to
 the code they configure: ``preproc.spark.add_spark_arguments`` (cluster shape,
 ``--dry-run``), ``preproc.output.add_output_arguments`` (``--output``,
 ``--overwrite``) and ``preproc.bad_rows.add_bad_rows_argument``. Check inputs
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         status = args.func(args)
     except PreprocError as exc:
         print(f"preproc: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_status", 2)
     except KeyboardInterrupt:
         print("preproc: interrupted", file=sys.stderr)
         return 130

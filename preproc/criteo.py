@@ -21,7 +21,7 @@
     the three stages in one Spark application.
 
 Intermediate results live in ``OUT.stages/`` (next to OUT) and are removed by
-finalize. Every stage writes to a temporary directory, verifies it and renames
+finalize (and by a failed ``run``, which never resumes from them). Every stage writes to a temporary directory, verifies it and renames
 it, so re-running any stage (a failed or requeued array task) is safe. The
 semantics (split, dictionary order, numerical formula, dtypes, shuffle) are in
 preproc.criteo_layout.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -268,15 +269,20 @@ def run(spark, files, last_day: int, thresholds: list[int], output: str, overwri
     import time
 
     staging = layout.Staging(output)
-    start = time.perf_counter()
-    meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy, rules)
-    log.info("run: dictionary stage took %.1f s", time.perf_counter() - start)
-    start = time.perf_counter()
-    transform_shard(spark, staging, meta, 0, 1, bad_row_policy)
-    log.info("run: transform stage took %.1f s", time.perf_counter() - start)
-    start = time.perf_counter()
-    report = finalize(staging, overwrite, keep_stages)
-    log.info("run: finalize stage took %.1f s", time.perf_counter() - start)
+    try:
+        start = time.perf_counter()
+        meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy, rules)
+        log.info("run: dictionary stage took %.1f s", time.perf_counter() - start)
+        start = time.perf_counter()
+        transform_shard(spark, staging, meta, 0, 1, bad_row_policy)
+        log.info("run: transform stage took %.1f s", time.perf_counter() - start)
+        start = time.perf_counter()
+        report = finalize(staging, overwrite, keep_stages)
+        log.info("run: finalize stage took %.1f s", time.perf_counter() - start)
+    except BaseException:
+        if not keep_stages:     # nothing resumes from a failed run's stages: give the space back
+            shutil.rmtree(staging.root, ignore_errors=True)
+        raise
     return report
 
 

@@ -31,7 +31,7 @@ from preproc.criteo_layout import (MAX_FILE_LINES, NUM_CAT, REPORT_THRESHOLDS, S
                                    shuffle_buckets)
 from preproc.criteo_read import read_days
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir
+from preproc.output import atomic_dir, read_json
 
 log = logging.getLogger("preproc.criteo")
 FILE_TOTAL, FILE_BAD = -1, -2
@@ -113,8 +113,14 @@ def _kept_per_column(values_dir: Path) -> dict[int, int]:
 
     kept = {}
     for part in values_dir.glob("col=*"):
-        kept[int(part.name.split("=", 1)[1])] = sum(pq.ParquetFile(f).metadata.num_rows
-                                                   for f in part.glob("*.parquet"))
+        rows = 0
+        for f in part.glob("*.parquet"):
+            try:
+                rows += pq.ParquetFile(f).metadata.num_rows
+            except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for a truncated file
+                raise PreprocError(f"verification failed: {f}: unreadable parquet ({str(exc).splitlines()[0]}); "
+                                   "re-run the dictionary stage") from None
+        kept[int(part.name.split("=", 1)[1])] = rows
     return kept
 
 
@@ -131,7 +137,7 @@ def load_dictionary_meta(staging: Staging) -> dict:
     path = staging.dictionary / "dictionary.json"
     if not path.is_file():
         raise PreprocError(f"{staging.dictionary}: no finished dictionary stage (run the dictionary stage first)")
-    meta = json.loads(path.read_text())
+    meta = read_json(path, "dictionary record", "re-run the dictionary stage")
     if meta.get("format") != SPEC_VERSION:
         raise PreprocError(f"{path}: format {meta.get('format')!r}, this version reads {SPEC_VERSION} "
                            "(re-run the dictionary stage)")

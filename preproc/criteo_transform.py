@@ -40,7 +40,7 @@ from preproc.criteo_layout import (_MASK31, _MIX, NUM_CAT, NUM_INT, NUMERICAL_FL
                                    Rules, Staging, categorical_dtype, shard_of, test_rows)
 from preproc.criteo_read import read_days
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir
+from preproc.output import atomic_dir, read_json
 
 log = logging.getLogger("preproc.criteo")
 PIECE_BITS = 20  # at most 2**20 lines per input-order piece
@@ -120,7 +120,7 @@ def _piece_writer(out_dir: str, dtypes: list[str]):
             name = f"piece-{mapping}-{file_idx:05d}-{block:016d}-{first:020d}"
         good = frame[~frame["bad"]]
         target = Path(out_dir) / name
-        target.mkdir(parents=True, exist_ok=True)
+        target.mkdir(exist_ok=True)     # never parents: a late task must not re-create a removed temporary
         arrays = {"label.bin": good["label"].to_numpy(dtype=np.int8).astype(np.bool_),
                   "numerical.bin": good[[f"n{i}" for i in range(NUM_INT)]].to_numpy(dtype=np.float32)
                   .astype(np.float16)}
@@ -130,7 +130,8 @@ def _piece_writer(out_dir: str, dtypes: list[str]):
             arrays[ORDER_FILE] = good[["key", "file_idx", "line"]].to_numpy(dtype=np.int64)
         for file, array in arrays.items():
             tmp = target / f".{file}.{os.getpid()}"
-            np.ascontiguousarray(array).tofile(tmp)
+            with open(tmp, "wb") as handle:     # not ndarray.tofile: its short-write error has no errno
+                handle.write(np.ascontiguousarray(array).data)
             os.replace(tmp, target / file)
         per_file = frame.groupby("file_idx")["bad"].agg(["size", "sum"])
         return pd.DataFrame({"piece": name, "mapping": mapping, "bucket": bucket, "file_idx": per_file.index,
@@ -246,10 +247,14 @@ def piece_order(piece: dict) -> tuple:
     return (piece["mapping"], piece["bucket"], piece["file_idx"], piece["block"], piece["first_pos"])
 
 
+def read_manifest(directory: Path) -> dict:
+    return read_json(directory / "manifest.json", "transform shard manifest", "re-run that transform task")
+
+
 def verify_shard(directory: Path, cardinalities: list[int]) -> None:
     """Every piece file exists and holds exactly rows x record size bytes."""
-    manifest = json.loads((directory / "manifest.json").read_text())
-    for piece in manifest["pieces"]:
+    manifest = read_manifest(directory)
+    for piece in manifest.get("pieces", ()):
         sizes = dict(record_sizes(cardinalities))
         if piece["bucket"] >= 0:
             sizes[ORDER_FILE] = 3 * 8
@@ -259,7 +264,7 @@ def verify_shard(directory: Path, cardinalities: list[int]) -> None:
             got = path.stat().st_size if path.exists() else None
             if got != want:
                 raise PreprocError(f"verification failed: {path}: {got} bytes, expected {want} "
-                                   f"({piece['rows']} rows x {size} B)")
+                                   f"({piece['rows']} rows x {size} B); re-run that transform task")
 
 
 def load_shards(staging: Staging, dictionary: dict) -> list[dict]:
@@ -277,8 +282,8 @@ def load_shards(staging: Staging, dictionary: dict) -> list[dict]:
         directory = staging.shard(index, num_shards)
         if not directory.exists():
             raise PreprocError(f"{directory}: transform shard {index} of {num_shards} missing (re-run that task)")
-        manifest = json.loads((directory / "manifest.json").read_text())
-        if manifest["dictionary_id"] != dictionary["id"]:
+        manifest = read_manifest(directory)
+        if manifest.get("dictionary_id") != dictionary["id"]:
             raise PreprocError(f"{directory}: made with another dictionary (re-run the transform stage)")
         verify_shard(directory, dictionary["cardinalities"])
         for piece in manifest["pieces"]:

@@ -11,6 +11,12 @@
 #   local-cluster.sh down [--dir DIR]        stop everything started by `up`
 #   local-cluster.sh status [--dir DIR]      daemons and sinfo
 #   local-cluster.sh env  [--dir DIR]        print `export SLURM_CONF=...` lines
+#   local-cluster.sh stop-ctld [--dir DIR]   stop slurmctld only (SIGTERM: it saves its state first);
+#                                            slurmd, munged and running jobs stay up
+#   local-cluster.sh start-ctld [--dir DIR]  start slurmctld again from its saved state (jobs, nodes,
+#                                            next job id), wait until it answers and every node responds
+#   local-cluster.sh restart-ctld [--dir DIR] [--down-for S]   stop-ctld, S seconds (0) without a
+#                                            controller, start-ctld: a controller outage for fault tests
 #
 # Options for `up`: --dir DIR (default /tmp/recsys-slurm), --nodes N (4),
 # --gpus G per node (2), --cpus C per node (2), --mem MB per node (4000),
@@ -27,12 +33,12 @@ set -euo pipefail
 die() { echo "local-cluster: $*" >&2; exit 1; }
 log() { echo "local-cluster: $*" >&2; }
 
-cmd=${1:-}; [ -n "$cmd" ] || die "usage: local-cluster.sh install|up|down|status|env [options]"
+cmd=${1:-}; [ -n "$cmd" ] || die "usage: local-cluster.sh install|up|down|status|env|stop-ctld|start-ctld|restart-ctld [options]"
 shift
 EXTRA_PKGS=()
 if [ "$cmd" = install ]; then EXTRA_PKGS=("$@"); set --; fi
 
-DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0
+DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0 DOWN_FOR=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
@@ -42,11 +48,12 @@ while [ $# -gt 0 ]; do
     --mem) MEM=$2; shift 2 ;;
     --port-base) PORT_BASE=$2; shift 2 ;;
     --accounting) ACCOUNTING=1; shift ;;
+    --down-for) DOWN_FOR=$2; shift 2 ;;
     *) die "unknown option: $1" ;;
   esac
 done
-for v in NODES GPUS CPUS MEM; do
-  [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v,,} must be a whole number, got '${!v}'"
+for v in NODES GPUS CPUS MEM DOWN_FOR; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || die "--$(tr _ - <<< "${v,,}") must be a whole number, got '${!v}'"
 done
 [ "$NODES" -ge 1 ] || die "--nodes must be at least 1"
 mkdir -p "$DIR"
@@ -271,6 +278,35 @@ do_down() {
   log "down: $DIR"
 }
 
+# Every node of slurm.conf answers and is usable (no DOWN/DRAIN/FAIL, no `*` = not responding).
+nodes_healthy() {
+  local want states
+  want=$(grep -c '^NodeName=node' "$CONF")
+  states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
+  [ "$(wc -l <<< "$states")" -ge "$want" ] || return 1
+  ! awk '{print $2}' <<< "$states" | grep -Eqv '^(idle|alloc|mix|comp)$'
+}
+
+do_stop_ctld() {
+  [ -f "$CONF" ] || die "no cluster configured in $DIR"
+  pid_alive "$RUN/slurmctld.pid" || { log "slurmctld is not running in $DIR"; return 0; }
+  stop_pidfile "$RUN/slurmctld.pid" slurmctld
+  log "slurmctld stopped ($DIR); slurmd and jobs keep running"
+}
+
+do_start_ctld() {
+  [ -f "$CONF" ] || die "no cluster configured in $DIR"
+  local t0=$SECONDS
+  start_munge
+  if ! pid_alive "$RUN/slurmctld.pid"; then
+    # No -c: recover jobs, nodes and the next job id from StateSaveLocation.
+    slurmctld -i || die "slurmctld failed to start, see $LOGS/slurmctld.log"
+  fi
+  wait_for 30 slurmctld scontrol ping || { tail -n 20 "$LOGS/slurmctld.log" >&2; die "slurmctld did not answer"; }
+  wait_for 90 "every node to respond" nodes_healthy || { sinfo -N >&2; die "nodes did not come back"; }
+  log "slurmctld up again in $((SECONDS - t0))s ($DIR)"
+}
+
 do_status() {
   local f
   for f in "$DIR/munge/munged.pid" "$RUN"/*.pid; do
@@ -286,5 +322,8 @@ case "$cmd" in
   down) do_down ;;
   status) do_status ;;
   env) [ -f "$DIR/env.sh" ] && cat "$DIR/env.sh" || die "no cluster configured in $DIR" ;;
-  *) die "unknown command '$cmd' (install|up|down|status|env)" ;;
+  stop-ctld) do_stop_ctld ;;
+  start-ctld) do_start_ctld ;;
+  restart-ctld) do_stop_ctld; sleep "$DOWN_FOR"; do_start_ctld ;;
+  *) die "unknown command '$cmd' (install|up|down|status|env|stop-ctld|start-ctld|restart-ctld)" ;;
 esac
