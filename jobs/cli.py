@@ -51,10 +51,12 @@ def _job_options(parser, kind=None):
     pre = parser.add_argument_group("preprocessing")
     pre.add_argument("--dataset", help="criteo | movielens | outbrain (default from --model)")
     pre.add_argument("--mode", dest="preprocess_mode", default="single",
-                     help="preprocess mode: single | array (criteo) | multinode (Spark standalone)")
+                     help="preprocess mode: single | array (criteo) | multinode (Spark standalone; dask with --engine nvtabular)")
     pre.add_argument("--input", help="raw input directory")
     pre.add_argument("--output", help="output directory")
     pre.add_argument("--shards", type=int, help="array mode: number of transform tasks")
+    pre.add_argument("--engine", dest="preprocess_engine", default="spark",
+                     help="preprocessing engine: spark | nvtabular (criteo, outbrain; multinode: a dask cluster)")
     chain = parser.add_argument_group("chaining (train)")
     chain.add_argument("--preprocess-from", metavar="RAW",
                        help="first preprocess RAW into --data-path (afterok chain)")
@@ -239,7 +241,7 @@ def requests_from_args(args, engine_args):
                        preprocess_from=args.preprocess_from, data_path=args.data_path,
                        then_evaluate=args.then_evaluate, dataset=args.dataset,
                        preprocess_mode=args.preprocess_mode, input=args.input, output=args.output,
-                       shards=args.shards, **common)
+                       shards=args.shards, preprocess_engine=args.preprocess_engine, **common)
 
 
 _METRIC = re.compile(r"^(auc|bce|map_at_\d+|hr_at_\d+|ndcg_at_\d+)$")

@@ -158,3 +158,40 @@ def test_bad_input_one_line_exit_2(raw, tmp_path, case):
             "part-rows": "--part-rows"}[case]
     assert flag in errors[0]
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+@pytest.mark.parametrize("device,gpus,cudf,scheduler,cluster_gpus,mode,cpu", [
+    ("auto", 0, False, None, 0, "cpu", True),
+    ("auto", 2, True, None, 0, "gpu", False),      # a GPU node: one dask-cuda worker per GPU
+    ("auto", 2, False, None, 0, "cpu", True),      # GPUs but no cudf: pandas
+    ("cpu", 4, True, None, 0, "cpu", True),
+    ("auto", 0, False, "/s.json", 0, "multinode", True),
+    ("auto", 0, False, "/s.json", 8, "multinode", False),
+    ("cpu", 0, False, "/s.json", 8, "multinode", True),
+])
+def test_runtime_selection(device, gpus, cudf, scheduler, cluster_gpus, mode, cpu):
+    from preproc.nvt_runtime import choose_runtime
+
+    runtime = choose_runtime(device, gpus, 16, cudf, scheduler_file=scheduler, cluster_gpus=cluster_gpus)
+    assert (runtime.mode, runtime.cpu) == (mode, cpu)
+    if mode == "gpu":
+        assert runtime.workers == gpus and runtime.threads_per_worker == 1
+
+
+@pytest.mark.parametrize("device,gpus,cudf,scheduler,needle", [
+    ("gpu", 0, False, None, "no GPU visible"), ("gpu", 1, False, None, "cudf"),
+    ("gpu", 0, False, "/s.json", "no GPUs"), ("tpu", 0, False, None, "--device")])
+def test_runtime_refusals(device, gpus, cudf, scheduler, needle):
+    from preproc.errors import PreprocError
+    from preproc.nvt_runtime import choose_runtime
+
+    with pytest.raises(PreprocError, match=needle):
+        choose_runtime(device, gpus, 4, cudf, scheduler_file=scheduler)
+
+
+def test_visible_gpus_from_environment():
+    from preproc.nvt_runtime import visible_gpus
+
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,3"}) == 3
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
