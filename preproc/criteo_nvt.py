@@ -37,6 +37,7 @@ the job counted) and renamed; a failure leaves nothing at the output path.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -343,10 +344,11 @@ def _run(client, runtime, files, last_day, thresholds, output, overwrite, bad_ro
     parsed = dd.from_delayed([parse(b, f, last_day, cut, shuffle, rules.seed, buckets)
                               for b, f in zip(pieces, first)], meta=_meta(), verify_meta=False)
     good = parsed.map_partitions(good_rows, meta=_meta().drop(columns=["bad", "day"]))
-    if not runtime.cpu:
-        import dask_cudf  # noqa: F401  (GPU runtime: cudf partitions)
-        good = good.to_backend("cudf") if hasattr(good, "to_backend") else good.map_partitions(
-            __import__("cudf").from_pandas)
+    if not runtime.cpu:  # GPU runtime: parsed with pandas, then cudf partitions for the workflow
+        import cudf
+        import dask_cudf  # noqa: F401
+
+        good = good.map_partitions(cudf.from_pandas)
     fit_rows = good if rules.dictionary_days == "all" else good[good["mapping"] == MAPPING_CODES["train"]]
 
     final = Path(output).absolute()
@@ -391,9 +393,7 @@ def _run(client, runtime, files, last_day, thresholds, output, overwrite, bad_ro
                 leftover.unlink()
             files_of[mapping] = names
             expected[mapping] = int(parts["rows"].sum())
-        meta = {"rules": rules.__dict__ if not hasattr(rules, "__dataclass_fields__") else
-                {k: getattr(rules, k) for k in rules.__dataclass_fields__},
-                "thresholds": list(thresholds), "files": [{"path": str(p), "day": d} for _, d, p in files]}
+        meta = {"rules": dataclasses.asdict(rules), "thresholds": list(thresholds), "files": [{"path": str(p), "day": d} for _, d, p in files]}
         from preproc.criteo_finalize import write_feature_spec
         for name, spec in parquet_specs(cardinalities, expected, meta, files_of).items():
             write_feature_spec(spec, tmp, name)

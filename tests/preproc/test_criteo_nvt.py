@@ -77,10 +77,12 @@ def read_nvt(out: Path, mapping: str) -> dict:
 
 
 @pytest.mark.parametrize("rules", [Rules(), STRICT], ids=["reference", "strict"])
-def test_nvtabular_equals_spark(spark, raw, rules):
-    from preproc import criteo_nvt
+def test_nvtabular_equals_spark(spark, raw, rules, monkeypatch):
+    from preproc import criteo_layout, criteo_nvt
     from recsys.feature_spec import FeatureSpec
 
+    # 3 shuffle buckets for the 2000 training rows (one per 2**21 rows on real data), in both engines
+    monkeypatch.setattr(criteo_layout, "SHUFFLE_BUCKET_ROWS", 700)
     files, last_day = _files(raw / "raw")
     thresholds = parse_thresholds(THRESHOLDS)
     tag = "ref" if rules == Rules() else "strict"
@@ -100,7 +102,8 @@ def test_nvtabular_equals_spark(spark, raw, rules):
                                    rtol=1e-3, atol=1e-3, err_msg=mapping)
         # pinned inherent differences: parquet dtypes
         assert n["dtypes"]["label"] == "int8" and n["dtypes"]["num_0"] == "float32"
-    # 2000 train rows, --part-rows 700: one shuffle bucket -> 3 files; input order: 2 days x (700 + 300)
+    # 2000 train rows, --part-rows 700: one file per shuffle bucket (3, about 667 rows each);
+    # input order: 2 days x (700 + 300)
     assert len(list((nvt_out / "train").glob("part_*.parquet"))) == (3 if rules.train_order == "shuffle" else 4)
     specs = ["feature_spec.yaml"] + ([VALIDATION_SPEC] if rules.spec_layout == "reference" else [])
     rows = {}
