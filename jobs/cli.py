@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_MODES
+from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_ENGINES, PREPROCESS_MODES
 from .vocabulary import KINDS as JOB_KINDS
 
 PROG = "recsys-submit"
@@ -78,10 +78,15 @@ def _job_options(parser, kind, render=False):
         what.add_argument("--model", metavar="{" + ",".join(MODELS) + "}", help="the model the data is for (implies --dataset)")
         what.add_argument("--mode", dest="preprocess_mode", default="single", metavar="{" + ",".join(PREPROCESS_MODES) + "}",
                           help="single: one node, local Spark (default); array: criteo as dictionary -> "
-                          "transform array -> finalize jobs; multinode: a Spark standalone cluster over --nodes")
+                          "transform array -> finalize jobs; multinode: a Spark standalone cluster over --nodes "
+                          "(a dask cluster with --engine nvtabular)")
         what.add_argument("--input", required=False, help="raw input directory (required)")
         what.add_argument("--output", help="output directory: the dataset the engine reads (required)")
         what.add_argument("--shards", type=int, help="--mode array: number of transform tasks")
+        what.add_argument("--engine", dest="preprocess_engine", default="spark",
+                          metavar="{" + ",".join(PREPROCESS_ENGINES) + "}",
+                          help="spark (default) or nvtabular (criteo, outbrain; single or multinode: "
+                          "a dask cluster over --nodes)")
         what.add_argument("--array-parallelism", "--parallelism", type=int, dest="array_parallelism",
                           help="--mode array: at most this many transform tasks at once")
     else:
@@ -101,6 +106,9 @@ def _job_options(parser, kind, render=False):
         chain.add_argument("--mode", dest="preprocess_mode", default="single", metavar="{" + ",".join(PREPROCESS_MODES) + "}",
                            help="with --preprocess-from: preprocessing mode (single | array | multinode)")
         chain.add_argument("--shards", type=int, help="with --preprocess-from --mode array: transform tasks")
+        chain.add_argument("--engine", dest="preprocess_engine", default="spark",
+                           metavar="{" + ",".join(PREPROCESS_ENGINES) + "}",
+                           help="with --preprocess-from: preprocessing engine (spark | nvtabular)")
         chain.add_argument("--then-evaluate", action="store_true",
                            help="after training, evaluate the trained checkpoint (afterok) with the same engine "
                            "arguments; without a --checkpoint-dir the chain keeps it in RUN_DIR/checkpoints-train")
@@ -337,7 +345,8 @@ def requests_from_args(args, engine_args):
                        preprocess_from=flag("preprocess_from"), data_path=flag("data_path"),
                        then_evaluate=bool(flag("then_evaluate")), dataset=flag("dataset"),
                        preprocess_mode=flag("preprocess_mode", "single"), input=flag("input"),
-                       output=flag("output"), shards=flag("shards"), **common)
+                       output=flag("output"), shards=flag("shards"),
+                       preprocess_engine=flag("preprocess_engine", "spark"), **common)
 
 
 _METRIC = re.compile(r"^(auc|bce|map_at_\d+|hr_at_\d+|ndcg_at_\d+)$")

@@ -257,6 +257,8 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
 
     preproc = [python, "-m", "preproc", req.dataset]
     io = ["--input", absolute(req.input), "--output", absolute(req.output)]
+    if req.preprocess_engine != "spark":
+        io += ["--engine", req.preprocess_engine]
     mode = req.preprocess_mode
     if mode == "single":
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
@@ -264,10 +266,9 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
     if mode == "multinode":
         node = profile.node
         cores = node.sockets * node.cores_per_socket * node.threads_per_core
-        cmd = (["bash", SlurmHelper("spark-standalone.sh"), "--"] + preproc + ["run"] + io
-               + ["--nodes", str(req.nodes), "--node-cores", str(cores),
-                  "--node-memory-gb", str(int(node.memory_gb)),
-                  "--gpus-per-node", str(res.gpus_per_node)] + list(req.engine_args))
+        shape = {"nodes": req.nodes, "cores": cores, "memory_gb": int(node.memory_gb), "gpus": res.gpus_per_node}
+        launcher, flags = MULTINODE_CLUSTERS[req.preprocess_engine](shape)
+        cmd = launcher + preproc + ["run"] + io + flags + list(req.engine_args)
         common["ntasks_per_node"] = 1
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
                         launcher="batch", command=cmd, **common)]
@@ -283,6 +284,25 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
                        command=preproc + ["finalize", "--output", absolute(req.output)],
                        after_ok=[t.key for t in transforms], **one)
     return [dictionary] + transforms + [finalize]
+
+
+def _spark_standalone(shape):
+    """A Spark standalone cluster over the job's nodes; the driver sizes its executors from the shape."""
+    return (["bash", SlurmHelper("spark-standalone.sh"), "--"],
+            ["--nodes", str(shape["nodes"]), "--node-cores", str(shape["cores"]),
+             "--node-memory-gb", str(shape["memory_gb"]), "--gpus-per-node", str(shape["gpus"])])
+
+
+def _dask_cluster(shape):
+    """A dask scheduler + one worker per node (dask-cuda workers on GPU nodes) for NVTabular."""
+    return (["bash", SlurmHelper("dask-cluster.sh"), "--gpus-per-node", str(shape["gpus"]),
+             "--worker-memory-gb", str(max(1, shape["memory_gb"] * 85 // 100)), "--"],
+            ["--nodes", str(shape["nodes"])])
+
+
+# Multinode preprocessing: the cluster each engine starts inside the allocation (launcher
+# prefix, driver flags), from the shape {nodes, cores, memory_gb, gpus} of the job.
+MULTINODE_CLUSTERS = {"spark": _spark_standalone, "nvtabular": _dask_cluster}
 
 
 def _exits(specs):

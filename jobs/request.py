@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 from .errors import RequestError
 from .slurmtime import parse_time
-from .vocabulary import BIND_MODES, DATASETS, KINDS, MODEL_DATASET, MODELS, PAYLOADS, PREPROCESS_MODES
+from .vocabulary import (BIND_MODES, DATASETS, KINDS, MODEL_DATASET, MODELS, NVTABULAR_DATASETS, PAYLOADS,
+                         PREPROCESS_ENGINES, PREPROCESS_MODES)
 
 if TYPE_CHECKING:   # pragma: no cover
     from .profiles import Profile
@@ -28,7 +29,8 @@ OWNED_ENGINE_FLAGS = {
     "recsys": {"--run-mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
                "--mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
                "--model": "recsys-submit's own --model"},
-    "preproc": {"--input": "recsys-submit preprocess --input", "--output": "recsys-submit preprocess --output"},
+    "preproc": {"--input": "recsys-submit preprocess --input", "--output": "recsys-submit preprocess --output",
+                "--engine": "recsys-submit preprocess --engine"},
 }
 
 
@@ -60,6 +62,7 @@ class JobRequest:
     input: Optional[str] = None
     output: Optional[str] = None
     shards: Optional[int] = None           # criteo array mode: transform tasks
+    preprocess_engine: str = "spark"       # spark | nvtabular
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -161,6 +164,15 @@ def resolve(request, profile):
                                f"(choose from {', '.join(PREPROCESS_MODES)})")
         if req.preprocess_mode == "array" and req.dataset != "criteo":
             raise RequestError(f"--mode array: only criteo has array stages, not {req.dataset}")
+        if req.preprocess_engine not in PREPROCESS_ENGINES:
+            raise RequestError(f"--engine: unknown preprocessing engine {req.preprocess_engine!r} "
+                               f"(choose from {', '.join(PREPROCESS_ENGINES)})")
+        if req.preprocess_engine == "nvtabular":
+            if req.dataset not in NVTABULAR_DATASETS:
+                raise RequestError(f"--engine nvtabular: {req.dataset} has no NVTabular workflow "
+                                   f"(datasets: {', '.join(NVTABULAR_DATASETS)})")
+            if req.preprocess_mode == "array":
+                raise RequestError("--engine nvtabular: no array stages (use --mode single or multinode)")
         for flag, value in (("--input", req.input), ("--output", req.output)):
             if not value:
                 raise RequestError(f"{flag}: required for preprocess")
@@ -180,6 +192,8 @@ def resolve(request, profile):
             raise RequestError(f"--model: unknown model {req.model!r} (choose from {', '.join(MODELS)}, hello)")
         if req.preprocess_mode != "single" or req.shards is not None:
             raise RequestError("--mode/--shards: only for preprocess")
+        if req.preprocess_engine != "spark":
+            raise RequestError("--engine: only for preprocess")
 
     _check_engine_args(req.engine_args, engine)
 
@@ -266,7 +280,8 @@ _CHAIN_DROPS = ("payload", "nodes", "gpus_per_node", "ntasks_per_node", "name", 
 
 def build_chain(kind, model=None, *, engine_args=(), after=(), array=None, array_parallelism=None,
                 preprocess_from=None, data_path=None, then_evaluate=False, dataset=None,
-                preprocess_mode="single", input=None, output=None, shards=None, **common):
+                preprocess_mode="single", input=None, output=None, shards=None, preprocess_engine="spark",
+                **common):
     """The JobRequest chain of one job command: [preprocess ->] job [-> evaluate], each waiting
     (afterok) for the one before. The CLI's job subcommands and the Python API both build their
     chains here. `common` holds the JobRequest sizing fields shared by the chain (profile, nodes,
@@ -280,12 +295,13 @@ def build_chain(kind, model=None, *, engine_args=(), after=(), array=None, array
         own = {k: v for k, v in common.items() if k != "payload"}
         return [JobRequest(kind=kind, model=model, dataset=dataset, preprocess_mode=preprocess_mode,
                            input=input, output=output, shards=shards, array_parallelism=array_parallelism,
-                           engine_args=list(engine_args), after=after, **own)]
+                           preprocess_engine=preprocess_engine, engine_args=list(engine_args), after=after,
+                           **own)]
     for flag, value in (("--dataset", dataset), ("--input", input), ("--output", output)):
         if value is not None and not (flag == "--dataset" and preprocess_from):
             raise RequestError(f"{flag}: only for preprocess")
-    if (preprocess_mode != "single" or shards is not None) and not preprocess_from:
-        raise RequestError("--mode/--shards: only for preprocess (or with --preprocess-from)")
+    if (preprocess_mode != "single" or shards is not None or preprocess_engine != "spark") and not preprocess_from:
+        raise RequestError("--mode/--shards/--engine: only for preprocess (or with --preprocess-from)")
     # with an array-mode preprocess in the chain, --parallelism caps its transform array
     pre_cap = array_parallelism if preprocess_from and preprocess_mode == "array" else None
     main_cap = None if pre_cap is not None else array_parallelism
@@ -301,6 +317,7 @@ def build_chain(kind, model=None, *, engine_args=(), after=(), array=None, array
         chain.append(JobRequest(kind="preprocess", dataset=dataset or MODEL_DATASET.get(model),
                                 preprocess_mode=preprocess_mode, input=preprocess_from, output=data_path,
                                 shards=shards, after=after, array_parallelism=pre_cap,
+                                preprocess_engine=preprocess_engine,
                                 **{k: v for k, v in common.items() if k not in _CHAIN_DROPS}))
         after = []
     chain.append(JobRequest(kind=kind, model=model, array=array, array_parallelism=main_cap,

@@ -9,5 +9,8 @@ MODELS = ("dlrm", "wide_deep", "ncf")
 DATASETS = ("criteo", "movielens", "outbrain")
 PAYLOADS = ("recsys", "hello")
 PREPROCESS_MODES = ("single", "array", "multinode")
+# Preprocessing engines: Spark (every dataset) and NVTabular (`preproc <dataset> run --engine nvtabular`).
+PREPROCESS_ENGINES = ("spark", "nvtabular")
+NVTABULAR_DATASETS = ("criteo", "outbrain")
 BIND_MODES = ("exclusive", "numa", "interleave", "off")
 MODEL_DATASET = {"dlrm": "criteo", "wide_deep": "outbrain", "ncf": "movielens"}

@@ -87,13 +87,15 @@ def add_arguments(stages: argparse._SubParsersAction) -> None:
     finalize.add_argument("--keep-stages", action="store_true", help="keep OUT.stages/ after publishing")
     finalize.set_defaults(func=cmd_finalize)
 
-    run = stages.add_parser("run", help="dictionary + transform + finalize in one Spark application")
+    run = stages.add_parser("run", help="dictionary + transform + finalize in one Spark application "
+                                        "(or one NVTabular workflow with --engine nvtabular)")
     _input_arguments(run)
     add_output_arguments(run)
     _dictionary_arguments(run)
     run.add_argument("--keep-stages", action="store_true", help="keep OUT.stages/ after publishing")
     add_bad_rows_argument(run)
     add_spark_arguments(run)
+    _engine_arguments(run)
     run.set_defaults(func=cmd_run)
 
 
@@ -119,6 +121,23 @@ def _dictionary_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-layout", choices=layout.SPEC_LAYOUTS, default="reference",
                         help="reference: feature_spec.yaml with train/test (NVIDIA's loaders) + "
                              f"{layout.VALIDATION_SPEC}; combined: one spec with train/test/validation")
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    from preproc.nvt_runtime import DEVICES
+
+    group = parser.add_argument_group("engine", "--engine nvtabular: an NVTabular workflow on dask "
+                                      "(docs/preprocessing.md); the cluster-shape flags above size it")
+    group.add_argument("--engine", choices=ENGINES, default="spark",
+                       help="spark (default: split-binary output) or nvtabular (parquet output + the fitted "
+                            "workflow; needs pip install .[nvtabular])")
+    group.add_argument("--device", choices=DEVICES, default="auto",
+                       help="nvtabular: auto (GPU workers when a GPU and cudf are found, else CPU), cpu or gpu")
+    group.add_argument("--part-rows", type=int, default=None,
+                       help="nvtabular: at most this many rows per parquet file (default 1048576)")
+
+
+ENGINES = ("spark", "nvtabular")
 
 
 def rules_from_args(args) -> layout.Rules:
@@ -246,6 +265,8 @@ def cmd_run(args) -> int:
     from preproc.criteo_finalize import format_report
     from preproc.spark import session_or_plan
 
+    if getattr(args, "engine", "spark") == "nvtabular":
+        return cmd_run_nvtabular(args)
     files, last_day, thresholds = _plan(args)
     settings = settings_from_args(args, input_bytes=_input_bytes(files))
     spark = session_or_plan(settings, "criteo-run", args.dry_run,
@@ -256,6 +277,36 @@ def cmd_run(args) -> int:
     report = run(spark, files, last_day, thresholds, args.output, overwrite=args.overwrite,
                  bad_row_policy=args.bad_rows, keep_stages=args.keep_stages, rules=rules_from_args(args))
     print(format_report(report))
+    return 0
+
+
+def cmd_run_nvtabular(args) -> int:
+    """``run --engine nvtabular``: the same checks first, then preproc.criteo_nvt on the chosen dask runtime."""
+    from preproc import nvt_runtime
+    from preproc.spark import detect_node
+
+    files, last_day, thresholds = _plan(args)
+    if args.part_rows is not None and args.part_rows < 1:
+        raise PreprocError(f"--part-rows: must be >= 1, got {args.part_rows}")
+    cores, memory_gb = detect_node()
+    runtime = nvt_runtime.detect(args.device, args.node_cores or cores, args.node_memory_gb or memory_gb)
+    plan = [f"engine nvtabular: {runtime.describe()}", f"thresholds {thresholds}", f"rules {rules_from_args(args)}"]
+    plan += _describe_files(files, last_day)
+    if args.dry_run:
+        print("\n".join(plan))
+        return 0
+    try:
+        from preproc import criteo_nvt
+        import nvtabular  # noqa: F401
+    except ImportError as exc:
+        raise PreprocError(f"--engine nvtabular: {exc.name or exc} does not import "
+                           "(pip install '.[nvtabular]')") from None
+    for line in plan:
+        log.info("%s", line)
+    report = criteo_nvt.run(files, last_day, thresholds, args.output, overwrite=args.overwrite,
+                            bad_row_policy=args.bad_rows, rules=rules_from_args(args), runtime=runtime,
+                            part_rows=args.part_rows or criteo_nvt.PART_ROWS)
+    print(criteo_nvt.format_report(report))
     return 0
 
 

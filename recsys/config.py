@@ -40,6 +40,7 @@ class TrainConfig:
     feature_spec: Optional[str] = None
     synthetic: bool = False
     synthetic_rows: Optional[int] = None
+    reader: str = "tfdata"
     # training
     batch_size: Optional[int] = None
     eval_batch_size: Optional[int] = None

@@ -103,6 +103,9 @@ def build_parser(parser_class=_Parser):
                    help="generate a small synthetic dataset for the model (under --checkpoint-dir, next to "
                         "--log-path, or in a temporary directory) when no --data-path is given; small model sizes")
     d.add_argument("--synthetic-rows", type=int, help="training rows of the synthetic dataset (test: a quarter)")
+    d.add_argument("--reader", choices=("tfdata", "merlin"), default="tfdata",
+                   help="tfdata (default) or merlin: the Merlin dataloader over parquet mappings, e.g. NVTabular "
+                        "output (pip install .[nvtabular]; docs/data.md)")
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, help="GLOBAL batch size (split evenly over ranks); " + _ref("batch_size"))
     t.add_argument("--eval-batch-size", type=int, help="global evaluation batch size; " + _ref("eval_batch_size"))

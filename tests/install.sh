@@ -22,9 +22,11 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 py=$venv/bin/python
-"$py" -m pip install -q --upgrade pip wheel 'setuptools<70'
-log "pip install -e .[train,preproc,dev]"
-"$py" -m pip install -q -e "$here[train,preproc,dev]"
+# pip < 26: pip 26 refuses merlin-dataloader 23.8.0, whose metadata names a git URL (in its own
+# "dev" extra, never installed); pip 25.3 installs it.
+"$py" -m pip install -q --upgrade 'pip<26' wheel 'setuptools<70'
+log "pip install -e .[train,preproc,nvtabular,dev]"
+"$py" -m pip install -q -e "$here[train,preproc,nvtabular,dev]"
 
 # Horovod must be built against the installed TensorFlow with MPI, without
 # build isolation (its build imports TensorFlow). Cache the wheel per TF version.

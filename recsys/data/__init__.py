@@ -7,7 +7,8 @@ Entry point for the engine::
     for inputs, labels in ds: ...
 
 The reader is chosen by the mapping's chunk type (``split_binary`` ->
-:mod:`recsys.data.split_binary`, ``parquet`` -> :mod:`recsys.data.parquet`);
+:mod:`recsys.data.split_binary`, ``parquet`` -> :mod:`recsys.data.parquet`, or
+with ``reader="merlin"`` the Merlin dataloader, :mod:`recsys.data.merlin`);
 the input structure per model is documented in :mod:`recsys.data.layout`.
 Each rank reads only its shard, reads run in tf.data's thread pool and the
 pipeline ends in ``prefetch`` so that input overlaps with the training step.
@@ -32,8 +33,11 @@ def _as_spec(spec: Union[FeatureSpec, str]) -> FeatureSpec:
     return spec if isinstance(spec, FeatureSpec) else FeatureSpec.from_yaml(spec)
 
 
+READERS = ("tfdata", "merlin")
+
+
 def make_reader(spec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
-                drop_remainder: Optional[bool] = None):
+                drop_remainder: Optional[bool] = None, reader: str = "tfdata"):
     """The numpy-side reader of a mapping (``.numpy_batches()``, ``.num_batches``, ``.dataset()``).
 
     ``drop_remainder`` defaults to True for ``train`` (full batches, the same
@@ -44,6 +48,14 @@ def make_reader(spec, mapping: str, batch_size: int, rank: int = 0, world_size: 
     kind = spec.chunk_type(mapping)
     if drop_remainder is None:
         drop_remainder = mapping == "train"
+    if reader not in READERS:
+        raise ValueError(f"reader {reader!r} is not one of {', '.join(READERS)}")
+    if reader == "merlin":
+        if kind != "parquet":
+            raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}",
+                                   f"--reader merlin reads parquet chunks, this mapping is {kind}")
+        from recsys.data.merlin import MerlinReader
+        return MerlinReader(spec, mapping, batch_size, rank, world_size, drop_remainder)
     if kind == "split_binary":
         from recsys.data.split_binary import SplitBinaryReader
         return SplitBinaryReader(spec, mapping, batch_size, rank, world_size, drop_remainder)
@@ -57,14 +69,15 @@ def make_reader(spec, mapping: str, batch_size: int, rank: int = 0, world_size: 
 
 def make_dataset(spec, mapping: str, batch_size: int, rank: int = 0, world_size: int = 1,
                  shuffle: bool = False, seed: int = 0, repeat: bool = False,
-                 drop_remainder: Optional[bool] = None, parallel_files: int = 4):
+                 drop_remainder: Optional[bool] = None, parallel_files: int = 4, reader: str = "tfdata"):
     """tf.data.Dataset of ``(inputs, labels float32 [B, 1])`` for this rank's shard, prefetching.
 
     Without ``repeat`` the dataset has a known cardinality (``num_batches``
     of the reader; identical on all ranks for training mappings).
     ``parallel_files``: parquet files decoded at once per rank (ignored for split-binary).
+    ``reader``: ``tfdata`` (default) or ``merlin`` (parquet only, :mod:`recsys.data.merlin`).
     """
-    reader = make_reader(spec, mapping, batch_size, rank, world_size, drop_remainder)
-    if hasattr(reader, "file_groups"):
-        return reader.dataset(shuffle=shuffle, seed=seed, repeat=repeat, parallel_files=parallel_files)
-    return reader.dataset(shuffle=shuffle, seed=seed, repeat=repeat)
+    source = make_reader(spec, mapping, batch_size, rank, world_size, drop_remainder, reader=reader)
+    if hasattr(source, "file_groups"):
+        return source.dataset(shuffle=shuffle, seed=seed, repeat=repeat, parallel_files=parallel_files)
+    return source.dataset(shuffle=shuffle, seed=seed, repeat=repeat)

@@ -56,15 +56,15 @@ class Task:
     # --- data -------------------------------------------------------------------
     def train_dataset(self, epoch):
         return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
-                            shuffle=True, seed=self.args.seed * 1000 + epoch)
+                            shuffle=True, seed=self.args.seed * 1000 + epoch, reader=self.args.reader)
 
     def benchmark_dataset(self):
         return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
-                            shuffle=False, repeat=True)
+                            shuffle=False, repeat=True, reader=self.args.reader)
 
     def eval_dataset(self):
         ds = make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
-                          drop_remainder=False)
+                          drop_remainder=False, reader=self.args.reader)
         if self.model_parallel:      # every batch is an alltoall: ranks step together
             from recsys.models.model_parallel import lockstep
             return lockstep(ds, self.dist)

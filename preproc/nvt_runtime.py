@@ -1,0 +1,141 @@
+"""Where an NVTabular workflow runs: the dask runtime (CPU, GPU or a multinode cluster).
+
+``choose_runtime`` is a pure function from what was asked (``--device``), what the
+node has (GPUs, cores, memory, whether cudf imports) and whether a dask scheduler
+was handed over (``$RECSYS_DASK_SCHEDULER_FILE``, exported by
+slurm/dask-cluster.sh) to a :class:`Runtime`:
+
+* ``multinode``: a scheduler file is given -> connect to that scheduler; its
+  workers (one per node, started by slurm/dask-cluster.sh) do the work; pandas
+  partitions unless the workers are dask-cuda workers (``gpus_per_node > 0``).
+* ``gpu``: GPUs are visible and cudf imports (``--device auto``), or ``--device
+  gpu`` -> ``dask_cuda.LocalCUDACluster``, one worker per GPU, cudf partitions.
+* ``cpu``: otherwise -> dask's threaded scheduler in this process (a thread per
+  core), pandas partitions (``merlin.io.Dataset(cpu=True)``).
+
+``start`` turns a Runtime into a running ``distributed.Client`` (a context manager
+that always closes what it started). Nothing here imports dask at import time.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import subprocess
+from typing import Iterator, Mapping
+
+from preproc.errors import PreprocError
+
+log = logging.getLogger("preproc.nvt")
+DEVICES = ("auto", "cpu", "gpu")
+SCHEDULER_FILE_ENV = "RECSYS_DASK_SCHEDULER_FILE"
+GPUS_ENV = "RECSYS_DASK_GPUS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    mode: str                 # cpu | gpu | multinode
+    cpu: bool                 # pandas partitions (merlin.io.Dataset(cpu=True)); False: cudf
+    workers: int              # dask workers (GPUs for gpu; nodes unknown for multinode: 0)
+    threads_per_worker: int
+    scheduler_file: str | None = None
+    memory_limit_gb: float | None = None
+
+    def describe(self) -> str:
+        if self.mode == "multinode":
+            return f"multinode dask cluster (scheduler file {self.scheduler_file}), {'pandas' if self.cpu else 'cudf'}"
+        if self.mode == "gpu":
+            return f"GPU: dask-cuda LocalCUDACluster, {self.workers} worker(s), one per GPU, cudf"
+        return f"CPU: dask threaded scheduler, {self.threads_per_worker} thread(s), pandas"
+
+
+def choose_runtime(device: str, gpus: int, cores: int, cudf_available: bool, scheduler_file: str | None = None,
+                   memory_gb: float | None = None, cluster_gpus: int = 0) -> Runtime:
+    """The runtime for a request; raises PreprocError (one line) for an impossible one."""
+    if device not in DEVICES:
+        raise PreprocError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+    cores = max(1, int(cores))
+    if scheduler_file:
+        if device == "gpu" and cluster_gpus == 0:
+            raise PreprocError("--device gpu: the dask cluster's workers have no GPUs "
+                               "(start it with slurm/dask-cluster.sh --gpus-per-node G)")
+        use_gpu = cluster_gpus > 0 and device != "cpu"
+        return Runtime("multinode", cpu=not use_gpu, workers=0, threads_per_worker=cores,
+                       scheduler_file=scheduler_file)
+    if device == "gpu":
+        if gpus < 1:
+            raise PreprocError("--device gpu: no GPU visible on this node (CUDA_VISIBLE_DEVICES / nvidia-smi)")
+        if not cudf_available:
+            raise PreprocError("--device gpu: cudf does not import (install RAPIDS cudf and dask-cuda)")
+    if device != "cpu" and gpus > 0 and cudf_available:
+        return Runtime("gpu", cpu=False, workers=gpus, threads_per_worker=1, memory_limit_gb=memory_gb)
+    return Runtime("cpu", cpu=True, workers=1, threads_per_worker=cores, memory_limit_gb=memory_gb)
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None) -> int:
+    """GPUs this process may use: $CUDA_VISIBLE_DEVICES when set, else ``nvidia-smi -L`` lines, else 0."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() not in ("", "-1", "NoDevFiles")])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def cudf_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cudf") is not None and importlib.util.find_spec("dask_cuda") is not None
+
+
+def detect(device: str, cores: int, memory_gb: float | None = None,
+           environ: Mapping[str, str] | None = None) -> Runtime:
+    """choose_runtime with this node's facts (the impure half)."""
+    environ = os.environ if environ is None else environ
+    scheduler_file = environ.get(SCHEDULER_FILE_ENV) or None
+    cluster_gpus = int(environ.get(GPUS_ENV) or 0) if scheduler_file else 0
+    gpus = 0 if device == "cpu" or scheduler_file else visible_gpus(environ)
+    return choose_runtime(device, gpus, cores, cudf_available=gpus > 0 and cudf_importable(),
+                          scheduler_file=scheduler_file, memory_gb=memory_gb, cluster_gpus=cluster_gpus)
+
+
+@contextlib.contextmanager
+def start(runtime: Runtime) -> Iterator[object]:
+    """A ``distributed.Client`` for ``runtime`` (None in CPU mode); what it started is closed on exit."""
+    from distributed import Client
+
+    if runtime.mode == "multinode":
+        if not os.path.exists(runtime.scheduler_file):
+            raise PreprocError(f"${SCHEDULER_FILE_ENV}: {runtime.scheduler_file}: no such scheduler file")
+        with Client(scheduler_file=runtime.scheduler_file, timeout="60s") as client:
+            workers = len(client.scheduler_info()["workers"])
+            log.info("nvtabular: connected to %s, %d worker(s)", runtime.scheduler_file, workers)
+            yield client
+        return
+    if runtime.mode == "cpu":
+        # dask's threaded scheduler in this process: no scheduler or worker processes to start (an
+        # in-process distributed.LocalCluster of distributed 2023.1 hands tasks their arguments
+        # still wrapped in Serialize objects).
+        import dask
+
+        log.info("nvtabular: %s", runtime.describe())
+        with dask.config.set(scheduler="threads", num_workers=runtime.threads_per_worker):
+            yield None
+        return
+    memory = f"{runtime.memory_limit_gb:.2f}GiB" if runtime.memory_limit_gb else "auto"
+    from dask_cuda import LocalCUDACluster
+
+    cluster = LocalCUDACluster(n_workers=runtime.workers, memory_limit=memory, dashboard_address=None)
+    try:
+        with Client(cluster) as client:
+            log.info("nvtabular: %s", runtime.describe())
+            yield client
+    finally:
+        cluster.close()

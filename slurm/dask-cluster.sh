@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# A dask cluster inside a Slurm allocation, for the life of one driver command (NVTabular).
+#
+#   dask-cluster.sh [options] -- driver command...
+#
+# Runs in the batch script (on the first node of the allocation), as spark-standalone.sh does
+# for Spark:
+#   1. starts a dask scheduler here on a free port; it writes its address to a scheduler
+#      file in the log dir (on the shared file system, so every node can read it);
+#   2. starts one worker per node with `srun --ntasks-per-node=1` in the background:
+#      `dask-cuda-worker` (one worker process per GPU) with --gpus-per-node G > 0, else a
+#      CPU `dask worker` with one thread per core; waits until all nodes registered;
+#   3. exports RECSYS_DASK_SCHEDULER_FILE and RECSYS_DASK_GPUS (preproc.nvt_runtime connects
+#      to that scheduler) and runs the driver;
+#   4. ALWAYS stops the workers and the scheduler: a trap on EXIT, TERM, INT and USR2.
+# Exit status: the driver's; 128+N when killed by signal N.
+#
+# Options (environment variable in brackets):
+#   --worker-cores N      [DASK_WORKER_CORES]      threads each CPU worker runs (default: the node's)
+#   --worker-memory-gb G  [DASK_WORKER_MEMORY_GB]  memory limit of each node's worker(s), GiB
+#   --gpus-per-node G     [RECSYS_DASK_GPUS]       GPUs per node: dask-cuda workers (CPU workers
+#                         when cudf/dask-cuda do not import, as Spark runs a CPU plan without RAPIDS)
+#   --log-dir D           [RECSYS_DASK_LOG_DIR]    scheduler/worker logs and the scheduler file
+#                         (default $RECSYS_RUN_DIR/logs/dask-<job>, else ./dask-<job>)
+#   --timeout S           seconds to wait for the scheduler and the workers (120)
+set -euo pipefail
+
+die() { echo "dask-cluster: error: $*" >&2; exit 2; }
+say() { echo "dask-cluster: $*" >&2; }
+
+PY=${RECSYS_PYTHON:-python3}
+WORKER_CORES=${DASK_WORKER_CORES:-}
+WORKER_MEM_GB=${DASK_WORKER_MEMORY_GB:-}
+GPUS=${RECSYS_DASK_GPUS:-0}
+LOG_DIR=${RECSYS_DASK_LOG_DIR:-}
+TIMEOUT=120
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --worker-cores) WORKER_CORES=$2; shift 2 ;;
+    --worker-memory-gb) WORKER_MEM_GB=$2; shift 2 ;;
+    --gpus-per-node) GPUS=$2; shift 2 ;;
+    --log-dir) LOG_DIR=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
+    --) shift; break ;;
+    *) die "unknown option '$1' (usage: dask-cluster.sh [options] -- command...)" ;;
+  esac
+done
+[ $# -gt 0 ] || die "no driver command after --"
+[ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm allocation (SLURM_JOB_ID unset)"
+for v in WORKER_CORES WORKER_MEM_GB GPUS TIMEOUT; do
+  [ -z "${!v}" ] || [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, got '${!v}'"
+done
+"$PY" -c 'import distributed' 2>/dev/null \
+  || die "$PY cannot import distributed (pip install .[nvtabular]; set RECSYS_PYTHON to the environment's python)"
+
+if [ "$GPUS" -gt 0 ] && ! "$PY" -c 'import cudf, dask_cuda' 2>/dev/null; then
+  say "$GPUS GPU(s) per node but cudf/dask-cuda do not import: CPU workers (pandas), as Spark without RAPIDS"
+  GPUS=0
+fi
+NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
+JOB_TAG=${SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_${SLURM_ARRAY_TASK_ID}}
+if [ -z "$LOG_DIR" ]; then
+  if [ -n "${RECSYS_RUN_DIR:-}" ]; then LOG_DIR=$RECSYS_RUN_DIR/logs/dask-$JOB_TAG; else LOG_DIR=$PWD/dask-$JOB_TAG; fi
+fi
+mkdir -p "$LOG_DIR"
+SCHEDULER_FILE=$LOG_DIR/scheduler.json
+rm -f "$SCHEDULER_FILE"
+if [ -z "$WORKER_CORES" ]; then WORKER_CORES=${SLURM_CPUS_ON_NODE:-$(nproc)}; fi
+if [ -z "$WORKER_MEM_GB" ]; then
+  if [ -n "${SLURM_MEM_PER_NODE:-}" ]; then mem_mb=$SLURM_MEM_PER_NODE
+  else mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 )); fi
+  WORKER_MEM_GB=$(( mem_mb * 85 / 100 / 1024 )); [ "$WORKER_MEM_GB" -ge 1 ] || WORKER_MEM_GB=1
+fi
+HOST=${DASK_SCHEDULER_HOST:-$(hostname)}
+
+scheduler_pid="" workers_pid="" driver_pid="" stopping=0
+stop_cluster() {
+  local status=$1
+  [ "$stopping" = 0 ] || return 0
+  stopping=1
+  trap '' TERM INT USR2
+  for pid in $driver_pid $workers_pid $scheduler_pid; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  local deadline=$((SECONDS + 15))
+  for pid in $driver_pid $workers_pid $scheduler_pid; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  say "cluster stopped (scheduler file $SCHEDULER_FILE, $NODES worker node(s)); logs in $LOG_DIR"
+  exit "$status"
+}
+trap 'stop_cluster $?' EXIT
+trap 'say "caught SIGTERM"; stop_cluster 143' TERM
+trap 'say "caught SIGINT"; stop_cluster 130' INT
+trap 'say "caught SIGUSR2 (time limit near)"; stop_cluster 140' USR2
+
+say "scheduler on $HOST, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, GPUs/node $GPUS, logs in $LOG_DIR"
+"$PY" -m distributed.cli.dask_scheduler --host "$HOST" --port 0 --dashboard-address :0 --no-show \
+  --scheduler-file "$SCHEDULER_FILE" > "$LOG_DIR/scheduler.log" 2>&1 &
+scheduler_pid=$!
+deadline=$((SECONDS + TIMEOUT))
+until [ -s "$SCHEDULER_FILE" ]; do
+  kill -0 "$scheduler_pid" 2>/dev/null || die "dask scheduler exited; see $LOG_DIR/scheduler.log"
+  [ $SECONDS -lt $deadline ] || die "dask scheduler not up after ${TIMEOUT}s; see $LOG_DIR/scheduler.log"
+  sleep 0.5
+done
+
+# One worker (process) per node; dask-cuda-worker starts one process per visible GPU itself.
+if [ "$GPUS" -gt 0 ]; then
+  worker=("$(dirname "$PY")/dask-cuda-worker" --scheduler-file "$SCHEDULER_FILE"
+          --memory-limit "${WORKER_MEM_GB}GiB" --dashboard-address :0)
+else
+  worker=("$PY" -m distributed.cli.dask_worker --scheduler-file "$SCHEDULER_FILE" --nworkers 1
+          --nthreads "$WORKER_CORES" --memory-limit "${WORKER_MEM_GB}GiB" --dashboard-address :0
+          --local-directory "${DASK_LOCAL_DIRECTORY:-${TMPDIR:-/tmp}}")
+fi
+srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 --overlap --kill-on-bad-exit=0 \
+  --output="$LOG_DIR/worker-%t.log" "${worker[@]}" &
+workers_pid=$!
+"$PY" - "$SCHEDULER_FILE" "$NODES" "$TIMEOUT" <<'EOF' || die "workers did not register; see $LOG_DIR/worker-*.log"
+import sys
+from distributed import Client
+with Client(scheduler_file=sys.argv[1], timeout="60s") as client:
+    client.wait_for_workers(int(sys.argv[2]), timeout=float(sys.argv[3]))
+    hosts = sorted({w["host"] for w in client.scheduler_info()["workers"].values()})
+    print(f"dask-cluster: {len(client.scheduler_info()['workers'])} worker(s) on {', '.join(hosts)}", file=sys.stderr)
+EOF
+
+export RECSYS_DASK_SCHEDULER_FILE=$SCHEDULER_FILE RECSYS_DASK_GPUS=$GPUS RECSYS_DASK_NODES=$NODES
+# The driver runs in the background so that the traps fire at once on a signal.
+"$@" &
+driver_pid=$!
+set +e
+wait "$driver_pid"
+status=$?
+set -e
+driver_pid=""
+say "driver exited with status $status"
+stop_cluster "$status"
