@@ -182,11 +182,15 @@ def test_spark_xxhash64_matches_spark(spark):
     assert [r.hn for r in got] == [spark_xxhash64(struct.pack("<q", i * 977), 0) for i in range(len(values))]
 
 
-def test_wide_deep_trains_5_steps_on_nvtabular_output(nvt_out):
+@pytest.mark.parametrize("reader", ["tfdata", "merlin"])
+def test_wide_deep_trains_5_steps_on_nvtabular_output(nvt_out, reader):
+    """Both readers train W&D (multi-hot columns included) on the NVTabular output."""
     pytest.importorskip("tensorflow")
+    if reader == "merlin":
+        pytest.importorskip("merlin.dataloader")
     out, _ = nvt_out
     proc = subprocess.run([sys.executable, "-m", "recsys.train", "--model", "wide_deep", "--data-path", str(out),
-                           "--max-steps", "5", "--batch-size", "64"],
+                           "--max-steps", "5", "--batch-size", "64", "--reader", reader],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "map_at_12" in proc.stdout + proc.stderr
