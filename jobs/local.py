@@ -142,18 +142,11 @@ def _submit_detached(executor, command, log_path):
 
 def _job_state(folder, job_id, ntasks):
     """COMPLETED/FAILED from submitit's result files, RUNNING while the controller lives."""
-    import pickle
-
     from submitit.core.utils import JobPaths
 
     results = [JobPaths(folder, job_id, t).result_pickle for t in range(ntasks)]
     if all(p.exists() for p in results):
-        for path in results:
-            with open(path, "rb") as handle:
-                outcome, value = pickle.load(handle)
-            if outcome != "success" or value != 0:
-                return "FAILED"
-        return "COMPLETED"
+        return _results_state(results)
     try:
         os.kill(int(job_id), 0)
         return "RUNNING"
@@ -177,14 +170,18 @@ def _controller_folder(job_id):
 def _after_state(folder, job_id):
     """Wait for a local job outside this run to end; COMPLETED when every task of it succeeded."""
     import glob
-    import pickle
 
     from .status import poll_until
 
     poll_until(lambda: _controller_folder(job_id) == folder, lambda alive: not alive, first=0.2, ceiling=2)
     results = glob.glob(os.path.join(folder, f"{glob.escape(str(job_id))}_*_result.pkl"))
-    if not results:
-        return "CANCELLED"
+    return _results_state(results) if results else "CANCELLED"
+
+
+def _results_state(results):
+    """COMPLETED when every task's submitit result pickle says success with exit 0, else FAILED."""
+    import pickle
+
     for path in results:
         with open(path, "rb") as handle:
             outcome, value = pickle.load(handle)

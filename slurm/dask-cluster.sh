@@ -27,6 +27,8 @@ set -euo pipefail
 
 die() { echo "dask-cluster: error: $*" >&2; exit 2; }
 say() { echo "dask-cluster: $*" >&2; }
+# shellcheck source=allocation-cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/allocation-cluster.sh"
 
 PY=${RECSYS_PYTHON:-python3}
 WORKER_CORES=${DASK_WORKER_CORES:-}
@@ -66,11 +68,7 @@ mkdir -p "$LOG_DIR"
 SCHEDULER_FILE=$LOG_DIR/scheduler.json
 rm -f "$SCHEDULER_FILE"
 if [ -z "$WORKER_CORES" ]; then WORKER_CORES=${SLURM_CPUS_ON_NODE:-$(nproc)}; fi
-if [ -z "$WORKER_MEM_GB" ]; then
-  if [ -n "${SLURM_MEM_PER_NODE:-}" ]; then mem_mb=$SLURM_MEM_PER_NODE
-  else mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 )); fi
-  WORKER_MEM_GB=$(( mem_mb * 85 / 100 / 1024 )); [ "$WORKER_MEM_GB" -ge 1 ] || WORKER_MEM_GB=1
-fi
+if [ -z "$WORKER_MEM_GB" ]; then WORKER_MEM_GB=$(default_worker_memory_gb); fi
 HOST=${DASK_SCHEDULER_HOST:-$(hostname)}
 
 scheduler_pid="" workers_pid="" driver_pid="" stopping=0
@@ -78,22 +76,11 @@ stop_cluster() {
   local status=$1
   [ "$stopping" = 0 ] || return 0
   stopping=1
-  trap '' TERM INT USR2
-  for pid in $driver_pid $workers_pid $scheduler_pid; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  local deadline=$((SECONDS + 15))
-  for pid in $driver_pid $workers_pid $scheduler_pid; do
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
+  stop_processes $driver_pid $workers_pid $scheduler_pid
   say "cluster stopped (scheduler file $SCHEDULER_FILE, $NODES worker node(s)); logs in $LOG_DIR"
   exit "$status"
 }
-trap 'stop_cluster $?' EXIT
-trap 'say "caught SIGTERM"; stop_cluster 143' TERM
-trap 'say "caught SIGINT"; stop_cluster 130' INT
-trap 'say "caught SIGUSR2 (time limit near)"; stop_cluster 140' USR2
+trap_stop_signals
 
 say "scheduler on $HOST, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, GPUs/node $GPUS, logs in $LOG_DIR"
 "$PY" -m distributed.cli.dask_scheduler --host "$HOST" --port 0 --dashboard-address :0 --no-show \

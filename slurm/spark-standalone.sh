@@ -31,6 +31,8 @@ set -euo pipefail
 
 die() { echo "spark-standalone: error: $*" >&2; exit 2; }
 say() { echo "spark-standalone: $*" >&2; }
+# shellcheck source=allocation-cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/allocation-cluster.sh"
 
 PY=${RECSYS_PYTHON:-${PYSPARK_PYTHON:-python3}}
 WORKER_CORES=${SPARK_WORKER_CORES:-}
@@ -69,11 +71,7 @@ if [ -z "$LOG_DIR" ]; then
 fi
 mkdir -p "$LOG_DIR"
 if [ -z "$WORKER_CORES" ]; then WORKER_CORES=${SLURM_CPUS_ON_NODE:-$(nproc)}; fi
-if [ -z "$WORKER_MEM_GB" ]; then
-  if [ -n "${SLURM_MEM_PER_NODE:-}" ]; then mem_mb=$SLURM_MEM_PER_NODE
-  else mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 )); fi
-  WORKER_MEM_GB=$(( mem_mb * 85 / 100 / 1024 )); [ "$WORKER_MEM_GB" -ge 1 ] || WORKER_MEM_GB=1
-fi
+if [ -z "$WORKER_MEM_GB" ]; then WORKER_MEM_GB=$(default_worker_memory_gb); fi
 MASTER_HOST=${SPARK_MASTER_HOST:-$(hostname)}
 if [ -z "$MASTER_PORT" ]; then
   MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
@@ -91,22 +89,11 @@ stop_cluster() {
   local status=$1
   [ "$stopping" = 0 ] || return 0
   stopping=1
-  trap '' TERM INT USR2
-  for pid in $driver_pid $workers_pid $master_pid; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  local deadline=$((SECONDS + 15))
-  for pid in $driver_pid $workers_pid $master_pid; do
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
+  stop_processes $driver_pid $workers_pid $master_pid
   say "cluster stopped (master $SPARK_MASTER_URL, $NODES worker(s)); logs in $LOG_DIR"
   exit "$status"
 }
-trap 'stop_cluster $?' EXIT
-trap 'say "caught SIGTERM"; stop_cluster 143' TERM
-trap 'say "caught SIGINT"; stop_cluster 130' INT
-trap 'say "caught SIGUSR2 (time limit near)"; stop_cluster 140' USR2
+trap_stop_signals
 
 say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, logs in $LOG_DIR"
 "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \

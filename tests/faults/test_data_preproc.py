@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import live_commands
+
 from preproc import cli as preproc_cli
 from preproc import criteo
 from preproc.criteo_generate import generate
@@ -133,16 +135,7 @@ def test_array_task_killed_mid_write_reruns_to_identical_bytes(slurm_cluster, ra
 
 
 def _spark_processes(marker: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmd and "deploy" in cmd:
-                found.append(f"{proc.name}: {cmd[:160]}")
-    return found
+    return live_commands(marker, "deploy")
 
 
 def job_processes(jobid: str) -> list[int]:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import live_commands
+
 from preproc.criteo_generate import generate
 from preproc.criteo_layout import MAPPINGS, day_files, parse_thresholds
 from preproc.output import input_files
@@ -25,16 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _dask_processes(marker: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmd and "distributed.cli" in cmd:
-                found.append(f"{proc.name}: {cmd[:200]}")
-    return found
+    return live_commands(marker, "distributed.cli")
 
 
 def test_multinode_dask_cluster_equals_one_node(slurm_cluster, tmp_path):

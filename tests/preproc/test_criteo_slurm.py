@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import live_commands
+
 from preproc import criteo
 from preproc.criteo_generate import generate
 from preproc.criteo_layout import VALIDATION_SPEC, day_files, parse_thresholds
@@ -85,17 +87,7 @@ def test_array_mode_dictionary_then_capped_transform_array_then_finalize(slurm_c
 
 
 def _spark_processes(marker: str) -> list[str]:
-    """Command lines of live processes that mention ``marker`` (our job's log dir)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmd and "deploy" in cmd:
-                found.append(f"{proc.name}: {cmd[:200]}")
-    return found
+    return live_commands(marker, "deploy")
 
 
 def test_multinode_standalone_cluster_run(slurm_cluster, raw_and_reference):

@@ -1,0 +1,36 @@
+# Sourced by spark-standalone.sh and dask-cluster.sh: what every "cluster inside the allocation"
+# helper does the same way. The sourcing script defines say(), and a stop_cluster STATUS function
+# that calls stop_processes with its pids (driver first), reports, and exits STATUS.
+
+# default_worker_memory_gb: 85 % of the node's memory (the allocation's SLURM_MEM_PER_NODE, else
+# MemTotal), whole GiB, at least 1: the rest is left to the OS and the driver.
+default_worker_memory_gb() {
+  local mem_mb
+  if [ -n "${SLURM_MEM_PER_NODE:-}" ]; then mem_mb=$SLURM_MEM_PER_NODE
+  else mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 )); fi
+  local gb=$(( mem_mb * 85 / 100 / 1024 ))
+  [ "$gb" -ge 1 ] || gb=1
+  echo "$gb"
+}
+
+# stop_processes PID...: TERM each (in the order given), wait up to 15 s for all, then KILL what is
+# left. Signals are ignored meanwhile, so a second TERM cannot cut the shutdown short.
+stop_processes() {
+  trap '' TERM INT USR2
+  local pid
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  local deadline=$((SECONDS + 15))
+  for pid in "$@"; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
+# trap_stop_signals: the cluster ALWAYS stops: on exit, and on TERM/INT/USR2 (scancel, Ctrl-C,
+# the time limit) with 128+N.
+trap_stop_signals() {
+  trap 'stop_cluster $?' EXIT
+  trap 'say "caught SIGTERM"; stop_cluster 143' TERM
+  trap 'say "caught SIGINT"; stop_cluster 130' INT
+  trap 'say "caught SIGUSR2 (time limit near)"; stop_cluster 140' USR2
+}
