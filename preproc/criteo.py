@@ -291,7 +291,7 @@ def cmd_run_nvtabular(args) -> int:
     cores, memory_gb = detect_node()
     runtime = nvt_runtime.detect(args.device, args.node_cores or cores, args.node_memory_gb or memory_gb)
     plan = [f"engine nvtabular: {runtime.describe()}", f"thresholds {thresholds}", f"rules {rules_from_args(args)}"]
-    plan += _describe_files(files, last_day)
+    plan += _describe_files(args, files, last_day)
     if args.dry_run:
         print("\n".join(plan))
         return 0

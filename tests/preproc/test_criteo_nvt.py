@@ -198,3 +198,17 @@ def test_visible_gpus_from_environment():
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,3"}) == 3
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+
+
+def test_dry_run_prints_the_nvtabular_plan_with_or_without_input(tmp_path):
+    """A dry run of the NVTabular engine prints its runtime, thresholds and files; a missing input is noted."""
+    raw = tmp_path / "raw"
+    generate(raw, rows=900, days=3, seed=0)
+    here = _cli("--input", str(raw), "--output", str(tmp_path / "o"), "--threshold", "2", "--dry-run")
+    assert here.returncode == 0, here.stderr[-2000:]
+    assert "engine nvtabular:" in here.stdout
+    assert "last day 2 (day_2): first half test, second half validation" in here.stdout
+    absent = _cli("--input", str(tmp_path / "absent"), "--output", str(tmp_path / "o"), "--dry-run")
+    assert absent.returncode == 0, absent.stderr[-2000:]
+    assert f"input {tmp_path / 'absent'}: not here" in absent.stdout
+    assert not (tmp_path / "o").exists()
