@@ -215,7 +215,8 @@ def test_wide_deep_defaults_give_the_reference_model(tmp_path):
             .to_parquet(tmp_path / mapping / "part_00000.parquet")
     textio.write_feature_spec(spec, tmp_path)
     cfg = train.resolve(train.build_parser().parse_args(
-        ["--model", "wide_deep", "--feature-spec", str(tmp_path / "feature_spec.yaml"), "--embedding-memory-gb", "64"]))
+        ["--model", "wide_deep", "--feature-spec", str(tmp_path / "feature_spec.yaml"), "--embedding-memory-gb", "64",
+         "--batch-size", "1"]))  # the model's size does not depend on the batch; the files hold one row
     deep = [t for t in cfg.embedding_tables if not t[0].endswith("/wide")]
     assert sum(d for _, _, d in deep) == 1235 and len(deep) == 16
     assert {n: d for n, _, d in deep}["platform"] == 19 and {n: d for n, _, d in deep}["document_id"] == 128
