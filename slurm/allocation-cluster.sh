@@ -1,6 +1,6 @@
 # Sourced by spark-standalone.sh and dask-cluster.sh: what every "cluster inside the allocation"
-# helper does the same way. The sourcing script defines say(), and a stop_cluster STATUS function
-# that calls stop_processes with its pids (driver first), reports, and exits STATUS.
+# helper does the same way. The sourcing script defines say(), LOG_DIR, cluster_pids (its live
+# pids, driver first) and cluster_summary (one phrase naming the cluster, for the stop message).
 
 # default_worker_memory_gb: 85 % of the node's memory (the allocation's SLURM_MEM_PER_NODE, else
 # MemTotal), whole GiB, at least 1: the rest is left to the OS and the driver.
@@ -24,6 +24,18 @@ stop_processes() {
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true
   done
+}
+
+# stop_cluster STATUS: once only, stop every process of the cluster, say so, and exit STATUS.
+cluster_stopping=0
+stop_cluster() {
+  local status=$1
+  [ "$cluster_stopping" = 0 ] || return 0
+  cluster_stopping=1
+  # shellcheck disable=SC2046  # one word per pid; an unset pid is no word
+  stop_processes $(cluster_pids)
+  say "cluster stopped ($(cluster_summary)); logs in $LOG_DIR"
+  exit "$status"
 }
 
 # trap_stop_signals: the cluster ALWAYS stops: on exit, and on TERM/INT/USR2 (scancel, Ctrl-C,

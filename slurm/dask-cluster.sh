@@ -71,15 +71,9 @@ if [ -z "$WORKER_CORES" ]; then WORKER_CORES=${SLURM_CPUS_ON_NODE:-$(nproc)}; fi
 if [ -z "$WORKER_MEM_GB" ]; then WORKER_MEM_GB=$(default_worker_memory_gb); fi
 HOST=${DASK_SCHEDULER_HOST:-$(hostname)}
 
-scheduler_pid="" workers_pid="" driver_pid="" stopping=0
-stop_cluster() {
-  local status=$1
-  [ "$stopping" = 0 ] || return 0
-  stopping=1
-  stop_processes $driver_pid $workers_pid $scheduler_pid
-  say "cluster stopped (scheduler file $SCHEDULER_FILE, $NODES worker node(s)); logs in $LOG_DIR"
-  exit "$status"
-}
+scheduler_pid="" workers_pid="" driver_pid=""
+cluster_pids() { echo $driver_pid $workers_pid $scheduler_pid; }
+cluster_summary() { echo "scheduler file $SCHEDULER_FILE, $NODES worker node(s)"; }
 trap_stop_signals
 
 say "scheduler on $HOST, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, GPUs/node $GPUS, logs in $LOG_DIR"

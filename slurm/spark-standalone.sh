@@ -84,15 +84,9 @@ if [ "$GPUS" -gt 0 ]; then
   SPARK_WORKER_OPTS+=" -Dspark.worker.resource.gpu.discoveryScript=$("$PY" -c 'import preproc.spark as s; print(s.DISCOVERY_SCRIPT)')"
 fi
 
-master_pid="" workers_pid="" driver_pid="" stopping=0
-stop_cluster() {
-  local status=$1
-  [ "$stopping" = 0 ] || return 0
-  stopping=1
-  stop_processes $driver_pid $workers_pid $master_pid
-  say "cluster stopped (master $SPARK_MASTER_URL, $NODES worker(s)); logs in $LOG_DIR"
-  exit "$status"
-}
+master_pid="" workers_pid="" driver_pid=""
+cluster_pids() { echo $driver_pid $workers_pid $master_pid; }
+cluster_summary() { echo "master $SPARK_MASTER_URL, $NODES worker(s)"; }
 trap_stop_signals
 
 say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, logs in $LOG_DIR"
