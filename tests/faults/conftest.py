@@ -12,6 +12,8 @@ import pytest
 
 from tests.faults.record import RESULTS_ENV, load, results_path
 from tests.faults.report import markdown
+from tests.faults.train_helpers import ROWS, make_data
+from tests.jobs.submit_helpers import Cli
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,6 +23,18 @@ def fault_results_file():
         path.unlink()
     os.environ[RESULTS_ENV] = str(path)
     yield path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The training faults' small DLRM dataset (3 epochs of 32 steps at batch 512), one per module."""
+    return make_data(tmp_path_factory.mktemp("train-data"), rows=ROWS)
+
+
+@pytest.fixture
+def cli(slurm_cluster, tmp_path):
+    """`recsys-submit` against the session cluster, run directories under the test's tmp dir."""
+    return Cli(slurm_cluster.env, tmp_path / "runs")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -13,23 +13,13 @@ import time
 import pytest
 
 from tests.faults.record import FaultResult, record
-from tests.faults.train_helpers import (ENGINE, REPO, ROWS, STEPS, job_fields, make_data, read_log,
-                                        release_requeued, step_history, submit, wait_for)
-from tests.jobs.submit_helpers import Cli
+from tests.faults.train_helpers import (ENGINE, REPO, STEPS, job_fields, read_log, release_requeued,
+                                        step_history, submit, wait_for)
 
 pytestmark = [pytest.mark.faults, pytest.mark.slurm, pytest.mark.horovod]
 
 TWO_NODES = ["train", "--profile", "ci", "--model", "dlrm", "--nodes", "2", "--gpus-per-node", "1", "--time", "10"]
 
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("cluster-data"), rows=ROWS)
-
-
-@pytest.fixture
-def cli(slurm_cluster, tmp_path):
-    return Cli(slurm_cluster.env, tmp_path / "runs")
 
 
 def _ctld_pid(cluster):
