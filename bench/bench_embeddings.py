@@ -1,7 +1,7 @@
 """Model-parallel vs replicated embedding tables (DLRM, CPU ranks under mpirun): memory and throughput.
 
-In one run, for small tables (26 tables, about 1 MB in all) and large ones
-(``--large-gib`` of fp32 tables, 8 equal tables), at 2 and 4 ranks:
+In one run, for small tables (26 tables, about 4 MB in all) and large ones
+(each size of ``--large-gib``, GiB of fp32 tables in 8 equal tables), at 2 and 4 ranks:
 
 * memory: each rank's table bytes (its share of the plan, which the tests show
   equals its variables) and its process RSS (peak VmHWM and VmRSS at the end of
@@ -15,10 +15,10 @@ In one run, for small tables (26 tables, about 1 MB in all) and large ones
   allgather of the embedding gradients (IndexedSlices: values + ids, every
   rank receives every rank's). The dense MLP allreduce is the same in both.
 
-    python bench/bench_embeddings.py [--large-gib 2] [--ranks 2,4] [--steps 20] [--json out.json]
+    python bench/bench_embeddings.py [--large-gib 2,4] [--ranks 2,4] [--steps 20] [--json out.json]
 
 Needs Open MPI and Horovod (tests/install.sh). Memory: the replicated run at
-4 ranks holds 4 copies of the large tables (about 4 x (large + 0.9) GiB: 11.6 GiB for 2 GiB).
+4 ranks holds 4 copies of the large tables (about 4 x (large + 0.7) GiB: 18.6 GiB for 4 GiB).
 """
 from __future__ import annotations
 
@@ -109,21 +109,21 @@ def gib(x):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--large-gib", type=float, default=2.0, help="fp32 size of the large tables (GiB)")
+    p.add_argument("--large-gib", default="2,4", help="fp32 sizes of the large tables, GiB, comma separated")
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
     ranks = [int(x) for x in a.ranks.split(",")]
-    rows = int(a.large_gib * 2**30 / (8 * DIM * 4))
     sets = {"small": [int(c) for c in (10, 101, 1002, 23, 504, 8, 2006, 57, 208, 10009, 20, 111, 1012, 33,
                                        514, 18, 2016, 67, 218, 10019, 30, 121, 1022, 43, 524, 28)],
-            "large": [rows] * 8}
+            **{f"large {g:g} GiB": [int(g * 2**30 / (8 * DIM * 4))] * 8
+               for g in (float(x) for x in a.large_gib.split(","))}}
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as work:
         for name, cards in sets.items():
-            data = make_data(os.path.join(work, name), cards, rows=BATCH * 8)
+            data = make_data(os.path.join(work, name.replace(' ', '-')), cards, rows=BATCH * 8)
             for np_ in ranks:
                 for placement in ("replicated", "model_parallel"):
                     r = run(np_, data, placement, a.steps, a.warmup, work)
@@ -153,11 +153,20 @@ def main(argv=None):
                 continue
             fixed = max(rep["fixed_rss"] + mp["fixed_rss"])
             above = [max(p - f for p, f in zip(r["peak_rss"], r["fixed_rss"])) for r in (rep, mp)]
-            print(f"| {name} ({rep['table_gib']:.3f} GiB) | {np_} | {gib(max(rep['table_bytes'])):.3f} | "
+            label = name if name != "small" else f"small ({rep['table_gib']:.3f} GiB)"
+            print(f"| {label} | {np_} | {gib(max(rep['table_bytes'])):.3f} | "
                   f"{gib(max(mp['table_bytes'])):.3f} | {max(mp['table_bytes']) / max(rep['table_bytes']):.3f} | "
                   f"{gib(max(rep['peak_rss'])):.2f} | {gib(max(mp['peak_rss'])):.2f} | "
                   f"{max(mp['peak_rss']) / max(rep['peak_rss']):.3f} | {gib(fixed):.2f} | {gib(above[0]):.2f} | "
                   f"{gib(above[1]):.2f} | {above[1] / above[0]:.3f} |")
+    for name in sets:
+        rep, mp = by.get((name, max(ranks), "replicated")), by.get((name, max(ranks), "model_parallel"))
+        if name != "small" and rep and mp:
+            goal = 1 / max(ranks) + 0.10
+            tab = max(mp["table_bytes"]) / max(rep["table_bytes"])
+            rss = max(mp["peak_rss"]) / max(rep["peak_rss"])
+            print(f"goal at {max(ranks)} ranks, {name}: <= {goal:.2f}: table memory {tab:.3f} "
+                  f"({'met' if tab <= goal else 'NOT met'}), peak RSS {rss:.3f} ({'met' if rss <= goal else 'NOT met'})")
     print("\nThroughput (samples/s, global batch %d) and bytes moved per step" % BATCH)
     print("| tables | ranks | replicated | model parallel | MP / rep | alltoall MB/step (MP) | "
           "allgather MB/step (rep) |")

@@ -1,4 +1,4 @@
-"""Root fixtures: a real Slurm cluster on this host, started once per test session.
+"""Root fixtures: a real Slurm cluster on this host, started once per test session, and a local Spark.
 
 The cluster is slurm/dev/local-cluster.sh: munged, slurmctld and one slurmd per
 emulated node (4 nodes x 2 CPUs x 2 fake GPUs as GRES), in a fresh state
@@ -123,3 +123,44 @@ def venv_python() -> str:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+# Spark, for the preprocessing tests (tests/preproc) and the preprocessing faults (tests/faults):
+# one local[2] SparkSession per test session (the JVM starts once, about 4-8 s), built through
+# preproc.spark.get_session with the settings spark_settings derives for a 2-core, 4 GiB "node",
+# so the tests exercise the CLI's code path; pipelines called from tests get it back from getOrCreate.
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    pytest.importorskip("pyspark", reason="PySpark is not installed (pip install .[preproc])")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime (java on PATH or JAVA_HOME) for PySpark")
+    from preproc.spark import ClusterShape, get_session, spark_settings
+
+    scratch = tmp_path_factory.mktemp("spark-local")
+    settings = spark_settings(ClusterShape(node_cores=2, node_memory_gb=4, local_dirs=str(scratch),
+                                           shuffle_partitions=4, master="local[2]"))
+    settings.conf.update({"spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "true",
+                          "spark.default.parallelism": "4"})
+    session = get_session(settings, "recsys-preproc-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def criteo_reference(spark, tmp_path_factory):
+    """(raw days, reference output) that the Criteo Slurm tests and the preprocessing fault tests
+    compare with: 3000 generated rows over 3 days and one uninterrupted in-process run with the
+    reference rules (stages kept, for the fault tests' damaged-shard cases); built once per session."""
+    from preproc import criteo
+    from preproc.criteo_generate import generate
+    from preproc.criteo_layout import day_files, parse_thresholds
+    from preproc.output import input_files
+
+    base = tmp_path_factory.mktemp("criteo_reference")
+    raw = base / "raw"
+    generate(raw, rows=3000, days=3, seed=11)
+    found = day_files(input_files(raw))
+    files = [(idx, day, path) for idx, (day, path) in enumerate(found)]
+    reference = base / "reference"
+    criteo.run(spark, files, found[-1][0], parse_thresholds("2"), str(reference), keep_stages=True)
+    return raw, reference

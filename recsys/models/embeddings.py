@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recsys.models.model_parallel import ColumnSeededUniform, ModelParallelEmbedding, combine, new_table_seed
+from recsys.models.model_parallel import (ColumnSeededUniform, ModelParallelEmbedding, SeededEmbedding, combine,
+                                          new_table_seed)
 
 
 def distributed_embeddings_module():
@@ -53,14 +54,17 @@ class EmbeddingGroup(tf.keras.layers.Layer):
                                               column_slice_threshold=column_slice_threshold,
                                               data_parallel_threshold=data_parallel_threshold, name="mp")
             return
-        self.tables = [
-            tf.keras.layers.Embedding(c, d, embeddings_initializer=ColumnSeededUniform(self.seed, i), name=f"table_{i}")
-            for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
-        if self.model_parallel:
+        if self.model_parallel:     # distributed-embeddings builds the tables itself, from their initializer
+            self.tables = [tf.keras.layers.Embedding(c, d, embeddings_initializer=ColumnSeededUniform(self.seed, i),
+                                                     name=f"table_{i}")
+                           for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
             dmp = distributed_embeddings_module()
             kw = {} if data_parallel_threshold is None else {"data_parallel_threshold": data_parallel_threshold}
             self._dist = dmp.DistributedEmbedding(
                 self.tables, strategy="memory_balanced", column_slice_threshold=column_slice_threshold, **kw)
+        else:
+            self.tables = [SeededEmbedding(c, d, self.seed, i, name=f"table_{i}")
+                           for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
 
     @property
     def implementation(self):

@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,42 +32,17 @@ import pytest
 from tests.processes import live_commands
 
 from preproc import cli as preproc_cli
-from preproc import criteo
-from preproc.criteo_generate import generate
-from preproc.criteo_layout import Staging, day_files, parse_thresholds
-from preproc.output import input_files
+from preproc.criteo_layout import Staging
 from tests.faults.record import FaultResult, record
-from tests.preproc.conftest import spark  # noqa: F401  (the session's local Spark)
+from tests.preproc.criteo_jobs import logs, submit
 
 pytestmark = [pytest.mark.faults, pytest.mark.slurm, pytest.mark.spark, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def raw_and_reference(spark, tmp_path_factory):  # noqa: F811
-    """Raw days on the shared file system and the uninterrupted in-process result (stages kept)."""
-    base = tmp_path_factory.mktemp("faults_data_kill")
-    raw = base / "raw"
-    generate(raw, rows=3000, days=3, seed=11)
-    found = day_files(input_files(raw))
-    files = [(idx, day, path) for idx, (day, path) in enumerate(found)]
-    reference = base / "reference"
-    criteo.run(spark, files, found[-1][0], parse_thresholds("2"), str(reference), keep_stages=True)
-    return base, raw, reference
-
-
-def submit(cluster, *args) -> tuple[dict, Path]:
-    result = cluster.run([sys.executable, "-m", "jobs.cli", "preprocess", "--profile", "ci", "--dataset", "criteo",
-                          *map(str, args)], cwd=str(REPO), timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    jobs = dict(re.findall(r"submitted (\S+) job (\d+)", result.stdout))
-    run_dir = Path(re.search(r"run dir (\S+)", result.stdout).group(1))
-    return jobs, run_dir
-
-
-def logs(run_dir: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                     for p in sorted((run_dir / "logs").glob("*.out")))
+def raw_and_reference(criteo_reference, tmp_path_factory):
+    """(this module's work dir, raw days, the session's in-process reference output, stages kept)."""
+    return (tmp_path_factory.mktemp("faults_data_kill"), *criteo_reference)
 
 
 def differing_files(out: Path, reference: Path) -> list[str]:
@@ -126,7 +100,7 @@ def test_array_task_killed_mid_write_reruns_to_identical_bytes(slurm_cluster, ra
         data_lost=len(different) + len(left), recover_s=round(recover, 1),
         detail=f"scontrol requeue of the running task {'while' if mid_write else 'after'} it wrote its shard; "
                "finalize bytes == uninterrupted run, no temporary left"))
-    assert state == "COMPLETED", f"finalize {state}\n{logs(run_dir)}"
+    assert state == "COMPLETED", f"finalize {state}\n{logs(run_dir, 3000)}"
     assert "Restarts=1" in restarts, restarts
     assert not writing.exists(), f"the killed attempt's {writing} was not cleared"
     assert not different, different
@@ -200,7 +174,7 @@ def test_multinode_job_sigkilled_mid_write_resubmits_to_identical_bytes(slurm_cl
         detail=f"SIGKILL to all {killed} processes of the job {'while' if mid_write else 'after'} it wrote its "
                "shard, then the same command again: bytes == uninterrupted run, no Spark process or temporary left"))
     assert state in ("FAILED", "CANCELLED", "NODE_FAIL"), state
-    assert state2 == "COMPLETED", f"{state2}\n{logs(run_dir2)}"
+    assert state2 == "COMPLETED", f"{state2}\n{logs(run_dir2, 3000)}"
     assert not different, different
     assert not left, left
 

@@ -19,41 +19,17 @@ import pytest
 
 from tests.processes import live_commands
 
-from preproc import criteo
-from preproc.criteo_generate import generate
-from preproc.criteo_layout import VALIDATION_SPEC, day_files, parse_thresholds
-from preproc.output import input_files
+from preproc.criteo_layout import VALIDATION_SPEC
+from tests.preproc.criteo_jobs import logs, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def raw_and_reference(spark, tmp_path_factory):
-    """Generated raw days (shared file system) and the in-process result to compare with."""
-    base = tmp_path_factory.mktemp("criteo_slurm")
-    raw = base / "raw"
-    generate(raw, rows=3000, days=3, seed=11)
-    found = day_files(input_files(raw))
-    files = [(idx, day, path) for idx, (day, path) in enumerate(found)]
-    reference = base / "reference"
-    criteo.run(spark, files, found[-1][0], parse_thresholds("2"), str(reference))
-    return base, raw, reference
-
-
-def submit(cluster, *args) -> tuple[dict, Path]:
-    result = cluster.run([sys.executable, "-m", "jobs.cli", "preprocess", "--profile", "ci", "--dataset", "criteo",
-                          *args], cwd=str(REPO), timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    jobs = dict(re.findall(r"submitted (\S+) job (\d+)", result.stdout))
-    run_dir = Path(re.search(r"run dir (\S+)", result.stdout).group(1))
-    assert jobs, result.stdout
-    return jobs, run_dir
-
-
-def logs(run_dir: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}"
-                     for p in sorted((run_dir / "logs").glob("*.out")))
+def raw_and_reference(criteo_reference, tmp_path_factory):
+    """(this module's work dir, raw days, the session's in-process reference output)."""
+    return (tmp_path_factory.mktemp("criteo_slurm"), *criteo_reference)
 
 
 def assert_same_dataset(out: Path, reference: Path) -> None:

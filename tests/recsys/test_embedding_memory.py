@@ -34,3 +34,53 @@ def test_plain_sgd_keeps_no_slot_and_updates_only_the_gradient_rows():
     opt3 = make_optimizer("sgd", 0.5, momentum=0.9)
     opt3.build([tf.Variable(table)])
     assert len(opt3.variables) == 2
+
+
+def test_seeded_tables_are_the_same_whichever_slice_or_block_holds_a_column():
+    """A table is filled in place a block of rows at a time; a column's values depend only on
+    (seed, table, column, block), so a column slice, the whole table and the one-tensor
+    initializer that distributed-embeddings gets all agree bitwise."""
+    import tensorflow as tf
+    from recsys.models.model_parallel import SEED_BLOCK_ROWS, ColumnSeededUniform, fill_seeded
+    rows = SEED_BLOCK_ROWS + 123                                   # two blocks, the second short
+    full = tf.Variable(tf.zeros([rows, 8]))
+    fill_seeded(full, seed=11, table=3)
+    part = tf.Variable(tf.zeros([rows, 3]))
+    fill_seeded(part, seed=11, table=3, col_start=5)
+    whole = full.numpy()
+    np.testing.assert_array_equal(part.numpy(), whole[:, 5:8])
+    np.testing.assert_array_equal(ColumnSeededUniform(11, 3)([rows, 8]).numpy(), whole)
+    lim = rows ** -0.5
+    assert (np.abs(whole) < lim).all() and whole.std() > lim / 3    # U(-1/sqrt(rows), 1/sqrt(rows)), filled
+    assert not np.array_equal(whole[:123], whole[SEED_BLOCK_ROWS:])  # blocks are not repeats
+    other = tf.Variable(tf.zeros([rows, 8]))
+    fill_seeded(other, seed=11, table=4)
+    assert not np.array_equal(other.numpy(), whole)
+
+
+GROWTH_PROBE = r"""
+import sys
+def rss():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) * 1024
+import tensorflow as tf
+from recsys.models.model_parallel import SeededEmbedding
+tf.keras.layers.Embedding(10, 4)(tf.constant([1]))       # TF's own one-off costs, before measuring
+before = rss()
+layers = [SeededEmbedding(2**20, 32, seed=5, table=t) for t in range(2)]
+for layer in layers:
+    layer(tf.constant([1]))
+print(rss() - before)
+"""
+
+
+def test_building_seeded_tables_grows_the_process_by_their_bytes():
+    """Two 128 MiB tables: the process grows by their 256 MiB and little else. Before the tables
+    were filled in place, the initializer's per-column temporaries stayed in the process (the first
+    256 MiB table cost 0.55 GiB of RSS, docs/embeddings.md)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", GROWTH_PROBE], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    growth = int(out.stdout.split()[-1])
+    tables = 2 * 2**20 * 32 * 4
+    assert tables <= growth <= tables + 64 * 2**20, f"grew {growth / 2**20:.0f} MiB for {tables / 2**20:.0f} MiB of tables"
