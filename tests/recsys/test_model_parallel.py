@@ -1,6 +1,7 @@
 """Model-parallel embedding tables on Horovod alltoall, with real ranks (mpirun, srun --mpi=pmix).
 
-The model-parallel runs are compared with replicated runs of the same world size: same data
+DLRM (2 ranks under mpirun, 4 under srun --mpi=pmix) and Wide & Deep (2 and 4 ranks): the model-parallel
+runs are compared with replicated runs of the same world size: same data
 per rank, same initial weights (tables are seeded per column), so only the floating-point
 order of the gradient sums differs. Stated tolerance: losses within 1e-5 absolute, final
 weights within rtol 1e-4 / atol 1e-6 (observed: DLRM on 2 ranks, 8 steps, bitwise equal).
@@ -245,19 +246,44 @@ def test_incomplete_or_foreign_sharded_checkpoint_is_refused(dlrm_two_rank_runs,
     assert not (tmp_path / "b.jsonl").exists()
 
 
+def test_wide_deep_two_ranks_sum_combiner_matches_replicated(wide_deep_four_files, tmp_path):
+    """2 ranks, multi-hot with the sum combiner (the 4-rank test uses mean), whole tables per rank."""
+    runs = {p: _run(tmp_path, 2, "wide_deep", wide_deep_four_files, p, "--combiner", "sum")
+            for p in ("replicated", "model_parallel")}
+    mp, rep = runs["model_parallel"], runs["replicated"]
+    _assert_same_training(mp, rep)
+    _assert_each_rank_holds_its_plan_share(mp["ck"], 2)
+    sm, sr = summary(mp["log"]), summary(rep["log"])
+    for key in ("auc", "map_at_12", "bce"):
+        assert sm[key] == pytest.approx(sr[key], abs=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def dlrm_four_files(tmp_path_factory):
+    """DLRM data with one parquet file per rank for 4 ranks."""
+    from recsys.data import synthetic
+    out = tmp_path_factory.mktemp("data-dlrm-4")
+    synthetic.generate(synthetic.default_spec("dlrm", num_files=4), str(out), {"train": 4096, "test": 2048}, seed=7)
+    return out
+
+
 @pytest.mark.slurm
-def test_srun_pmix_model_parallel_matches_replicated(slurm_cluster, dlrm_two_rank_runs, tiny_data, tmp_path):
-    _, runs = dlrm_two_rank_runs
+def test_srun_pmix_dlrm_four_ranks_model_parallel_matches_replicated(slurm_cluster, dlrm_four_files, tmp_path):
+    """DLRM on 4 ranks, 2 emulated nodes x 2 tasks under srun --mpi=pmix, against the replicated run of
+    the same 4 ranks under mpirun."""
     env = dict(slurm_cluster.env)
     env.update(MPI_ENV)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
-    cmd = ["srun", "--mpi=pmix", "-N2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=1",
+    cmd = ["srun", "--mpi=pmix", "-N2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=1",
            "-p", slurm_cluster.partition, "--time=5",
-           *train_cmd(*_args("dlrm", tiny_data("dlrm"), "model_parallel", ck, log))]
-    res = slurm_cluster.run(cmd, env=env, timeout=300)
+           *train_cmd(*_args("dlrm", dlrm_four_files, "model_parallel", ck, log))]
+    res = slurm_cluster.run(cmd, env=env, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     mp = dict(log=read_log(log), ck=ck)
-    assert summary(mp["log"])["world_size"] == 2
-    _assert_same_training(mp, runs["replicated"])
-    _assert_each_rank_holds_its_plan_share(ck, 2)
+    sm = summary(mp["log"])
+    assert sm["world_size"] == 4 and len(set(sm["replica_weight_digests"])) == 4
+    rep = _run(tmp_path, 4, "dlrm", dlrm_four_files, "replicated")
+    _assert_same_training(mp, rep)
+    _assert_each_rank_holds_its_plan_share(ck, 4)
+    assert sm["auc"] == pytest.approx(summary(rep["log"])["auc"], abs=1e-6)
