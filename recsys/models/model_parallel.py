@@ -30,17 +30,10 @@ from recsys.placement import plan_for_group
 SEED_BLOCK_ROWS = 65536
 
 
-@tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64),
-                              tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)])
-def _seeded_block(seed, columns, block, rows, lim):
-    """[rows, len(columns)] of U(-lim, lim); column k drawn from (seed, columns[k], block) alone."""
-    draw = lambda key: tf.random.stateless_uniform(  # noqa: E731
-        [rows], seed=tf.stack([seed, key * 65536 + block]), minval=-lim, maxval=lim, dtype=tf.float32)
-    return tf.transpose(tf.map_fn(draw, columns, fn_output_signature=tf.TensorSpec([None], tf.float32)))
-
-
-def _column_keys(table, col_start, width):
-    return tf.constant([table * 100003 + col_start + c for c in range(width)], tf.int64)
+def _column_block(seed, key, block, rows, lim):
+    """[rows] of U(-lim, lim) drawn from (seed, column key, block) alone."""
+    return tf.random.stateless_uniform([rows], seed=tf.constant([seed, key * 65536 + block], tf.int64),
+                                       minval=-lim, maxval=lim, dtype=tf.float32)
 
 
 def seeded_blocks(seed, table, col_start, rows, width):
@@ -50,11 +43,12 @@ def seeded_blocks(seed, table, col_start, rows, width):
     A value depends only on (seed, table, column, block of SEED_BLOCK_ROWS rows), so a column is
     the same whichever rank or slice holds it: a model-parallel run starts from exactly the
     weights of a replicated one."""
-    keys, lim = _column_keys(table, col_start, width), tf.constant(rows ** -0.5, tf.float32)
+    lim = rows ** -0.5
     for r0 in range(0, rows, SEED_BLOCK_ROWS):
-        n = min(SEED_BLOCK_ROWS, rows - r0)
-        yield r0, _seeded_block(tf.constant(seed, tf.int64), keys, tf.constant(r0 // SEED_BLOCK_ROWS, tf.int64),
-                                tf.constant(n, tf.int32), lim)
+        n, block = min(SEED_BLOCK_ROWS, rows - r0), r0 // SEED_BLOCK_ROWS
+        # eager ops, one per column: no tf.function to trace in every process (0.5 s each)
+        yield r0, tf.stack([_column_block(seed, table * 100003 + col_start + c, block, n, lim)
+                            for c in range(width)], axis=1)
 
 
 def fill_seeded(variable, seed, table, col_start=0):
