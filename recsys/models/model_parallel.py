@@ -31,7 +31,8 @@ SEED_BLOCK_ROWS = 65536
 
 
 def _column_block(seed, key, block, rows, lim):
-    """[rows] of U(-lim, lim) drawn from (seed, column key, block) alone."""
+    """[rows] of U(-lim, lim) drawn from (seed, column key, block) alone (block < 2^16 keeps the
+    seeds distinct: tables up to 2^16 blocks x SEED_BLOCK_ROWS = 2^32 rows)."""
     return tf.random.stateless_uniform([rows], seed=tf.constant([seed, key * 65536 + block], tf.int64),
                                        minval=-lim, maxval=lim, dtype=tf.float32)
 
