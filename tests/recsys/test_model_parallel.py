@@ -2,7 +2,7 @@
 
 DLRM (2 ranks under mpirun, 4 under srun --mpi=pmix) and Wide & Deep (2 and 4 ranks): the model-parallel
 runs are compared with replicated runs of the same world size: same data
-per rank, same initial weights (tables are seeded per column), so only the floating-point
+per rank, same initial weights (tables are seeded per column and block of rows), so only the floating-point
 order of the gradient sums differs. Stated tolerance: losses within 1e-5 absolute, final
 weights within rtol 1e-4 / atol 1e-6 (observed: DLRM on 2 ranks, 8 steps, bitwise equal).
 """
@@ -142,13 +142,23 @@ def test_dlrm_model_parallel_resume_same_world_is_bitwise(dlrm_two_rank_runs, ti
 
 
 @pytest.fixture(scope="module")
-def wide_deep_four_files(tmp_path_factory):
-    """Wide & Deep data with one parquet file per rank for 4 ranks."""
+def four_files(tmp_path_factory):
+    """``four_files(model)`` -> synthetic data with one parquet file per rank for 4 ranks (made once)."""
     from recsys.data import synthetic
-    out = tmp_path_factory.mktemp("data-wide-deep-4")
-    synthetic.generate(synthetic.default_spec("wide_deep", num_files=4), str(out), {"train": 4096, "test": 2048},
-                       seed=7)
-    return out
+    made = {}
+
+    def get(model):
+        if model not in made:
+            made[model] = tmp_path_factory.mktemp(f"data-{model}-4")
+            synthetic.generate(synthetic.default_spec(model, num_files=4), str(made[model]),
+                               {"train": 4096, "test": 2048}, seed=7)
+        return made[model]
+    return get
+
+
+@pytest.fixture(scope="module")
+def wide_deep_four_files(four_files):
+    return four_files("wide_deep")
 
 
 def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(wide_deep_four_files, tmp_path):
@@ -258,32 +268,24 @@ def test_wide_deep_two_ranks_sum_combiner_matches_replicated(wide_deep_four_file
         assert sm[key] == pytest.approx(sr[key], abs=1e-6), key
 
 
-@pytest.fixture(scope="module")
-def dlrm_four_files(tmp_path_factory):
-    """DLRM data with one parquet file per rank for 4 ranks."""
-    from recsys.data import synthetic
-    out = tmp_path_factory.mktemp("data-dlrm-4")
-    synthetic.generate(synthetic.default_spec("dlrm", num_files=4), str(out), {"train": 4096, "test": 2048}, seed=7)
-    return out
-
-
 @pytest.mark.slurm
-def test_srun_pmix_dlrm_four_ranks_model_parallel_matches_replicated(slurm_cluster, dlrm_four_files, tmp_path):
+def test_srun_pmix_dlrm_four_ranks_model_parallel_matches_replicated(slurm_cluster, four_files, tmp_path):
     """DLRM on 4 ranks, 2 emulated nodes x 2 tasks under srun --mpi=pmix, against the replicated run of
     the same 4 ranks under mpirun."""
+    data = four_files("dlrm")
     env = dict(slurm_cluster.env)
     env.update(MPI_ENV)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
     cmd = ["srun", "--mpi=pmix", "-N2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=1",
            "-p", slurm_cluster.partition, "--time=5",
-           *train_cmd(*_args("dlrm", dlrm_four_files, "model_parallel", ck, log))]
+           *train_cmd(*_args("dlrm", data, "model_parallel", ck, log))]
     res = slurm_cluster.run(cmd, env=env, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     mp = dict(log=read_log(log), ck=ck)
     sm = summary(mp["log"])
     assert sm["world_size"] == 4 and len(set(sm["replica_weight_digests"])) == 4
-    rep = _run(tmp_path, 4, "dlrm", dlrm_four_files, "replicated")
+    rep = _run(tmp_path, 4, "dlrm", data, "replicated")
     _assert_same_training(mp, rep)
     _assert_each_rank_holds_its_plan_share(ck, 4)
     assert sm["auc"] == pytest.approx(summary(rep["log"])["auc"], abs=1e-6)
