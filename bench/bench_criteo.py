@@ -9,7 +9,7 @@ through
   written in DuckDB SQL: dictionary over all days, ids by descending count then
   value, threshold, ln(x + 3) with 0 for missing and x <= -3, the last day cut
   at half of its lines, training rows ordered by the seeded shuffle key of
-  ``criteo_layout.shuffle_key`` (same integer arithmetic in SQL), the
+  ``preproc.criteo.layout.shuffle_key`` (same integer arithmetic in SQL), the
   reference's id dtypes; in one process, with all cores.
 
 Each runs as its own process; wall time and the peak resident memory of the
@@ -40,12 +40,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from preproc.criteo_layout import (_MASK31, _MIX, CAT_FEATURES, MAPPINGS, NUM_CAT, NUM_INT,  # noqa: E402
+from preproc.criteo.layout import (_MASK31, _MIX, CAT_FEATURES, MAPPINGS, NUM_CAT, NUM_INT,  # noqa: E402
                                    categorical_dtype, parse_thresholds, shuffle_buckets, test_rows)
 
 
 def _mix31_sql(x: str, name: str) -> list[str]:
-    """criteo_layout.mix31 in DuckDB SQL: select items ending in column ``name`` (one alias per step,
+    """preproc.criteo.layout.mix31 in DuckDB SQL: select items ending in column ``name`` (one alias per step,
     so the expression does not grow 8-fold per mix; products stay below 2**61)."""
     return [f"{x} AS {name}_a",
             f"(xor({name}_a, {name}_a >> 15) * {_MIX[0]}) & {_MASK31} AS {name}_b",
@@ -54,7 +54,7 @@ def _mix31_sql(x: str, name: str) -> list[str]:
 
 
 def shuffle_key_sql(seed: int, file_idx: str, line: str, name: str = "shuffle_key") -> list[str]:
-    """criteo_layout.shuffle_key in DuckDB SQL: select items ending in column ``name``."""
+    """preproc.criteo.layout.shuffle_key in DuckDB SQL: select items ending in column ``name``."""
     return (_mix31_sql(f"{file_idx}::BIGINT", "k_file") + _mix31_sql(f"xor({seed}::BIGINT, k_file)", "k_salt")
             + _mix31_sql(f"xor({line}::BIGINT, k_salt)", "k_hi") + _mix31_sql(f"{line}::BIGINT", "k_line")
             + _mix31_sql("xor(k_hi, k_line)", "k_lo") + [f"k_hi * {1 << 31} + k_lo AS {name}"])

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_criteo import fit, measure  # noqa: E402
-from preproc.criteo_layout import CAT_FEATURES, MAPPINGS  # noqa: E402
+from preproc.criteo.layout import CAT_FEATURES, MAPPINGS  # noqa: E402
 
 
 def same_ids(spark_out: Path, nvt_out: Path) -> bool:

@@ -1,8 +1,9 @@
-"""``python -m preproc <dataset> <stage> [flags]``: dispatch to the dataset modules.
+"""``python -m preproc <dataset> <stage> [flags]``: dispatch to the dataset packages.
 
 Dataset protocol (how a dataset plugs in)
 -----------------------------------------
-``DATASETS`` maps a dataset name to the dotted path of its module. The module is
+``DATASETS`` maps a dataset name to the dotted path of its command-line module
+(``preproc.<dataset>.cli``). The module is
 imported only when that dataset is named on the command line (so a broken or
 missing dataset never hurts the others, and nothing imports pyspark until a
 stage really runs). The module provides:
@@ -21,14 +22,16 @@ stage really runs). The module provides:
 
 Stage functions raise ``preproc.errors.PreprocError`` for anything the user can
 fix; ``main`` prints it as ONE line and exits 2 (``OutputError``, e.g. a full disk: exit 1). Shared flag groups live next to
-the code they configure: ``preproc.spark.add_spark_arguments`` (cluster shape,
-``--dry-run``), ``preproc.output.add_output_arguments`` (``--output``,
-``--overwrite``) and ``preproc.bad_rows.add_bad_rows_argument``. Check inputs
-and outputs (``preproc.output.input_files`` / ``check_output_free``) before
-calling ``preproc.spark.get_session`` so bad input fails before Spark starts.
+the code they configure: ``preproc.runtime.spark.add_spark_arguments`` (cluster shape,
+``--dry-run``), ``preproc.dataio.output.add_output_arguments`` (``--output``,
+``--overwrite``) and ``preproc.dataio.bad_rows.add_bad_rows_argument``. Check inputs
+and outputs (``preproc.dataio.output.input_files`` / ``check_output_free``) before
+calling ``preproc.runtime.spark.get_session`` so bad input fails before Spark starts.
 
-To add a dataset: write ``preproc/<name>.py`` with ``add_arguments`` and add one
-line to ``DATASETS``.
+To add a dataset: write a package ``preproc/<name>/`` whose ``cli.py`` has
+``add_arguments`` and add one line to ``DATASETS``. The dataset packages import
+``preproc.dataio``, ``preproc.runtime`` and ``preproc.errors``, never each other
+or this module (the layers are listed in ``preproc/__init__.py``).
 """
 from __future__ import annotations
 
@@ -40,9 +43,9 @@ import sys
 from preproc.errors import PreprocError
 
 DATASETS: dict[str, str] = {
-    "criteo": "preproc.criteo",
-    "movielens": "preproc.movielens",
-    "outbrain": "preproc.outbrain",
+    "criteo": "preproc.criteo.cli",
+    "movielens": "preproc.movielens.cli",
+    "outbrain": "preproc.outbrain.cli",
 }
 
 log = logging.getLogger("preproc")
@@ -51,12 +54,13 @@ log = logging.getLogger("preproc")
 def _load(dataset: str):
     if dataset not in DATASETS:
         raise PreprocError(f"unknown dataset {dataset!r}: choose one of {', '.join(sorted(DATASETS))}")
+    module = DATASETS[dataset]
     try:
-        return importlib.import_module(DATASETS[dataset])
+        return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name == DATASETS[dataset]:
+        if exc.name == module or module.startswith(f"{exc.name}."):  # the module or its dataset package
             raise PreprocError(f"dataset {dataset!r} is not available in this installation "
-                               f"(module {DATASETS[dataset]} missing)") from None
+                               f"(module {module} missing)") from None
         raise
 
 

@@ -10,7 +10,7 @@
 #   2. starts one worker per node with `srun --ntasks-per-node=1` in the background:
 #      `dask-cuda-worker` (one worker process per GPU) with --gpus-per-node G > 0, else a
 #      CPU `dask worker` with one thread per core; waits until all nodes registered;
-#   3. exports RECSYS_DASK_SCHEDULER_FILE and RECSYS_DASK_GPUS (preproc.nvt_runtime connects
+#   3. exports RECSYS_DASK_SCHEDULER_FILE and RECSYS_DASK_GPUS (preproc.runtime.dask_cluster connects
 #      to that scheduler) and runs the driver;
 #   4. ALWAYS stops the workers and the scheduler: a trap on EXIT, TERM, INT and USR2.
 # Exit status: the driver's; 128+N when killed by signal N.

@@ -11,7 +11,7 @@
 #      (cores/memory from the flags, else the allocation: SLURM_CPUS_ON_NODE and
 #      85 % of SLURM_MEM_PER_NODE, else the node), and waits until all registered;
 #   3. exports SPARK_MASTER_URL, RECSYS_SPARK_NODES, RECSYS_SPARK_WORKER_CORES,
-#      RECSYS_SPARK_WORKER_MEMORY_GB (preproc.spark sizes executors from them)
+#      RECSYS_SPARK_WORKER_MEMORY_GB (preproc.runtime.spark sizes executors from them)
 #      and runs the driver;
 #   4. ALWAYS stops the workers and the master: a trap on EXIT, TERM, INT and USR2
 #      (Slurm's pre-timeout signal, scancel) ends the driver, the worker step and
@@ -81,7 +81,7 @@ export SPARK_LOG_DIR=$LOG_DIR SPARK_NO_DAEMONIZE=1
 [ -z "$LOCAL_DIRS" ] || export SPARK_LOCAL_DIRS=$LOCAL_DIRS
 if [ "$GPUS" -gt 0 ]; then
   export SPARK_WORKER_OPTS="${SPARK_WORKER_OPTS:-} -Dspark.worker.resource.gpu.amount=$GPUS"
-  SPARK_WORKER_OPTS+=" -Dspark.worker.resource.gpu.discoveryScript=$("$PY" -c 'import preproc.spark as s; print(s.DISCOVERY_SCRIPT)')"
+  SPARK_WORKER_OPTS+=" -Dspark.worker.resource.gpu.discoveryScript=$("$PY" -c 'import preproc.runtime.spark as s; print(s.DISCOVERY_SCRIPT)')"
 fi
 
 master_pid="" workers_pid="" driver_pid=""

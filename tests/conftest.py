@@ -127,14 +127,14 @@ def repo_root() -> Path:
 
 # Spark, for the preprocessing tests (tests/preproc) and the preprocessing faults (tests/faults):
 # one local[2] SparkSession per test session (the JVM starts once, about 4-8 s), built through
-# preproc.spark.get_session with the settings spark_settings derives for a 2-core, 4 GiB "node",
+# preproc.runtime.spark.get_session with the settings spark_settings derives for a 2-core, 4 GiB "node",
 # so the tests exercise the CLI's code path; pipelines called from tests get it back from getOrCreate.
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     pytest.importorskip("pyspark", reason="PySpark is not installed (pip install .[preproc])")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime (java on PATH or JAVA_HOME) for PySpark")
-    from preproc.spark import ClusterShape, get_session, spark_settings
+    from preproc.runtime.spark import ClusterShape, get_session, spark_settings
 
     scratch = tmp_path_factory.mktemp("spark-local")
     settings = spark_settings(ClusterShape(node_cores=2, node_memory_gb=4, local_dirs=str(scratch),
@@ -151,10 +151,10 @@ def criteo_reference(spark, tmp_path_factory):
     """(raw days, reference output) that the Criteo Slurm tests and the preprocessing fault tests
     compare with: 3000 generated rows over 3 days and one uninterrupted in-process run with the
     reference rules (stages kept, for the fault tests' damaged-shard cases); built once per session."""
-    from preproc import criteo
-    from preproc.criteo_generate import generate
-    from preproc.criteo_layout import day_files, parse_thresholds
-    from preproc.output import input_files
+    from preproc.criteo import pipeline as criteo
+    from preproc.criteo.generate import generate
+    from preproc.criteo.layout import day_files, parse_thresholds
+    from preproc.dataio.output import input_files
 
     base = tmp_path_factory.mktemp("criteo_reference")
     raw = base / "raw"

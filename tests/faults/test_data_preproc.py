@@ -32,7 +32,7 @@ import pytest
 from tests.processes import live_commands
 
 from preproc import cli as preproc_cli
-from preproc.criteo_layout import Staging
+from preproc.criteo.layout import Staging
 from tests.faults.record import FaultResult, record
 from tests.preproc.criteo_jobs import logs, submit
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from preproc import criteo
-from preproc.criteo_layout import NUM_CAT, NUM_INT, Rules, Staging, day_files, parse_thresholds
+from preproc.criteo import pipeline as criteo
+from preproc.criteo.layout import NUM_CAT, NUM_INT, Rules, Staging, day_files, parse_thresholds
+from preproc.dataio.output import input_files
 from preproc.errors import PreprocError
-from preproc.output import input_files
 
 pytestmark = pytest.mark.spark
 
@@ -168,9 +168,9 @@ def test_bad_rows_fatal_names_the_file_and_writes_nothing(spark, hand_built, tmp
 
 
 def test_array_stages_match_single_run_and_rerun_is_safe(spark, hand_built, run_output, tmp_path):
-    from preproc.criteo_dictionary import build_dictionary
-    from preproc.criteo_finalize import finalize
-    from preproc.criteo_transform import transform_shard
+    from preproc.criteo.dictionary import build_dictionary
+    from preproc.criteo.finalize import finalize
+    from preproc.criteo.transform import transform_shard
 
     reference, _ = run_output
     files, last_day = plan(hand_built)
@@ -204,7 +204,7 @@ def test_array_stages_match_single_run_and_rerun_is_safe(spark, hand_built, run_
 
 def test_row_order_survives_many_splits_and_pieces(spark, hand_built, run_output, tmp_path, monkeypatch):
     """Small input splits (several per day file) and 16-row pieces give the same bytes."""
-    from preproc import criteo_transform
+    from preproc.criteo import transform as criteo_transform
 
     reference, _ = run_output
     monkeypatch.setattr(criteo_transform, "PIECE_BITS", 4)
@@ -277,7 +277,7 @@ def test_dry_run_prints_configuration_and_plan(hand_built, tmp_path):
 
 
 def test_generator_layout_and_determinism(tmp_path):
-    from preproc.criteo_generate import generate
+    from preproc.criteo.generate import generate
 
     generate(tmp_path / "a", rows=3000, days=3, seed=7)
     generate(tmp_path / "b", rows=3000, days=3, seed=7)
@@ -298,7 +298,7 @@ def test_generator_layout_and_determinism(tmp_path):
 
 def test_generated_data_trains(spark, tmp_path):
     """The reader loads the output and a short DLRM training run starts on it."""
-    from preproc.criteo_generate import generate
+    from preproc.criteo.generate import generate
 
     raw = tmp_path / "raw"
     generate(raw, rows=4000, days=2, seed=3)

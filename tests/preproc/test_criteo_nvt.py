@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from preproc import criteo
-from preproc.criteo_generate import generate
-from preproc.criteo_layout import (CAT_FEATURES, INT_FEATURES, MAPPINGS, VALIDATION_SPEC, Rules, day_files,
+from preproc.criteo import pipeline as criteo
+from preproc.criteo.generate import generate
+from preproc.criteo.layout import (CAT_FEATURES, INT_FEATURES, MAPPINGS, VALIDATION_SPEC, Rules, day_files,
                                    parse_thresholds)
-from preproc.output import input_files
+from preproc.dataio.output import input_files
 
 pytest.importorskip("nvtabular", reason="NVTabular is not installed (pip install .[nvtabular])")
 pytestmark = pytest.mark.spark
@@ -78,7 +78,7 @@ def read_nvt(out: Path, mapping: str) -> dict:
 
 @pytest.mark.parametrize("rules", [Rules(), STRICT], ids=["reference", "strict"])
 def test_nvtabular_equals_spark(spark, raw, rules, monkeypatch):
-    from preproc import criteo_layout, criteo_nvt
+    from preproc.criteo import layout as criteo_layout, nvt as criteo_nvt
     from recsys.feature_spec import FeatureSpec
 
     # 3 shuffle buckets for the 2000 training rows (one per 2**21 rows on real data), in both engines
@@ -120,7 +120,7 @@ def test_saved_workflow_reapplies_to_raw_rows(raw):
     import nvtabular as nvt
     from merlin.io import Dataset
 
-    from preproc import criteo_nvt
+    from preproc.criteo import nvt as criteo_nvt
 
     out = raw / "nvt-ref"
     if not out.exists():
@@ -173,7 +173,7 @@ def test_bad_input_one_line_exit_2(raw, tmp_path, case):
     ("cpu", 0, False, "/s.json", 8, "multinode", True),
 ])
 def test_runtime_selection(device, gpus, cudf, scheduler, cluster_gpus, mode, cpu):
-    from preproc.nvt_runtime import choose_runtime
+    from preproc.runtime.dask_cluster import choose_runtime
 
     runtime = choose_runtime(device, gpus, 16, cudf, scheduler_file=scheduler, cluster_gpus=cluster_gpus)
     assert (runtime.mode, runtime.cpu) == (mode, cpu)
@@ -186,14 +186,14 @@ def test_runtime_selection(device, gpus, cudf, scheduler, cluster_gpus, mode, cp
     ("gpu", 0, False, "/s.json", "no GPUs"), ("tpu", 0, False, None, "--device")])
 def test_runtime_refusals(device, gpus, cudf, scheduler, needle):
     from preproc.errors import PreprocError
-    from preproc.nvt_runtime import choose_runtime
+    from preproc.runtime.dask_cluster import choose_runtime
 
     with pytest.raises(PreprocError, match=needle):
         choose_runtime(device, gpus, 4, cudf, scheduler_file=scheduler)
 
 
 def test_visible_gpus_from_environment():
-    from preproc.nvt_runtime import visible_gpus
+    from preproc.runtime.dask_cluster import visible_gpus
 
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,3"}) == 3
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0

@@ -17,9 +17,9 @@ import pytest
 
 from tests.processes import live_commands
 
-from preproc.criteo_generate import generate
-from preproc.criteo_layout import MAPPINGS, day_files, parse_thresholds
-from preproc.output import input_files
+from preproc.criteo.generate import generate
+from preproc.criteo.layout import MAPPINGS, day_files, parse_thresholds
+from preproc.dataio.output import input_files
 
 pytest.importorskip("nvtabular", reason="NVTabular is not installed (pip install .[nvtabular])")
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -33,7 +33,7 @@ def _dask_processes(marker: str) -> list[str]:
 def test_multinode_dask_cluster_equals_one_node(slurm_cluster, tmp_path):
     import pandas as pd
 
-    from preproc import criteo_nvt
+    from preproc.criteo import nvt as criteo_nvt
 
     raw = tmp_path / "raw"
     generate(raw, rows=3000, days=3, seed=11)

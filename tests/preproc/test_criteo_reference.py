@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from preproc import criteo
-from preproc.criteo_layout import (NUM_CAT, NUM_INT, VALIDATION_SPEC, Rules, Staging, categorical_dtype,
+from preproc.criteo import pipeline as criteo
+from preproc.criteo.layout import (NUM_CAT, NUM_INT, VALIDATION_SPEC, Rules, Staging, categorical_dtype,
                                    numerical_transform, parse_thresholds, shuffle_buckets, shuffle_key)
 from preproc.errors import PreprocError
 
@@ -69,7 +69,7 @@ def other_run(spark, raw, tmp_path_factory):
     """Another seed, the dictionary over the training days only, many shuffle buckets."""
     out = tmp_path_factory.mktemp("criteo_ref_other") / "dataset"
     mp = pytest.MonkeyPatch()
-    from preproc import criteo_dictionary
+    from preproc.criteo import dictionary as criteo_dictionary
 
     mp.setattr(criteo_dictionary, "shuffle_buckets", lambda n: 7)
     try:
@@ -257,9 +257,9 @@ def test_rule_flags_are_checked_before_spark(tmp_path, raw):
 
 def test_array_shards_and_small_splits_give_the_one_shard_bytes(spark, raw, default_run, tmp_path, monkeypatch):
     """Two transform shards (the shuffle bucket merged in finalize) and tiny input splits: same bytes."""
-    from preproc import criteo_transform
-    from preproc.criteo_dictionary import build_dictionary
-    from preproc.criteo_finalize import finalize
+    from preproc.criteo import transform as criteo_transform
+    from preproc.criteo.dictionary import build_dictionary
+    from preproc.criteo.finalize import finalize
 
     reference, _ = default_run
     monkeypatch.setattr(criteo_transform, "PIECE_BITS", 2)

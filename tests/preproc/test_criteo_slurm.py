@@ -19,7 +19,7 @@ import pytest
 
 from tests.processes import live_commands
 
-from preproc.criteo_layout import VALIDATION_SPEC
+from preproc.criteo.layout import VALIDATION_SPEC
 from tests.preproc.criteo_jobs import logs, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.spark, pytest.mark.slow]

@@ -18,8 +18,8 @@ import sys
 import pandas as pd
 import pytest
 
-from preproc import movielens
 from preproc.errors import PreprocError
+from preproc.movielens import pipeline as movielens
 
 pytestmark = pytest.mark.spark
 
@@ -106,7 +106,7 @@ def test_test_negatives_exact_on_hand_built(spark, tmp_path):
 
 
 def test_generated_data_files_reader_and_training(spark, tmp_path):
-    from preproc.generate_movielens import generate
+    from preproc.movielens.generate import generate
 
     generate(str(tmp_path / "raw"), users=60, items=80, fmt="ml-20m", seed=2)
     out = tmp_path / "out"

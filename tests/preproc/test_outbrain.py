@@ -11,8 +11,8 @@ import sys
 import pandas as pd
 import pytest
 
-from preproc import outbrain
 from preproc.errors import PreprocError
+from preproc.outbrain import pipeline as outbrain
 
 pytestmark = pytest.mark.spark
 DAY = outbrain.DAY_MS
@@ -125,7 +125,7 @@ def test_hash_bucket_range(spark):
 # ---------------------------------------------------------------- whole pipeline on generated tables
 @pytest.fixture(scope="module")
 def generated(spark, tmp_path_factory):
-    from preproc.generate_outbrain import generate
+    from preproc.outbrain.generate import generate
 
     base = tmp_path_factory.mktemp("outbrain")
     generate(str(base / "raw"), displays=300, seed=3)
@@ -215,7 +215,7 @@ def test_pipeline_reader_and_short_training(generated):
 
 # ---------------------------------------------------------------- bad input
 def test_bad_rows_counted_then_skipped_or_fatal(spark, tmp_path):
-    from preproc.generate_outbrain import generate
+    from preproc.outbrain.generate import generate
 
     generate(str(tmp_path), displays=20, seed=1)
     good_rows = len(pd.read_csv(tmp_path / "clicks_train.csv"))
@@ -237,7 +237,7 @@ def run_cli(*args):
 
 @pytest.fixture(scope="module")
 def raw_tables(tmp_path_factory):
-    from preproc.generate_outbrain import generate
+    from preproc.outbrain.generate import generate
 
     raw = tmp_path_factory.mktemp("outbrain_cli") / "raw"
     generate(str(raw), displays=30, seed=2)
@@ -273,7 +273,7 @@ def test_cli_bad_input_one_line_error_before_spark(raw_tables, tmp_path, breakag
 
 
 def test_generator_skewed_ads_and_one_click_per_display(tmp_path):
-    from preproc.generate_outbrain import generate
+    from preproc.outbrain.generate import generate
 
     generate(str(tmp_path), displays=600, seed=7)
     clicks = pd.read_csv(tmp_path / "clicks_train.csv")

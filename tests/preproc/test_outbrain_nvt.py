@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from preproc import outbrain
-from preproc.outbrain_features import (REFERENCE_BUCKETS, REFERENCE_MULTIHOT, REFERENCE_NUMERICAL,
+from preproc.outbrain import pipeline as outbrain
+from preproc.outbrain.features import (REFERENCE_BUCKETS, REFERENCE_MULTIHOT, REFERENCE_NUMERICAL,
                                        REFERENCE_ONEHOT)
 
 pytestmark = pytest.mark.spark
@@ -34,7 +34,7 @@ def read_mapping(directory, mapping):
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
-    from preproc.generate_outbrain import generate
+    from preproc.outbrain.generate import generate
 
     base = tmp_path_factory.mktemp("outbrain_ref")
     generate(str(base / "raw"), displays=300, seed=3)
@@ -147,7 +147,7 @@ def test_nvtabular_saved_workflow_transforms_new_data(nvt_out, raw):
     import nvtabular as nvt
     from merlin.io import Dataset
 
-    from preproc import outbrain_nvt
+    from preproc.outbrain import nvt as outbrain_nvt
 
     out, spec = nvt_out
     assert os.path.isdir(out / "workflow") and spec["metadata"]["workflow"] == "workflow"
@@ -173,7 +173,7 @@ def test_spark_xxhash64_matches_spark(spark):
     from pyspark.sql import functions as F
 
     pytest.importorskip("nvtabular")
-    from preproc.outbrain_nvt import spark_xxhash64
+    from preproc.outbrain.nvt import spark_xxhash64
 
     values = ["US>CA>807", "", "é", "1234567", "a" * 33]
     got = spark.createDataFrame([(v, i * 977) for i, v in enumerate(values)], "s string, n long") \
@@ -202,7 +202,7 @@ def test_wide_deep_defaults_give_the_reference_model(tmp_path):
     pytest.importorskip("tensorflow")
     from recsys import train
     from recsys.models.defaults import MODEL_DEFAULTS, embedding_dims
-    from preproc import textio
+    from preproc.dataio import textio
 
     layout = outbrain.feature_layout("reference", REFERENCE_BUCKETS, REFERENCE_MULTIHOT)
     spec = outbrain.feature_spec_dict(layout, ["train/part_00000.parquet"], ["test/part_00000.parquet"], {})
@@ -274,9 +274,9 @@ def test_nvtabular_missing_table_fails_before_work(raw, tmp_path):
 def test_nvtabular_bad_rows_as_spark(tmp_path):
     """The pandas reader counts and skips the same bad rows as the Spark reader (or fails with --bad-rows fatal)."""
     pytest.importorskip("nvtabular")
-    from preproc import outbrain_nvt
+    from preproc.outbrain import nvt as outbrain_nvt
     from preproc.errors import PreprocError
-    from preproc.generate_outbrain import generate
+    from preproc.outbrain.generate import generate
 
     generate(str(tmp_path), displays=20, seed=1)
     good_rows = len(pd.read_csv(tmp_path / "clicks_train.csv"))

@@ -1,10 +1,10 @@
-"""preproc.spark.spark_settings: Spark configuration derived from the node shape (pure function)."""
+"""preproc.runtime.spark.spark_settings: Spark configuration derived from the node shape (pure function)."""
 from __future__ import annotations
 
 import pytest
 
 from preproc.errors import PreprocError
-from preproc.spark import DISCOVERY_SCRIPT, ClusterShape, spark_settings
+from preproc.runtime.spark import DISCOVERY_SCRIPT, ClusterShape, spark_settings
 
 JAR = "/opt/rapids/rapids-4-spark_2.12-24.02.0.jar"
 
@@ -87,7 +87,7 @@ def test_shuffle_partitions_follow_the_input_size_on_a_cluster():
 
 
 def test_several_nodes_without_master_plan_a_standalone_cluster_or_are_refused():
-    from preproc.spark import PLANNED_MASTER
+    from preproc.runtime.spark import PLANNED_MASTER
     shape = ClusterShape(node_cores=80, node_memory_gb=1500, nodes=4)
     s = spark_settings(shape, environ={}, plan_only=True)
     assert s.master == PLANNED_MASTER and s.mode == "cluster-cpu"

@@ -21,10 +21,10 @@ pytest.importorskip("merlin.dataloader", reason="Merlin is not installed (pip in
 
 @pytest.fixture(scope="module")
 def nvt_criteo(tmp_path_factory):
-    from preproc import criteo_nvt
-    from preproc.criteo_generate import generate
-    from preproc.criteo_layout import day_files, parse_thresholds
-    from preproc.output import input_files
+    from preproc.criteo import nvt as criteo_nvt
+    from preproc.criteo.generate import generate
+    from preproc.criteo.layout import day_files, parse_thresholds
+    from preproc.dataio.output import input_files
 
     base = tmp_path_factory.mktemp("merlin_reader")
     generate(base / "raw", rows=1500, days=3, seed=5)

@@ -35,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from preproc import bad_rows
-from preproc.criteo_layout import (_MASK31, _MIX, NUM_CAT, NUM_INT, NUMERICAL_FLOOR, NUMERICAL_SHIFT, SPEC_VERSION,
+from preproc.criteo.layout import (_MASK31, _MIX, NUM_CAT, NUM_INT, NUMERICAL_FLOOR, NUMERICAL_SHIFT, SPEC_VERSION,
                                    Rules, Staging, categorical_dtype, shard_of, test_rows)
-from preproc.criteo_read import read_days
+from preproc.criteo.read import read_days
+from preproc.dataio import bad_rows
+from preproc.dataio.output import atomic_dir, read_json
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir, read_json
 
 log = logging.getLogger("preproc.criteo")
 PIECE_BITS = 20  # at most 2**20 lines per input-order piece
@@ -59,7 +59,7 @@ def record_sizes(cardinalities: list[int]) -> dict[str, int]:
 
 
 def _with_mix31(frame, source, target: str):
-    """``frame`` + column ``target`` = ``criteo_layout.mix31(source)``, one projection per step.
+    """``frame`` + column ``target`` = ``layout.mix31(source)``, one projection per step.
 
     Each step reads its input twice; written as one expression the tree would
     grow 8-fold per mix (and the shuffle key nests five), so every step is its
@@ -77,7 +77,7 @@ def _with_mix31(frame, source, target: str):
 
 
 def with_shuffle_key(frame, seed: int, file_idx: str = "file_idx", line: str = "line", target: str = "key"):
-    """``frame`` + column ``target`` = ``criteo_layout.shuffle_key(seed, file_idx, line)`` (Spark version)."""
+    """``frame`` + column ``target`` = ``layout.shuffle_key(seed, file_idx, line)`` (Spark version)."""
     from pyspark.sql import functions as F
 
     frame = _with_mix31(frame, F.col(file_idx).cast("long"), "_k_file")

@@ -1,13 +1,13 @@
 """The Outbrain Click Prediction (Kaggle) input tables: columns, file names, time base, input checks.
 
-Shared by both engines (preproc.outbrain, preproc.outbrain_nvt read them) and the
-synthetic generator (preproc.generate_outbrain writes them); pure Python.
+Shared by both engines (preproc.outbrain.pipeline, preproc.outbrain.nvt read them) and
+the synthetic generator (preproc.outbrain.generate writes them); pure Python.
 """
 from __future__ import annotations
 
 import os
 
-from preproc import textio
+from preproc.dataio import textio
 from preproc.errors import PreprocError
 
 OUTBRAIN_EPOCH_MS = 1465876799998
@@ -41,7 +41,7 @@ def header_of(table: str) -> str:
 
 def locate_tables(input_dir: str) -> dict[str, str]:
     """{table: csv path} of the eight tables; one-line error for a missing, empty or mis-headed one."""
-    from preproc.output import input_files
+    from preproc.dataio.output import input_files
 
     if not os.path.isdir(input_dir):
         raise PreprocError(f"--input: {input_dir}: not a directory holding the Outbrain CSV tables")

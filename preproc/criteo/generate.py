@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from preproc.criteo_layout import NUM_CAT, NUM_INT
-from preproc.output import atomic_dir, check_output_free
+from preproc.criteo.layout import NUM_CAT, NUM_INT
+from preproc.dataio.output import atomic_dir, check_output_free
 
 log = logging.getLogger("preproc.criteo")
 BATCH_ROWS = 500_000

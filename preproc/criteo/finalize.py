@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from preproc.criteo_dictionary import load_dictionary_meta
-from preproc.criteo_layout import (CAT_FEATURES, EMBEDDING_DIM, INT_FEATURES, MAPPINGS, NUMERICAL_RULES,
+from preproc.criteo.dictionary import load_dictionary_meta
+from preproc.criteo.layout import (CAT_FEATURES, EMBEDDING_DIM, INT_FEATURES, MAPPINGS, NUMERICAL_RULES,
                                    REPORT_THRESHOLDS, VALIDATION_SPEC, Rules, Staging, categorical_dtype,
                                    embedding_gib, format_bytes)
-from preproc.criteo_transform import ORDER_FILE, load_shards, piece_order, record_sizes
+from preproc.criteo.transform import ORDER_FILE, load_shards, piece_order, record_sizes
+from preproc.dataio.output import atomic_dir, verify_against_spec
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir, verify_against_spec
 
 log = logging.getLogger("preproc.criteo")
 SPEC_FILE = "feature_spec.yaml"

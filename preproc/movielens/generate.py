@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from preproc.movielens_format import LAYOUTS
+from preproc.movielens.format import LAYOUTS
 
 # First and last timestamp of each dataset's real collection period.
 PERIODS = {"ml-1m": (956703932, 1046454590), "ml-20m": (789652009, 1427784002)}

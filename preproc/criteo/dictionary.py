@@ -11,7 +11,7 @@ are left out (they, unseen values and missing values become 0 in the transform).
 Output (``<output>.stages/dictionary/``, written atomically):
 
 * ``values/col=<i>/*.parquet``: (value string, id int) of kept values;
-* ``dictionary.json`` (``format`` = criteo_layout.SPEC_VERSION): the rules,
+* ``dictionary.json`` (``format`` = layout.SPEC_VERSION): the rules,
   thresholds, cardinalities (kept + 1), distinct values and
   the cardinality each column would have at T = 0, 3, 15 (for the size report),
   the input files with their days, sizes, lines and bad-row counts, the number of
@@ -26,12 +26,12 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
-from preproc import bad_rows
-from preproc.criteo_layout import (MAX_FILE_LINES, NUM_CAT, REPORT_THRESHOLDS, SPEC_VERSION, Rules, Staging,
+from preproc.criteo.layout import (MAX_FILE_LINES, NUM_CAT, REPORT_THRESHOLDS, SPEC_VERSION, Rules, Staging,
                                    shuffle_buckets)
-from preproc.criteo_read import read_days
+from preproc.criteo.read import read_days
+from preproc.dataio import bad_rows
+from preproc.dataio.output import atomic_dir, read_json
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir, read_json
 
 log = logging.getLogger("preproc.criteo")
 FILE_TOTAL, FILE_BAD = -1, -2

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from preproc.criteo_layout import NUM_CAT, NUM_FIELDS, NUM_INT
+from preproc.criteo.layout import NUM_CAT, NUM_FIELDS, NUM_INT
 
 INT_RE = r"^-?[0-9]+$"
 

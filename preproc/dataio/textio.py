@@ -4,11 +4,11 @@
   into typed columns and flags bad rows (wrong field count, unparsable number,
   missing required id) instead of failing or silently nulling them;
   ``drop_bad_rows`` counts them per file, hands the counts to
-  ``preproc.bad_rows.enforce`` (skip or fatal) and drops them.
+  ``preproc.dataio.bad_rows.enforce`` (skip or fatal) and drops them.
 - ``write_parquet_files`` writes exactly ``num_files`` parquet files per mapping
   (``<name>/part_NNNNN.parquet``), so that the parquet reader can give every
   rank its own files, optionally keeping the rows of one group (a display, a
-  user) in one file. The stage directory comes from ``preproc.output.atomic_dir``.
+  user) in one file. The stage directory comes from ``preproc.dataio.output.atomic_dir``.
 """
 from __future__ import annotations
 
@@ -96,11 +96,11 @@ def without_bad_rows(parsed):
 
 
 def drop_bad_rows(parsed, policy: str = "skip", what: str = "input"):
-    """Count rows and bad rows per file, apply ``preproc.bad_rows.enforce``, drop the bad rows.
+    """Count rows and bad rows per file, apply ``preproc.dataio.bad_rows.enforce``, drop the bad rows.
 
     Returns (clean DataFrame, report {file: {bad_rows, rows}}).
     """
-    from preproc import bad_rows
+    from preproc.dataio import bad_rows
 
     report = bad_rows.enforce(count_bad_rows(parsed), policy, what)
     return without_bad_rows(parsed), report

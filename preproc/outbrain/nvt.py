@@ -1,7 +1,7 @@
 """Outbrain -> Wide & Deep reference dataset with NVTabular (``outbrain run --engine nvtabular``).
 
-Builds the same dataset as the Spark engine (preproc.outbrain, reference feature
-set of preproc.outbrain_features): same rows, split, ids, lists and numericals
+Builds the same dataset as the Spark engine (preproc.outbrain.pipeline, reference
+feature set of preproc.outbrain.features): same rows, split, ids, lists and numericals
 (to float tolerance), same output layout and ``feature_spec.yaml``.
 
 Two steps, as NVIDIA's recipe splits them:
@@ -40,11 +40,11 @@ import xxhash  # Spark's xxhash64 in Python (not an nvtabular dependency: part o
 from nvtabular.ops import Operator, StatOperator
 
 from preproc.errors import PreprocError
-from preproc.outbrain_features import (DOC_ATTRIBUTES, LABEL, MAP, MAX_AGE_DAYS, REFERENCE_AGES, REFERENCE_COUNTS,
+from preproc.outbrain.features import (DOC_ATTRIBUTES, LABEL, MAP, MAX_AGE_DAYS, REFERENCE_AGES, REFERENCE_COUNTS,
                                        REFERENCE_CTR_MIN_VIEWS, REFERENCE_MULTIHOT_ATTRIBUTE,
                                        REFERENCE_SIMILARITY, REFERENCE_SOURCES, default_sizes, feature_layout,
                                        feature_spec_dict)
-from preproc.outbrain_tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLES, check_split_sizes, locate_tables
+from preproc.outbrain.tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLES, check_split_sizes, locate_tables
 
 log = logging.getLogger("preproc.outbrain_nvt")
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
@@ -79,7 +79,7 @@ def id_strings(values: pd.Series) -> pd.Series:
 # ---------------------------------------------------------------- step 1: tables -> joined frame
 def read_table(path: str, table: str):
     """(frame of the table's typed columns without bad rows, (bad rows, rows)) under the Spark engine's
-    rules (preproc.textio.parse_delimited): field count, integer/double syntax, required fields."""
+    rules (preproc.dataio.textio.parse_delimited): field count, integer/double syntax, required fields."""
     columns = TABLES[table]
     header = ",".join(c for c, _, _ in columns)
     lines = pd.read_csv(path, sep="\x01", header=None, names=["_line"], dtype=str, keep_default_na=False,
@@ -108,7 +108,7 @@ def read_table(path: str, table: str):
 
 
 def load_tables(paths: dict, bad_rows: str = "skip"):
-    from preproc import bad_rows as bad_rows_policy
+    from preproc.dataio import bad_rows as bad_rows_policy
 
     tables, counts = {}, {}
     for table, path in paths.items():
@@ -463,8 +463,8 @@ def run(input_dir: str, output: str, num_files: int = 1, split_days: int = 11, t
     """The whole NVTabular pipeline; returns the feature-spec dict written to ``output``."""
     from merlin.io import Dataset
 
-    from preproc import textio
-    from preproc.output import atomic_dir, verify_against_spec
+    from preproc.dataio import textio
+    from preproc.dataio.output import atomic_dir, verify_against_spec
 
     default_buckets, default_multihot = default_sizes("reference")
     buckets = dict(buckets or default_buckets)

@@ -37,7 +37,7 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   ``spark.plugins=com.nvidia.spark.SQLPlugin``, ``spark.jars``, executor GPU
   amount 1, task GPU amount ``1 / cores per executor`` clamped to [0.01, 0.5],
   ``spark.rapids.sql.concurrentGpuTasks=2``, the pinned pool above, and the GPU
-  discovery script shipped as ``preproc/gpu-discovery.sh``.
+  discovery script shipped as ``preproc/runtime/gpu-discovery.sh``.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ numerical features, 13 one-hot and 3 multi-hot (hotness 3) categoricals with the
 recipe's hash-bucket counts, so that our W&D defaults rebuild its ~92M-parameter
 model with a total embedding width of 1235 (recsys.models.defaults). ``legacy``
 is this project's earlier set (19 numerical, 13 one-hot, 6 multi-hot), kept
-behind ``--feature-set legacy`` (its constants live in preproc.outbrain).
+behind ``--feature-set legacy`` (built by preproc.outbrain.pipeline; its constants are below).
 
 How each reference feature is computed (both engines, see docs/preprocessing.md):
 
@@ -72,7 +72,7 @@ REFERENCE_NUMERICAL = (list(REFERENCE_SIMILARITY.values())
 assert sorted(REFERENCE_NUMERICAL) == sorted([f"{c}_ctr" for c in REFERENCE_CTR_MIN_VIEWS] + list(REFERENCE_COUNTS)
                                              + list(REFERENCE_AGES) + list(REFERENCE_SIMILARITY.values()))
 
-# Legacy feature set (see preproc.outbrain's docstring).
+# Legacy feature set (see preproc.outbrain.pipeline's docstring).
 CTR_CONTEXTS = ["ad_id", "ad_document_id", "campaign_id", "advertiser_id", "ad_source_id", "ad_publisher_id"]
 DOC_ATTRIBUTES = {"categories": ("documents_categories", "category_id"),
                   "topics": ("documents_topics", "topic_id"),

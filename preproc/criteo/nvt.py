@@ -1,6 +1,6 @@
 """Criteo day files -> DLRM parquet with an NVTabular workflow (``criteo run --engine nvtabular``).
 
-Same semantics as the Spark pipeline (preproc.criteo_layout: split, dictionary
+Same semantics as the Spark pipeline (preproc.criteo.layout: split, dictionary
 days, frequency thresholds, numerical rules, training-row order), so that both
 engines give the same rows, split, categorical ids and (within float16 rounding)
 numericals. What runs where:
@@ -12,8 +12,8 @@ numericals. What runs where:
 2. Parse (dask ``from_map``, one pandas partition per block): 40 tab-separated
    fields; a row with another field count, a label other than 0/1 or an
    unparsable integer is bad (counted per file, then dropped, ``--bad-rows``), as
-   preproc.criteo_read. Each row gets its mapping (train/test/validation) and,
-   under ``--train-order shuffle``, ``criteo_layout.shuffle_key``.
+   preproc.criteo.read. Each row gets its mapping (train/test/validation) and,
+   under ``--train-order shuffle``, ``layout.shuffle_key``.
 3. The ``nvtabular.Workflow`` (the features only, saved to ``<output>/workflow``
    so the same transform applies to new data):
    ``cat_i >> Categorify(freq_threshold=T_i) >> ReferenceIds`` and
@@ -32,7 +32,7 @@ numericals. What runs where:
    Spark output uses for the cardinality.
 
 The dataset is written in a temporary sibling of the output, verified
-(``preproc.output.verify_against_spec``: files present, rows per mapping = rows
+(``preproc.dataio.output.verify_against_spec``: files present, rows per mapping = rows
 the job counted) and renamed; a failure leaves nothing at the output path.
 """
 from __future__ import annotations
@@ -49,12 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
-from preproc import bad_rows
-from preproc.criteo_layout import (CAT_FEATURES, INT_FEATURES, MAPPINGS, MAX_FILE_LINES, NUM_CAT, NUM_FIELDS,
+from preproc.criteo.layout import (CAT_FEATURES, INT_FEATURES, MAPPINGS, MAX_FILE_LINES, NUM_CAT, NUM_FIELDS,
                                    NUM_INT, NUMERICAL_SHIFT, Rules, categorical_dtype, shuffle_buckets, shuffle_key,
                                    test_rows)
+from preproc.dataio import bad_rows
+from preproc.dataio.output import atomic_dir, verify_against_spec
 from preproc.errors import PreprocError
-from preproc.output import atomic_dir, verify_against_spec
 
 log = logging.getLogger("preproc.nvt")
 BLOCK_BYTES = 64 << 20
@@ -183,7 +183,7 @@ def good_rows(frame):
 
 # --- 3. the workflow ------------------------------------------------------------------------------
 def numerical_rule(rule: str):
-    """The numerical transform of ``criteo_layout.NUMERICAL_RULES`` on a pandas or cudf column."""
+    """The numerical transform of ``layout.NUMERICAL_RULES`` on a pandas or cudf column."""
 
     def reference(col):
         shifted = col.astype("float64") + NUMERICAL_SHIFT
@@ -286,7 +286,7 @@ def _ordered(ddf, mapping: str, buckets: int, shuffle: bool):
 
 def parquet_specs(cardinalities: list[int], rows: dict[str, int], meta: dict, files: dict[str, list[str]]):
     """The Spark pipeline's feature specs, with parquet chunks and the parquet dtypes."""
-    from preproc.criteo_finalize import feature_specs
+    from preproc.criteo.finalize import feature_specs
 
     specs = feature_specs(cardinalities, rows, meta)
     for spec in specs.values():
@@ -304,10 +304,10 @@ def run(files: list[tuple[int, int, Path]], last_day: int, thresholds: list[int]
         overwrite: bool = False, bad_row_policy: str = "skip", rules: Rules = Rules(), runtime=None,
         part_rows: int = PART_ROWS, block_bytes: int = BLOCK_BYTES) -> dict:
     """The whole NVTabular pipeline; returns the report (rows per mapping, cardinalities, timings)."""
-    from preproc import nvt_runtime
+    from preproc.runtime import dask_cluster
 
-    runtime = runtime or nvt_runtime.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
-    with nvt_runtime.start(runtime) as client:
+    runtime = runtime or dask_cluster.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
+    with dask_cluster.start(runtime) as client:
         return _run(client, runtime, files, last_day, thresholds, output, overwrite, bad_row_policy, rules,
                     part_rows, block_bytes)
 
@@ -394,7 +394,7 @@ def _run(client, runtime, files, last_day, thresholds, output, overwrite, bad_ro
             files_of[mapping] = names
             expected[mapping] = int(parts["rows"].sum())
         meta = {"rules": dataclasses.asdict(rules), "thresholds": list(thresholds), "files": [{"path": str(p), "day": d} for _, d, p in files]}
-        from preproc.criteo_finalize import write_feature_spec
+        from preproc.criteo.finalize import write_feature_spec
         for name, spec in parquet_specs(cardinalities, expected, meta, files_of).items():
             write_feature_spec(spec, tmp, name)
         _save_workflow(features, workflow, tmp / WORKFLOW_DIR)

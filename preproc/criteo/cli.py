@@ -3,43 +3,42 @@
 ``python -m preproc criteo <stage>``:
 
 ``generate --out DIR [--rows N] [--days D] [--seed S]``
-    small raw day files in the real layout (preproc.criteo_generate).
+    small raw day files in the real layout (preproc.criteo.generate).
 ``dictionary --input IN --output OUT [--threshold T|col:T,...] [--days D] [rules]``
-    value -> id tables (preproc.criteo_dictionary). The rules
+    value -> id tables (preproc.criteo.dictionary). The rules
     (``--dictionary-days all|train --train-order shuffle|input --seed S
     --numerical reference|clamp --spec-layout reference|combined``, defaults =
     NVIDIA's reference, docs/criteo.md) are recorded in dictionary.json and
     followed by the later stages.
 ``transform --output OUT [--shard I --num-shards N]``
-    one array task: the day files of shard I (preproc.criteo_transform). I
+    one array task: the day files of shard I (preproc.criteo.transform). I
     defaults to $RECSYS_TASK_INDEX, else $SLURM_ARRAY_TASK_ID; N to
     $RECSYS_TASK_COUNT, else $SLURM_ARRAY_TASK_COUNT, else 1.
 ``finalize --output OUT``
-    assemble + verify + feature_spec.yaml + size report (preproc.criteo_finalize);
+    assemble + verify + feature_spec.yaml + size report (preproc.criteo.finalize);
     needs no Spark.
 ``run --input IN --output OUT``
-    the three stages in one Spark application.
+    the three stages in one Spark application (preproc.criteo.pipeline), or with
+    ``--engine nvtabular`` one NVTabular workflow (preproc.criteo.nvt).
 
 Intermediate results live in ``OUT.stages/`` (next to OUT) and are removed by
 finalize (and by a failed ``run``, which never resumes from them). Every stage writes to a temporary directory, verifies it and renames
 it, so re-running any stage (a failed or requeued array task) is safe. The
 semantics (split, dictionary order, numerical formula, dtypes, shuffle) are in
-preproc.criteo_layout.
+preproc.criteo.layout.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
-import shutil
-import sys
 from pathlib import Path
 
-from preproc import criteo_layout as layout
-from preproc.bad_rows import add_bad_rows_argument
+from preproc.criteo import layout, pipeline
+from preproc.dataio.bad_rows import add_bad_rows_argument
+from preproc.dataio.output import add_output_arguments, check_output_free, input_files
 from preproc.errors import PreprocError
-from preproc.output import add_output_arguments, check_output_free, input_files
-from preproc.spark import add_spark_arguments, settings_from_args
+from preproc.runtime.spark import add_spark_arguments, settings_from_args
 
 DESCRIPTION = "Criteo 1TB click logs -> DLRM split-binary dataset"
 EXAMPLES = {
@@ -124,7 +123,7 @@ def _dictionary_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from preproc.nvt_runtime import DEVICES
+    from preproc.runtime.dask_cluster import DEVICES
 
     group = parser.add_argument_group("engine", "--engine nvtabular: an NVTabular workflow on dask "
                                       "(docs/preprocessing.md); the cluster-shape flags above size it")
@@ -201,7 +200,7 @@ def _describe_files(args, files, last_day) -> list[str]:
 
 
 def cmd_generate(args) -> int:
-    from preproc.criteo_generate import generate
+    from preproc.criteo.generate import generate
 
     if args.rows < args.days:
         raise PreprocError(f"--rows: {args.rows} rows cannot fill {args.days} days")
@@ -213,8 +212,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_dictionary(args) -> int:
-    from preproc.criteo_dictionary import build_dictionary
-    from preproc.spark import session_or_plan
+    from preproc.criteo.dictionary import build_dictionary
+    from preproc.runtime.spark import session_or_plan
 
     files, last_day, thresholds = _plan(args)
     settings = settings_from_args(args, input_bytes=_input_bytes(files))
@@ -229,9 +228,9 @@ def cmd_dictionary(args) -> int:
 
 
 def cmd_transform(args) -> int:
-    from preproc.criteo_dictionary import load_dictionary_meta
-    from preproc.criteo_transform import transform_shard
-    from preproc.spark import session_or_plan
+    from preproc.criteo.dictionary import load_dictionary_meta
+    from preproc.criteo.transform import transform_shard
+    from preproc.runtime.spark import session_or_plan
 
     shard, count = _shard_arguments(args)
     staging = layout.Staging(args.output)
@@ -253,7 +252,7 @@ def cmd_transform(args) -> int:
 
 
 def cmd_finalize(args) -> int:
-    from preproc.criteo_finalize import finalize, format_report
+    from preproc.criteo.finalize import finalize, format_report
 
     check_output_free(args.output, args.overwrite)
     report = finalize(layout.Staging(args.output), args.overwrite, args.keep_stages)
@@ -262,8 +261,8 @@ def cmd_finalize(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from preproc.criteo_finalize import format_report
-    from preproc.spark import session_or_plan
+    from preproc.criteo.finalize import format_report
+    from preproc.runtime.spark import session_or_plan
 
     if getattr(args, "engine", "spark") == "nvtabular":
         return cmd_run_nvtabular(args)
@@ -274,70 +273,38 @@ def cmd_run(args) -> int:
                              f"rules {rules_from_args(args)}"] + _describe_files(args, files, last_day))
     if spark is None:
         return 0
-    report = run(spark, files, last_day, thresholds, args.output, overwrite=args.overwrite,
-                 bad_row_policy=args.bad_rows, keep_stages=args.keep_stages, rules=rules_from_args(args))
+    report = pipeline.run(spark, files, last_day, thresholds, args.output, overwrite=args.overwrite,
+                          bad_row_policy=args.bad_rows, keep_stages=args.keep_stages, rules=rules_from_args(args))
     print(format_report(report))
     return 0
 
 
 def cmd_run_nvtabular(args) -> int:
-    """``run --engine nvtabular``: the same checks first, then preproc.criteo_nvt on the chosen dask runtime."""
-    from preproc import nvt_runtime
-    from preproc.spark import detect_node
+    """``run --engine nvtabular``: the same checks first, then preproc.criteo.nvt on the chosen dask runtime."""
+    from preproc.runtime import dask_cluster
+    from preproc.runtime.spark import detect_node
 
     files, last_day, thresholds = _plan(args)
     if args.part_rows is not None and args.part_rows < 1:
         raise PreprocError(f"--part-rows: must be >= 1, got {args.part_rows}")
     cores, memory_gb = detect_node()
-    runtime = nvt_runtime.detect(args.device, args.node_cores or cores, args.node_memory_gb or memory_gb)
+    runtime = dask_cluster.detect(args.device, args.node_cores or cores, args.node_memory_gb or memory_gb)
     plan = [f"engine nvtabular: {runtime.describe()}", f"thresholds {thresholds}", f"rules {rules_from_args(args)}"]
     plan += _describe_files(args, files, last_day)
     if args.dry_run:
         print("\n".join(plan))
         return 0
     try:
-        from preproc import criteo_nvt
+        from preproc.criteo import nvt
         import nvtabular  # noqa: F401
     except ImportError as exc:
         raise PreprocError(f"--engine nvtabular: {exc.name or exc} does not import "
                            "(pip install '.[nvtabular]')") from None
     for line in plan:
         log.info("%s", line)
-    report = criteo_nvt.run(files, last_day, thresholds, args.output, overwrite=args.overwrite,
-                            bad_row_policy=args.bad_rows, rules=rules_from_args(args), runtime=runtime,
-                            part_rows=args.part_rows or criteo_nvt.PART_ROWS)
-    print(criteo_nvt.format_report(report))
+    report = nvt.run(files, last_day, thresholds, args.output, overwrite=args.overwrite,
+                     bad_row_policy=args.bad_rows, rules=rules_from_args(args), runtime=runtime,
+                     part_rows=args.part_rows or nvt.PART_ROWS)
+    print(nvt.format_report(report))
     return 0
 
-
-def run(spark, files, last_day: int, thresholds: list[int], output: str, overwrite: bool = False,
-        bad_row_policy: str = "skip", keep_stages: bool = False, rules: layout.Rules = layout.Rules()) -> dict:
-    """The whole pipeline in one Spark application (also the API the tests and the benchmark use)."""
-    from preproc.criteo_dictionary import build_dictionary
-    from preproc.criteo_finalize import finalize
-    from preproc.criteo_transform import transform_shard
-
-    import time
-
-    staging = layout.Staging(output)
-    try:
-        start = time.perf_counter()
-        meta = build_dictionary(spark, staging, files, last_day, thresholds, bad_row_policy, rules)
-        log.info("run: dictionary stage took %.1f s", time.perf_counter() - start)
-        start = time.perf_counter()
-        transform_shard(spark, staging, meta, 0, 1, bad_row_policy)
-        log.info("run: transform stage took %.1f s", time.perf_counter() - start)
-        start = time.perf_counter()
-        report = finalize(staging, overwrite, keep_stages)
-        log.info("run: finalize stage took %.1f s", time.perf_counter() - start)
-    except BaseException:
-        if not keep_stages:     # nothing resumes from a failed run's stages: give the space back
-            shutil.rmtree(staging.root, ignore_errors=True)
-        raise
-    return report
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from preproc.cli import main
-
-    sys.exit(main(["criteo", *sys.argv[1:]]))

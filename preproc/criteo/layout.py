@@ -128,7 +128,7 @@ def mix31(x):
     Products stay below 2**61, so the same integer arithmetic gives the same
     result in numpy, Spark SQL and DuckDB (the benchmark re-implements it).
     Works on ints, numpy int64 arrays and Spark columns (``^``/``&``/``>>``
-    written as methods there, see ``criteo_transform.with_shuffle_key``).
+    written as methods there, see ``transform.with_shuffle_key``).
     """
     x = ((x ^ (x >> 15)) * _MIX[0]) & _MASK31
     x = ((x ^ (x >> 12)) * _MIX[1]) & _MASK31

@@ -1,7 +1,7 @@
 """The MovieLens ratings file layouts (ml-1m, ml-20m): file name, separator, header, columns.
 
-Shared by the pipeline (preproc.movielens reads them) and the synthetic
-generator (preproc.generate_movielens writes them); pure Python.
+Shared by the pipeline (preproc.movielens.pipeline reads them) and the synthetic
+generator (preproc.movielens.generate writes them); pure Python.
 """
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ dropped) -> promoted_content (ad_id) -> documents_meta for the page document
 (``document_id`` of the event) and for the ad's document (``ad_document_id``).
 
 Feature sets (``--feature-set``): ``reference`` (default), NVIDIA's W&D recipe
-set, described in preproc.outbrain_features (``build_reference_features``; the
-NVTabular engine, preproc.outbrain_nvt, builds the same one); ``legacy``, below
+set, described in preproc.outbrain.features (``build_reference_features``; the
+NVTabular engine, preproc.outbrain.nvt, builds the same one); ``legacy``, below
 (``build_features``). Both are null-free, so the parquet reader needs no masks.
 
 Legacy features:
@@ -73,42 +73,20 @@ channels ``label``, ``numerical``, ``onehot_categorical``,
 """
 from __future__ import annotations
 
-import argparse
 import logging
 
-from preproc import textio
-from preproc.errors import PreprocError
-from preproc.generate_outbrain import generate
-from preproc.outbrain_features import (CTR_CONTEXTS, DEFAULT_FEATURE_SET, DOC_ATTRIBUTES,  # noqa: F401
-                                       FEATURE_SETS, IDENTITY_ONEHOT, LABEL, LOG_FEATURES, MAP, MAX_AGE_DAYS,
+from preproc.dataio import textio
+from preproc.outbrain.features import (CTR_CONTEXTS, DEFAULT_FEATURE_SET, DOC_ATTRIBUTES,  # noqa: F401
+                                       IDENTITY_ONEHOT, LABEL, LOG_FEATURES, MAP, MAX_AGE_DAYS,
                                        MULTIHOT, NUMERICAL, ONEHOT, ONEHOT_BUCKETS, REFERENCE_AGES,
                                        REFERENCE_BUCKETS, REFERENCE_COUNTS, REFERENCE_CTR_MIN_VIEWS,
                                        REFERENCE_MULTIHOT, REFERENCE_MULTIHOT_ATTRIBUTE, REFERENCE_NUMERICAL,
                                        REFERENCE_ONEHOT, REFERENCE_SIMILARITY, REFERENCE_SOURCES, default_sizes,
                                        feature_layout, feature_spec_dict)
-from preproc.outbrain_tables import (DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES,  # noqa: F401
+from preproc.outbrain.tables import (DAY_MS, OUTBRAIN_EPOCH_MS, TABLE_FILE_ALIASES, TABLES,  # noqa: F401
                                      check_split_sizes, header_of, locate_tables)
 
-DESCRIPTION = "Outbrain Click Prediction tables -> Wide & Deep parquet + feature_spec.yaml"
-EXAMPLES = {
-    "generate": "python -m preproc outbrain generate --out /tmp/ob-raw --displays 5000 --seed 0",
-    "run": "python -m preproc outbrain run --input /tmp/ob-raw --output /tmp/ob-wd --num-files 4",
-}
 log = logging.getLogger("preproc.outbrain")
-
-
-
-# ---------------------------------------------------------------- flag values (no Spark)
-def parse_sizes(text: str | None, defaults: dict, flag: str) -> dict:
-    """'name=N,name=N' -> defaults updated; one-line error naming the flag."""
-    sizes = dict(defaults)
-    for item in filter(None, (text or "").split(",")):
-        name, sep, value = item.partition("=")
-        if not sep or name.strip() not in defaults or not value.strip().isdigit() or int(value) < 2:
-            raise PreprocError(f"{flag}: bad entry {item!r} (expected name=N with N >= 2, names: "
-                               f"{', '.join(sorted(defaults))})")
-        sizes[name.strip()] = int(value)
-    return sizes
 
 
 # ---------------------------------------------------------------- Spark stages
@@ -116,7 +94,7 @@ def load_tables(spark, paths: dict, bad_rows: str = "skip"):
     """{table: DataFrame} without bad rows, and the per-file bad-row report (one counting job for all tables)."""
     from functools import reduce
 
-    from preproc import bad_rows as bad_rows_policy
+    from preproc.dataio import bad_rows as bad_rows_policy
 
     parsed = {table: textio.parse_delimited(spark, path, TABLES[table], ",", header=header_of(table))
               for table, path in paths.items()}
@@ -314,7 +292,7 @@ def standardize(rows, columns):
 # ---------------------------------------------------------------- reference feature set (Spark)
 def reference_ctr_features(rows):
     """Add ``<context>_ctr`` (thresholded training CTR, 0 below the threshold) and the raw training
-    views of the ``REFERENCE_COUNTS`` contexts (see preproc.outbrain_features)."""
+    views of the ``REFERENCE_COUNTS`` contexts (see preproc.outbrain.features)."""
     from pyspark.sql import functions as F
 
     train = rows.filter("is_train")
@@ -443,7 +421,7 @@ def run(spark, input_dir: str, output: str, num_files: int = 1, split_days: int 
     """The whole pipeline; returns the feature-spec dict written to ``output``."""
     from pyspark.sql import functions as F
 
-    from preproc.output import atomic_dir, verify_against_spec
+    from preproc.dataio.output import atomic_dir, verify_against_spec
 
     default_buckets, default_multihot = default_sizes(feature_set)
     buckets = dict(buckets or default_buckets)
@@ -481,122 +459,3 @@ def run(spark, input_dir: str, output: str, num_files: int = 1, split_days: int 
     log.info("outbrain: wrote %s", output)
     return spec
 
-
-# ---------------------------------------------------------------- command line
-def add_arguments(stages) -> None:
-    from preproc.bad_rows import add_bad_rows_argument
-    from preproc.output import add_output_arguments
-    from preproc.spark import add_spark_arguments
-
-    gen = stages.add_parser("generate", help="write small synthetic Kaggle tables (all eight CSVs)")
-    gen.add_argument("--out", required=True, help="directory for the CSV tables")
-    gen.add_argument("--displays", type=int, default=2000, help="number of displays (default 2000)")
-    gen.add_argument("--seed", type=int, default=0, help="seed of the generated tables (default 0)")
-    gen.set_defaults(func=_generate)
-
-    run_p = stages.add_parser("run", help="Kaggle tables -> Wide & Deep train/test parquet + feature_spec.yaml")
-    run_p.add_argument("--input", required=True, help="directory holding the Kaggle CSV tables")
-    add_output_arguments(run_p)
-    run_p.add_argument("--num-files", type=int, default=8,
-                       help="parquet files per mapping, at least the number of training ranks (default 8)")
-    run_p.add_argument("--split-days", type=int, default=11,
-                       help="days before this one are split train/eval, later days all eval (default 11)")
-    run_p.add_argument("--train-fraction", type=float, default=0.8, help="train share of early days (default 0.8)")
-    run_p.add_argument("--seed", type=int, default=0, help="seed of the split and the feature hashing")
-    add_engine_argument(run_p)
-    run_p.add_argument("--feature-set", choices=FEATURE_SETS, default=DEFAULT_FEATURE_SET,
-                       help="reference: NVIDIA's W&D recipe set (13 numerical, 13 one-hot, 3 multi-hot; default); "
-                            "legacy: 19 numerical, 13 one-hot, 6 multi-hot")
-    run_p.add_argument("--ctr-min-views", type=int, default=None,
-                       help="legacy set: views below which CTR is the prior (default 5)")
-    run_p.add_argument("--ctr-smoothing", type=float, default=None,
-                       help="legacy set: prior pseudo-views of the CTR (default 10)")
-    run_p.add_argument("--buckets", default=None, metavar="NAME=N,...",
-                       help="hash buckets per one-hot feature (reference defaults: " +
-                            ", ".join(f"{k}={v}" for k, v in REFERENCE_BUCKETS.items()) + ")")
-    run_p.add_argument("--hotness", default=None, metavar="NAME=H,...",
-                       help="max_hotness per multi-hot feature (reference defaults: " +
-                            ", ".join(f"{k}={v[1]}" for k, v in REFERENCE_MULTIHOT.items()) + ")")
-    run_p.add_argument("--multihot-buckets", default=None, metavar="NAME=N,...",
-                       help="hash buckets per multi-hot feature (reference defaults: " +
-                            ", ".join(f"{k}={v[0]}" for k, v in REFERENCE_MULTIHOT.items()) + ")")
-    add_bad_rows_argument(run_p)
-    add_spark_arguments(run_p)
-    run_p.set_defaults(func=_run)
-
-
-def _generate(args: argparse.Namespace) -> int:
-    try:
-        generate(args.out, displays=args.displays, seed=args.seed)
-    except ValueError as exc:
-        raise PreprocError(str(exc)) from None
-    print(args.out)
-    return 0
-
-
-ENGINES = ("spark", "nvtabular")
-
-
-def add_engine_argument(parser) -> None:
-    parser.add_argument("--engine", choices=ENGINES, default="spark",
-                        help="preprocessing engine: spark (default) or nvtabular (an nvtabular.Workflow, CPU here, "
-                             "saved next to the data); both build the same dataset")
-
-
-def multihot_from_args(hotness: str | None, mh_buckets: str | None, defaults: dict | None = None) -> dict:
-    defaults = MULTIHOT if defaults is None else defaults
-    h = parse_sizes(hotness, {k: v[1] for k, v in defaults.items()}, "--hotness")
-    b = parse_sizes(mh_buckets, {k: v[0] for k, v in defaults.items()}, "--multihot-buckets")
-    return {k: (b[k], h[k]) for k in defaults}
-
-
-def _run(args: argparse.Namespace) -> int:
-    from preproc.output import check_output_free
-
-    if args.num_files < 1:
-        raise PreprocError(f"--num-files: must be >= 1, got {args.num_files}")
-    if not 0.0 < args.train_fraction < 1.0:
-        raise PreprocError(f"--train-fraction: must be in (0, 1), got {args.train_fraction}")
-    legacy_only = [f for f, v in (("--ctr-min-views", args.ctr_min_views), ("--ctr-smoothing", args.ctr_smoothing))
-                   if v is not None]
-    if args.feature_set != "legacy" and legacy_only:
-        raise PreprocError(f"{legacy_only[0]}: applies to --feature-set legacy only (the reference set uses the "
-                           "recipe's fixed CTR thresholds)")
-    min_views = 5 if args.ctr_min_views is None else args.ctr_min_views
-    smoothing = 10.0 if args.ctr_smoothing is None else args.ctr_smoothing
-    if min_views < 0 or smoothing < 0:
-        raise PreprocError("--ctr-min-views / --ctr-smoothing: must be >= 0")
-    if args.engine == "nvtabular" and args.feature_set != "reference":
-        raise PreprocError("--engine nvtabular: builds --feature-set reference only")
-    default_buckets, default_multihot = default_sizes(args.feature_set)
-    buckets = parse_sizes(args.buckets, default_buckets, "--buckets")
-    multihot = multihot_from_args(args.hotness, args.multihot_buckets, default_multihot)
-    paths = locate_tables(args.input)
-    check_output_free(args.output, args.overwrite)
-    plan = (f"plan: outbrain {args.input} -> {args.output} ({len(paths)} tables, engine={args.engine}, "
-            f"feature_set={args.feature_set}, num_files={args.num_files}, split_days={args.split_days}, "
-            f"train_fraction={args.train_fraction})")
-    if args.engine == "nvtabular":
-        return _run_nvtabular(args, plan, buckets, multihot)
-    from preproc.spark import session_or_plan, settings_from_args
-
-    spark = session_or_plan(settings_from_args(args), "preproc-outbrain", args.dry_run, [plan])
-    if spark is None:
-        return 0
-    run(spark, args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
-        min_views, smoothing, buckets, multihot, args.bad_rows, args.overwrite, args.feature_set)
-    return 0
-
-
-def _run_nvtabular(args, plan: str, buckets: dict, multihot: dict) -> int:
-    if args.dry_run:
-        print(f"# {plan}")
-        return 0
-    try:
-        from preproc import outbrain_nvt
-    except ImportError as exc:
-        raise PreprocError(f"--engine nvtabular: {exc.name or exc} is not installed (pip install .[nvtabular])") \
-            from None
-    outbrain_nvt.run(args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
-                     buckets, multihot, args.bad_rows, args.overwrite)
-    return 0

@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from preproc.outbrain_tables import DAY_MS, TABLES, header_of
+from preproc.outbrain.tables import DAY_MS, TABLES, header_of
 
 DAYS = 13
 COUNTRIES = ["US", "GB", "CA", "AU", "IN", "DE", "PH", "ZA", "FR", "SG", "NZ", "IE", "MY", "NG", "BR"]
