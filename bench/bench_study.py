@@ -43,7 +43,8 @@ SWEEP = ["--profile", "ci", "--model", "dlrm", "--gpus", "1,2,4,8", "--variant",
 
 # every module `study run` needs before its first sbatch: the CLI, the study and submission
 # layers, the profile loader (pyyaml) and the engine's flag parser (recsys.train, no TensorFlow)
-STUDY_IMPORTS = "import jobs.cli, jobs.study_run, jobs.submit, jobs.profiles, jobs.render, recsys.train, subprocess"
+STUDY_IMPORTS = ("import jobs.cli, jobs.study.run, jobs.submit, jobs.profiles, jobs.backends.slurm.backend, "
+                 "recsys.train, subprocess")
 
 
 def study_dir_of(stdout):
@@ -87,7 +88,7 @@ def bytecode_envs(env, cache_dir):
 
 def bench_submit(env, rounds):
     from jobs.api import run_study
-    from jobs.study import spec_from_flags
+    from jobs.study.spec import spec_from_flags
 
     def api_run(name):
         spec = spec_from_flags("dlrm", "1,2,4,8", batch_size=4096, variants=["precision=tf32,fp32,amp"],
@@ -96,7 +97,7 @@ def bench_submit(env, rounds):
         assert len(submitted) == POINTS, submitted
         return record.study_dir
 
-    from jobs import study_run
+    from jobs.study import run as study_run
 
     def api_serial(name):
         """The API with one point at a time: what submitting the points concurrently saves."""

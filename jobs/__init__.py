@@ -1,7 +1,9 @@
 """recsys-submit: cluster profiles -> Slurm jobs (or local runs) for the recsys engines.
 
 The public API lives in jobs.api (submit, render, status, watch, logs, cancel, requeue,
-JobRequest, build_chain); it is re-exported here lazily so that `import jobs.cli` stays cheap.
+JobRequest, build_chain, the study operations); it is re-exported here lazily so that
+`import jobs.profiles` (data only) never loads the execution layer. The package layout and its
+one-way layers: docs/architecture.md.
 """
 
 _API = ("JobRequest", "build_chain", "submit", "render", "render_plan", "status", "watch", "logs", "cancel",

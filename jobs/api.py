@@ -1,4 +1,4 @@
-"""The Python API: the same operations as the `recsys-submit` CLI.
+"""The Python API: the same operations as the `recsys-submit` CLI, which goes through it too.
 
     from jobs.api import JobRequest, build_chain, submit, status, watch, logs, cancel, requeue
     run = submit([JobRequest(kind="benchmark", model="hello", nodes=2)], "ci")
@@ -9,22 +9,46 @@
     report, paths = report_study(record.study_dir)                  # scaling.{md,csv,json,png}
 """
 
-from . import runs as runs_mod
-from .backends import backend_class
+from .schedulers import backend_class, capabilities
 from .errors import RequestError, SlurmCommandError, SubmitError
-from .request import JobRequest, build_chain
-from .status import log_files, poll, watch
-from .submit import load, render_plan, render_text, submit
+from .planning.request import JobRequest, build_chain
+from .profiles import ProfileError, list_profiles
+from .runs.rundir import find_run, load_run
+from .status import log_files, poll, run_failed, summary_line, watch
+from .submit import dry_run, load, render_plan, render_text, submit
 
-__all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "render",
-           "render_plan", "submit", "status", "watch", "logs", "log_files", "cancel", "requeue",
-           "find_run", "load_profile", "load_spec", "run_study", "study_status", "report_study"]
+# The study modules are imported by the study operations only: a job command (render, submit)
+# does not pay for them.
 
-find_run = runs_mod.find_run
+__all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "ProfileError",
+           "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
+           "log_files", "cancel", "requeue", "find_run", "load_profile", "list_profiles", "runs_in_foreground",
+           "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
+           "study_progress_line", "report_study"]
 
 
 def load_profile(name_or_path):
+    """A validated jobs.profiles.Profile by name (search path) or file."""
     return load(name_or_path)
+
+
+def load_spec(path):
+    """A validated jobs.study.spec.StudySpec from a study YAML file."""
+    from .study.spec import load_spec as read_spec
+
+    return read_spec(path)
+
+
+def spec_from_flags(model, gpus, **flags):
+    """A StudySpec for a quick sweep from CLI-style values (`gpus="1,2,4"`, `variants=["amp=false,true"]`)."""
+    from .study.spec import spec_from_flags as from_flags
+
+    return from_flags(model, gpus, **flags)
+
+
+def runs_in_foreground(scheduler):
+    """Whether a scheduler's submissions run to their end before submit returns (local)."""
+    return capabilities(scheduler).foreground
 
 
 def render(requests, profile, runs_dir=None):
@@ -35,7 +59,7 @@ def render(requests, profile, runs_dir=None):
 
 
 def status(run_dir):
-    """One poll (jobs.records.StatusResult): result["jobs"][i]["state"], ["done"], ["calls"]."""
+    """One poll (jobs.runs.records.StatusResult): result["jobs"][i]["state"], ["done"], ["calls"]."""
     return poll(run_dir)
 
 
@@ -49,7 +73,7 @@ def logs(run_dir, rank=None, key=None):
 
 
 def _backend(run_dir):
-    record = runs_mod.load_run(run_dir)
+    record = load_run(run_dir)
     return backend_class(record.scheduler)(), record
 
 
@@ -66,29 +90,43 @@ def requeue(run_dir):
     return backend.requeue(run_dir, record.jobs) or []
 
 
-def load_spec(path):
-    """A validated jobs.study.StudySpec from a study YAML file."""
-    from .study import load_spec as _load
-
-    return _load(path)
-
-
 def run_study(spec, profile, runs_dir=None, max_concurrent=None):
     """Submit the missing or failed points of a study: (StudyRecord, [point ids submitted])."""
-    from .study_run import run
+    from .study import run as study_run
 
-    return run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent)
+    return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent)
+
+
+def find_study(study=None, runs_dir=None):
+    """A study directory from a path, a name under the runs dir, or (None) the newest study."""
+    from .study import run as study_run
+
+    return study_run.find_study(study, runs_dir)
 
 
 def study_status(study_dir):
-    """One poll of every point of a study (one Slurm call): a jobs.study_run.StudyStatus."""
-    from .study_run import StudyRecord, poll
+    """One poll of every point of a study (one Slurm call): a jobs.study.run.StudyStatus."""
+    from .study import run as study_run
 
-    return poll(StudyRecord.load(study_dir))
+    return study_run.poll(study_run.StudyRecord.load(study_dir))
+
+
+def watch_study(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
+    """Poll a study until no point is pending or running; the last StudyStatus."""
+    from .study import run as study_run
+
+    return study_run.watch(study_dir, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout)
+
+
+def study_progress_line(status):
+    """`[#####-----]  3/8 done  1 running ...  elapsed 0:00:42` of a StudyStatus."""
+    from .study import run as study_run
+
+    return study_run.progress_line(status)
 
 
 def report_study(study_dir, out_dir=None, plot=None):
     """Write the study's scaling table and plot; returns (report dict, {kind: path})."""
-    from .study_report import write
+    from .study import report as study_report
 
-    return write(study_dir, out_dir=out_dir, want_plot=plot)
+    return study_report.write(study_dir, out_dir=out_dir, want_plot=plot)

@@ -1,12 +1,12 @@
 """`recsys-submit`: profiles, render, train/evaluate/benchmark/preprocess, status, logs, cancel,
-requeue, study (scaling studies: jobs.study, jobs.study_run, jobs.study_report). Errors are one
-line on stderr with a non-zero exit (2: bad input, nothing submitted; 1: Slurm failed or a job
-failed). Imports stay lazy so the command starts fast on login nodes.
+requeue, study (scaling studies). Every command goes through jobs.api, the API a program uses.
+Errors are one line on stderr with a non-zero exit (2: bad input, nothing submitted; 1: Slurm
+failed or a job failed). jobs.api is imported only once a command runs, so `--help` and
+argument errors start fast on login nodes.
 """
 
 import argparse
 import os
-import re
 import sys
 
 from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_ENGINES, PREPROCESS_MODES
@@ -243,71 +243,63 @@ def _study_parser(sub):
     report.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
 
 
-def _cmd_study(args, engine_args):
-    from . import study_run
-
+def _cmd_study(api, args, engine_args):
     if args.action == "run":
-        from .study import load_spec, spec_from_flags
-
         if args.spec and (args.model or args.gpus):
-            raise _request_error("--model/--gpus: give a spec file or flags, not both")
+            raise api.RequestError("--model/--gpus: give a spec file or flags, not both")
         if args.spec:
             if engine_args:
-                raise _request_error("--: engine arguments go in the spec's engine_args")
-            spec = load_spec(args.spec)
+                raise api.RequestError("--: engine arguments go in the spec's engine_args")
+            spec = api.load_spec(args.spec)
         elif args.model and args.gpus:
-            spec = spec_from_flags(args.model, args.gpus, scaling=args.scaling, batch_size=args.batch_size,
-                                   variants=args.variant, repeats=args.repeats, warmup_steps=args.warmup_steps,
-                                   steps=args.steps, time=args.time, data_path=args.data_path, name=args.name,
-                                   engine_args=engine_args)
+            spec = api.spec_from_flags(args.model, args.gpus, scaling=args.scaling, batch_size=args.batch_size,
+                                       variants=args.variant, repeats=args.repeats, warmup_steps=args.warmup_steps,
+                                       steps=args.steps, time=args.time, data_path=args.data_path, name=args.name,
+                                       engine_args=engine_args)
         else:
-            raise _request_error("spec: give a study spec file, or --model and --gpus for a quick sweep")
-        record, submitted = study_run.run(spec, args.profile, runs_dir=args.runs_dir,
+            raise api.RequestError("spec: give a study spec file, or --model and --gpus for a quick sweep")
+        record, submitted = api.run_study(spec, args.profile, runs_dir=args.runs_dir,
                                           max_concurrent=args.max_concurrent)
         print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
               + (f": {' '.join(submitted)}" if submitted else " (nothing missing or failed)"))
         print(f"study dir {record.study_dir}")
-        from .backends import backend_class
-
-        if submitted and backend_class(record.scheduler).foreground:     # local points ran already
-            status = study_run.poll(record)
-            print(study_run.progress_line(status))
+        if submitted and api.runs_in_foreground(record.scheduler):     # local points ran already
+            status = api.study_status(record.study_dir)
+            print(api.study_progress_line(status))
             for point in status.points:
                 if point.reason:
                     print(f"{PROG}: point {point.id} failed: {point.reason}", file=sys.stderr)
             return 1 if status.counts["failed"] else 0
         return 0
-    study_dir = study_run.find_study(args.study, args.runs_dir)
+    study_dir = api.find_study(args.study, args.runs_dir)
     if args.action == "status":
         if args.watch:
             live = sys.stdout.isatty() and not args.json
 
             def show(status):
-                line = study_run.progress_line(status)
+                line = api.study_progress_line(status)
                 if live:
                     print(f"\r{line}", end="", flush=True)
                 elif not args.json:
                     print(line, flush=True)
 
-            status = study_run.watch(study_dir, on_poll=show)
+            status = api.watch_study(study_dir, on_poll=show)
             if live:
                 print()
         else:
-            status = study_run.poll(study_run.StudyRecord.load(study_dir))
+            status = api.study_status(study_dir)
         if args.json:
             import json
 
             print(json.dumps(status.to_dict(), indent=2))
         else:
             if not args.watch:
-                print(study_run.progress_line(status))
+                print(api.study_progress_line(status))
             for point in status.points:
                 extra = f"  {point.reason}" if point.reason else ""
                 print(f"  {point.id:<28} {point.state:<8} {point.job_id or '-':>10}{extra}")
         return 1 if status.counts["failed"] else 0
-    from . import study_report
-
-    report, paths = study_report.write(study_dir, out_dir=args.out, want_plot=args.plot)
+    report, paths = api.report_study(study_dir, out_dir=args.out, plot=args.plot)
     print(open(paths["markdown"]).read(), end="")
     for kind, path in paths.items():
         print(f"wrote {kind} {path}")
@@ -315,12 +307,6 @@ def _cmd_study(args, engine_args):
         print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
               file=sys.stderr)
     return 1 if report["failures"] else 0
-
-
-def _request_error(message):
-    from .errors import RequestError
-
-    return RequestError(message)
 
 
 def _split_engine_args(argv):
@@ -331,9 +317,9 @@ def _split_engine_args(argv):
 
 
 def requests_from_args(args, engine_args):
-    """The JobRequest chain a job subcommand asks for (built by jobs.request.build_chain, as
-    for the Python API)."""
-    from .request import build_chain
+    """The JobRequest chain a job subcommand asks for (built by jobs.api.build_chain, as for a
+    program)."""
+    from .api import build_chain
 
     flag = vars(args).get      # each subcommand has only its own flags
     common = dict(profile=args.profile, payload=flag("payload", "recsys"), nodes=args.nodes,
@@ -349,32 +335,7 @@ def requests_from_args(args, engine_args):
                        preprocess_engine=flag("preprocess_engine", "spark"), **common)
 
 
-_METRIC = re.compile(r"^(auc|bce|map_at_\d+|hr_at_\d+|ndcg_at_\d+)$")
-
-
-def _summary_text(summary):
-    """The engine's final summary record (docs/engine-log.md) as one line: metrics at their step,
-    throughput, step time, world size, checkpoint."""
-    from .enginelog import STEP_TIME, THROUGHPUT, number
-
-    parts = []
-    metrics = [f"{k} {number(summary, k):.4f}" for k in sorted(summary)
-               if _METRIC.match(k) and number(summary, k) is not None]
-    if metrics:
-        parts.append(", ".join(metrics) + (f" at step {summary['eval_step']}"
-                                           if summary.get("eval_step") is not None else ""))
-    if number(summary, THROUGHPUT) is not None:
-        parts.append(f"{number(summary, THROUGHPUT):,.0f} samples/s")
-    if number(summary, STEP_TIME) is not None:
-        parts.append(f"{number(summary, STEP_TIME):.1f} ms/step")
-    if summary.get("world_size") is not None:
-        parts.append(f"world size {summary['world_size']}")
-    if summary.get("checkpoint"):
-        parts.append(f"checkpoint {summary['checkpoint']}")
-    return "; ".join(parts)
-
-
-def _print_status(result, as_json=False):
+def _print_status(api, result, as_json=False):
     if as_json:
         import json
 
@@ -385,18 +346,16 @@ def _print_status(result, as_json=False):
     for job in result["jobs"]:
         print(f"  {job['key']:<{width}}  {job['job_id']:>10}  {job['state']}")
         if job.get("summary"):
-            print(f"  {'':<{width}}  {'':>10}  {_summary_text(job['summary'])}")
+            print(f"  {'':<{width}}  {'':>10}  {api.summary_line(job['summary'])}")
         if job.get("reason"):
             print(f"  {'':<{width}}  {'':>10}  {job['reason']}")
 
 
-def _cmd_profiles(args):
-    from .profiles import list_profiles, load_profile
-
+def _cmd_profiles(api, args):
     if args.action == "list":
-        for ref in list_profiles():
+        for ref in api.list_profiles():
             try:
-                desc = load_profile(ref.path).description
+                desc = api.load_profile(ref.path).description
             except ValueError as exc:
                 desc = f"INVALID: {exc}"
             print(f"{ref.name:<14} {ref.source:<8} {desc}")
@@ -404,13 +363,13 @@ def _cmd_profiles(args):
     if args.action == "show":
         import yaml
 
-        print(yaml.safe_dump(load_profile(args.profile).as_dict(), sort_keys=False), end="")
+        print(yaml.safe_dump(api.load_profile(args.profile).as_dict(), sort_keys=False), end="")
         return 0
-    files = args.files or [ref.path for ref in list_profiles()]
+    files = args.files or [ref.path for ref in api.list_profiles()]
     bad = 0
     for path in files:
         try:
-            load_profile(path)
+            api.load_profile(path)
             print(f"ok      {path}")
         except ValueError as exc:
             bad += 1
@@ -419,13 +378,11 @@ def _cmd_profiles(args):
     return 2 if bad else 0
 
 
-def _cmd_job(args, engine_args):
+def _cmd_job(api, args, engine_args):
     requests = requests_from_args(args, engine_args)
     out_dir = vars(args).get("out_dir")
     if out_dir:
-        from .submit import render_plan
-
-        parts = render_plan(requests, args.profile, run_dir=os.path.abspath(out_dir), write=True)
+        parts = api.render_plan(requests, args.profile, run_dir=os.path.abspath(out_dir), write=True)
         for spec, _text in parts:
             print(f"wrote {os.path.join(os.path.abspath(out_dir), spec.key + '.sbatch')}")
         first = parts[0][0]
@@ -434,43 +391,33 @@ def _cmd_job(args, engine_args):
                  "every script names its own)" if len(parts) > 1 else ""))
         return 0
     if args.command == "render" or args.dry_run:
-        from .submit import render_text
-
-        print(render_text(requests, args.profile, runs_dir=args.runs_dir), end="")
+        print(api.render(requests, args.profile, runs_dir=args.runs_dir), end="")
         return 0
-    from . import api
-
     record = api.submit(requests, args.profile, runs_dir=args.runs_dir, keep_partial=args.keep_partial,
                         wait=False if args.no_wait else None)
     for job in record.jobs:
         print(f"submitted {job.key} job {job.job_id}")
     print(f"run dir {record.run_dir}")
     if record.foreground:
-        _print_status(api.status(record.run_dir))
+        _print_status(api, api.status(record.run_dir))
         if record.error:
             print(f"{PROG}: error: {record.error}", file=sys.stderr)
             return 1
     return 0
 
 
-def _cmd_status(args):
-    from . import api
-
+def _cmd_status(api, args):
     run_dir = api.find_run(args.run, args.runs_dir)
     if args.watch:
-        result = api.watch(run_dir, on_poll=lambda r: None if args.json else _print_status(r))
+        result = api.watch(run_dir, on_poll=lambda r: None if args.json else _print_status(api, r))
         if args.json:
-            _print_status(result, True)
-        from .status import run_failed
-
-        return 1 if run_failed(result) else 0
-    _print_status(api.status(run_dir), args.json)
+            _print_status(api, result, True)
+        return 1 if api.run_failed(result) else 0
+    _print_status(api, api.status(run_dir), args.json)
     return 0
 
 
-def _cmd_logs(args):
-    from . import api
-
+def _cmd_logs(api, args):
     run_dir = api.find_run(args.run, args.runs_dir)
     if not args.follow:
         text = api.logs(run_dir, rank=args.rank, key=args.job)
@@ -504,9 +451,7 @@ def _follow(api, run_dir, args):
             delay = min(delay * 1.5, 10.0)
 
 
-def _cmd_cancel(args):
-    from . import api
-
+def _cmd_cancel(api, args):
     run_dir = api.find_run(args.run, args.runs_dir)
     ids = api.cancel(run_dir) if args.command == "cancel" else api.requeue(run_dir)
     print(f"{args.command}: {' '.join(ids) or '(no jobs)'}")
@@ -529,34 +474,28 @@ def main(argv=None):
     args = _parser_for(own).parse_args(own)
     if args.command in JOB_KINDS:
         args.kind = args.command
+    from . import api
+
     try:
         if args.command == "profiles":
-            return _cmd_profiles(args)
+            return _cmd_profiles(api, args)
         if args.command == "render" or args.command in JOB_KINDS:
-            return _cmd_job(args, engine_args)
+            return _cmd_job(api, args, engine_args)
         if args.command == "status":
-            return _cmd_status(args)
+            return _cmd_status(api, args)
         if args.command == "logs":
-            return _cmd_logs(args)
+            return _cmd_logs(api, args)
         if args.command == "study":
-            return _cmd_study(args, engine_args)
-        return _cmd_cancel(args)
+            return _cmd_study(api, args, engine_args)
+        return _cmd_cancel(api, args)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:    # one line for every error we know; tracebacks for bugs
-        from .errors import RequestError, SlurmCommandError, SubmitError
-
-        try:
-            from .profiles import ProfileError
-        except ImportError:     # pragma: no cover
-            ProfileError = RequestError
-        if isinstance(exc, (RequestError, ProfileError)):
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 2
-        if isinstance(exc, (SubmitError, SlurmCommandError)):
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 1
-        raise
+    except (api.RequestError, api.ProfileError) as exc:     # one line for every error we know
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except (api.SubmitError, api.SlurmCommandError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -20,4 +20,10 @@ class SubmitError(RuntimeError):
 
 
 class SlurmCommandError(RuntimeError):
-    """A Slurm client command (squeue, sacct, scancel, ...) failed."""
+    """A scheduler command (squeue, sacct, scancel, ...) failed. `transient`: the controller did
+    not answer (restarting, overloaded), so asking again later may work; the backend that ran
+    the command decides (jobs.backends.slurm.commands)."""
+
+    def __init__(self, message, transient=False):
+        super().__init__(message)
+        self.transient = transient

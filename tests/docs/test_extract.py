@@ -7,6 +7,8 @@ import pytest
 
 from tests.docs.examples import dry_run_line, extract, markdown_files, script
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 
 DOC = """# t

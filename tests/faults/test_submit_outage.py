@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from jobs import slurmcli
+from jobs.backends.slurm import commands as slurmcli
 from jobs.api import JobRequest, submit
 from jobs.errors import SubmitError
 from tests.conftest import CLUSTER_SCRIPT

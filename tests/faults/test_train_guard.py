@@ -7,14 +7,15 @@ import os
 
 import pytest
 
-from jobs.plan import plan
+from jobs.backends.slurm.script import render
+from jobs.planning.engine_args import checkpoint_dir
+from jobs.planning.plan import plan
+from jobs.planning.request import JobRequest
+from jobs.planning.requeue import MAX_IDLE_REQUEUES, lead_time_warning
 from jobs.profiles import load_profile
-from jobs.progress import MAX_IDLE_REQUEUES, checkpoint_dir, lead_time_warning
-from jobs.render import render
-from jobs.request import JobRequest
 from recsys.checkpoint import AtomicCheckpointer, recover
 
-pytestmark = [pytest.mark.faults]
+pytestmark = [pytest.mark.faults, pytest.mark.fast]
 
 
 def _ckpt(path, step=None):
@@ -75,3 +76,25 @@ def test_guard_rendered_only_for_training_with_checkpoints(tmp_path):
     assert with_ckpt.index("trap recsys_on_usr2 USR2") < with_ckpt.index("# --- profile setup")
     without = render(_spec(tmp_path), str(tmp_path / "run"))
     assert "recsys_ckpt_dir=''" in without
+
+
+def test_a_chained_train_job_guards_the_checkpoint_dir_it_is_handed(tmp_path):
+    """Issue 20: a train -> evaluate chain hands the train job `--checkpoint-dir
+    "$RECSYS_RUN_DIR/checkpoints-train"`; the requeue guard and the lead-time warning read that
+    same directory (they read the job's engine argv, not only the user's arguments)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    chain = [JobRequest(kind="train", model="ncf", nodes=1, time="5", signal_seconds=60,
+                        engine_args=["--data-path", str(data)]),
+             JobRequest(kind="evaluate", model="ncf", nodes=1, time="5", engine_args=["--data-path", str(data)])]
+    train = plan(chain, load_profile("ci"))[1][0]
+    assert train.key == "train" and train.checkpoint_dir == "$RECSYS_RUN_DIR/checkpoints-train"
+    assert train.checkpoint_dir == checkpoint_dir(train.command)
+    run_dir = tmp_path / "run"
+    script = render(train, str(run_dir))
+    assert 'recsys_ckpt_dir="$RECSYS_RUN_DIR/checkpoints-train"' in script
+    assert lead_time_warning(train, str(run_dir)) is None                 # no earlier attempt
+    (run_dir / "checkpoints-train").mkdir(parents=True)
+    (run_dir / "checkpoints-train" / "attempt.json").write_text(json.dumps({"startup_s": 250.0, "checkpoint_s": 5.0}))
+    warning = lead_time_warning(train, str(run_dir))
+    assert warning and "250 s of start-up" in warning and "checkpoints-train/attempt.json" in warning

@@ -82,7 +82,7 @@ def test_requeue_without_progress_stops(cli, slurm_cluster, data, tmp_path):
     ck.mkdir()
     # what an earlier attempt on this checkpoint dir measured: far more start-up than the job has
     (ck / "attempt.json").write_text(json.dumps({"startup_s": 900.0, "checkpoint_s": 5.0, "step": 0}))
-    from jobs.progress import MAX_IDLE_REQUEUES
+    from jobs.planning.requeue import MAX_IDLE_REQUEUES
     run_dir, rec, err = submit(cli, "train", "--profile", "ci", "--model", "dlrm", "--nodes", "1",
                                 "--gpus-per-node", "1", "--time", "5", "--signal-seconds", "60", "--",
                                 *ENGINE, "--data-path", data, "--checkpoint-dir", ck, "--restore")

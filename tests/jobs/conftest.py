@@ -15,7 +15,7 @@ def cli(slurm_cluster, tmp_path):
 @pytest.fixture
 def slurm_env(slurm_cluster, monkeypatch):
     """In-process API calls talk to the test cluster."""
-    from jobs import slurmcli
+    from jobs.backends.slurm import commands as slurmcli
 
     for key, value in slurm_cluster.env.items():
         if os.environ.get(key) != value:

@@ -1,5 +1,5 @@
 """A preprocess -> train -> evaluate chain built and submitted with the Python API alone, and
-the CLI building the same chain from its flags (both go through jobs.request.build_chain)."""
+the CLI building the same chain from its flags (both go through jobs.planning.request.build_chain)."""
 
 import pytest
 
@@ -11,6 +11,7 @@ CHAIN = dict(dataset="movielens", preprocess_from="/raw/ml", data_path="/data/ml
              profile="ci", nodes=1, gpus_per_node=1, time="5")
 
 
+@pytest.mark.fast
 def test_cli_and_api_build_the_same_chain():
     api_chain = build_chain("train", "hello", engine_args=["--sleep", "1"], after=["12,13"], **CHAIN)
     args = build_parser().parse_args(

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.binding import bind_args, bind_env, rank_binding
+from jobs.profiles.binding import bind_args, bind_env, rank_binding
 from jobs.profiles import load_profile
+
+pytestmark = pytest.mark.fast
 
 BIND_SH = Path(__file__).resolve().parents[2] / "slurm" / "bind.sh"
 RANK_VARS = ("SLURM_", "OMPI_", "PMIX_", "RECSYS_", "CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK",

@@ -10,6 +10,8 @@ import pytest
 
 from slurm.cpulist import format_cpulist, parse_cpulist
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 BIND_SH = REPO / "slurm" / "bind.sh"
 

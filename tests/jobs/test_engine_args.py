@@ -12,8 +12,10 @@ import pytest
 
 from jobs.api import build_chain
 from jobs.errors import RequestError
-from jobs.plan import plan
+from jobs.planning.plan import plan
 from jobs.profiles import load_profile
+
+pytestmark = pytest.mark.fast
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NCF = dict(profile="ci", nodes=1, gpus_per_node=1, time="5")
@@ -102,7 +104,7 @@ def test_the_check_imports_the_engine_parser_only(tmp_path):
     its pure-Python helpers, never TensorFlow, Horovod, NumPy or pyarrow."""
     data = _dataset(tmp_path / "data")
     code = ("import json, sys\n"
-            "from jobs.api import build_chain\nfrom jobs.plan import plan\nfrom jobs.profiles import load_profile\n"
+            "from jobs.api import build_chain\nfrom jobs.planning.plan import plan\nfrom jobs.profiles import load_profile\n"
             f"plan(build_chain('train', 'ncf', data_path={data!r}, then_evaluate=True, profile='ci', nodes=1, "
             "gpus_per_node=1), load_profile('ci'), submitting=True)\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.request import JobRequest
+from jobs.planning.request import JobRequest
 from jobs.submit import render_plan
+
+pytestmark = pytest.mark.fast
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REPO = str(Path(__file__).resolve().parents[2])

@@ -11,6 +11,8 @@ from jobs.cli import build_parser
 
 from submit_helpers import REPO
 
+pytestmark = pytest.mark.fast
+
 
 def _subparsers(parser, path=()):
     """(command path, parser) of every (sub)command."""

@@ -31,7 +31,7 @@ def test_local_hello_two_ranks(tmp_path):
     assert [r["local_rank"] for r in ranks] == [0, 1]
     assert all(r["mpi"] and r["mpi_size"] == 2 and r["allreduce_ok"] for r in ranks)
     assert all(r["world_size"] == 2 for r in ranks)
-    from jobs.binding import rank_binding
+    from jobs.profiles.binding import rank_binding
     from jobs.profiles import load_profile
 
     node = load_profile("local").node
@@ -83,7 +83,7 @@ def test_local_train_prints_the_engine_summary(tmp_path):
                 "--bottom-mlp", "16,8", "--top-mlp", "16,1", "--epochs", "1", "--benchmark-warmup-steps", "2",
                 "--checkpoint-dir", str(ckpt))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    from jobs import enginelog
+    from jobs.runs import enginelog
 
     run_dir = _run_dir(proc)
     summary = enginelog.summary(enginelog.job_logs(run_dir, "main"))

@@ -8,10 +8,12 @@ import sys
 import pytest
 import yaml
 
-from jobs.profile_schema import CONTAINER_KEYS, NODE_KEYS, PROFILE_KEYS
+from jobs.profiles.schema import CONTAINER_KEYS, NODE_KEYS, PROFILE_KEYS
 from jobs.profiles import ProfileError, builtin_dir, list_profiles, load_profile
-from jobs.topology import detect_local_node
+from jobs.profiles.topology import detect_local_node
 from slurm.cpulist import format_cpulist, parse_cpulist
+
+pytestmark = pytest.mark.fast
 
 BUILTINS = ["ci", "dgx1", "dgx2", "dgxa100", "dgxa100-pod", "local"]
 

@@ -8,11 +8,13 @@ import pytest
 
 
 from jobs.errors import RequestError
-from jobs.plan import plan, split_array
+from jobs.planning.plan import plan, split_array
 from jobs.profiles import load_profile
-from jobs.request import JobRequest
+from jobs.planning.request import JobRequest
 from jobs.slurmtime import format_time, parse_time
 from jobs.submit import render_plan
+
+pytestmark = pytest.mark.fast
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -134,8 +134,8 @@ def test_preprocess_train_evaluate_chain_hands_over_data_and_checkpoint(cli, slu
     --then-evaluate -- --amp` on real MovieLens-shaped data: preprocessing writes DIR, training
     reads it and checkpoints into the run dir, evaluation reads both and logs its metrics."""
     pytest.importorskip("pyspark")
-    from jobs import enginelog
-    from preproc.generate_movielens import generate
+    from jobs.runs import enginelog
+    from preproc.movielens.generate import generate
 
     generate(str(tmp_path / "raw"), users=120, items=150, seed=3)
     data = tmp_path / "ml"

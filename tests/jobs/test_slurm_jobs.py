@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from jobs.binding import rank_binding
+from jobs.profiles.binding import rank_binding
 from jobs.profiles import load_profile
 
 from submit_helpers import hello_lines

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from jobs import slurmcli
+from jobs.backends.slurm import commands as slurmcli
 from jobs import status as status_mod
 from jobs.api import JobRequest, submit
 

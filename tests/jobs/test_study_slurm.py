@@ -137,7 +137,7 @@ def test_dlrm_rerun_submits_nothing_and_polls_once(dlrm_study, study_cli, slurm_
     record = json.load(open(os.path.join(dlrm_study["dir"], "study.json")))
     assert all(len(p["runs"]) == 1 for p in record["points"])
     # a whole-study poll of unfinished points is one Slurm call: forget the cached states
-    from jobs import study_run
+    from jobs.study import run as study_run
 
     for point in record["points"]:
         os.remove(os.path.join(point["runs"][0], "status.json"))

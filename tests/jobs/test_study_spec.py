@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from jobs.profiles import load_profile
-from jobs.study import StudyError, expand, load_spec, spec_from_flags
+from jobs.study.spec import StudyError, expand, load_spec, spec_from_flags
+
+pytestmark = pytest.mark.fast
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,7 +43,7 @@ def test_weak_scaling_variants_and_repeats_are_crossed():
 def test_engine_flags_are_checked_once_per_distinct_argument_set(monkeypatch):
     """4 sizes x 3 precisions x 2 repeats = 24 points, but strong scaling gives every size the
     same global batch, so only the 3 precision variants differ: 3 parses, not 24."""
-    import jobs.study as study_mod
+    import jobs.study.spec as study_mod
 
     seen = []
     real = study_mod.check_engine_args

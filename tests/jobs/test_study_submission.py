@@ -11,7 +11,7 @@ import os
 import pytest
 
 from jobs.api import run_study
-from jobs.study import spec_from_flags
+from jobs.study.spec import spec_from_flags
 
 pytestmark = pytest.mark.slurm
 
@@ -31,12 +31,13 @@ def held_profile(slurm_env, tmp_path):
 
 def test_study_renders_each_script_once_and_writes_records_the_fewest_times(held_profile, slurm_env, tmp_path,
                                                                              monkeypatch):
-    import jobs.records
-    import jobs.render
-    import jobs.runs
+    import jobs.backends.slurm.backend
+    import jobs.runs.atomic
+    import jobs.runs.records
+    import jobs.study.run
 
     renders, writes = [], collections.Counter()
-    real_render, real_write = jobs.render.render, jobs.runs.write_json
+    real_render, real_write = jobs.backends.slurm.backend.render, jobs.runs.atomic.write_json
 
     def counting_render(spec, run_dir, *args, **kwargs):
         renders.append(run_dir)
@@ -46,9 +47,9 @@ def test_study_renders_each_script_once_and_writes_records_the_fewest_times(held
         writes[os.path.basename(path)] += 1
         return real_write(path, data)
 
-    monkeypatch.setattr(jobs.render, "render", counting_render)
-    monkeypatch.setattr(jobs.runs, "write_json", counting_write)
-    monkeypatch.setattr(jobs.records, "write_json", counting_write)
+    monkeypatch.setattr(jobs.backends.slurm.backend, "render", counting_render)
+    monkeypatch.setattr(jobs.runs.records, "write_json", counting_write)       # jobs.json, request.json
+    monkeypatch.setattr(jobs.study.run, "write_json", counting_write)          # study.json, results.json
     spec = spec_from_flags("dlrm", "1,2,4", batch_size=512, variants=["precision=tf32,amp"], time="5",
                            name="counted")
     record, submitted = run_study(spec, held_profile, runs_dir=str(tmp_path / "runs"))

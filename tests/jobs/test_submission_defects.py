@@ -10,7 +10,7 @@ import pytest
 
 from jobs.api import JobRequest, submit
 from jobs.errors import RequestError
-from jobs.records import RECORD_VERSION, JobRecord, RunRecord
+from jobs.runs.records import RECORD_VERSION, JobRecord, RunRecord
 
 from submit_helpers import Cli
 

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from jobs import slurmcli
+from jobs.backends.slurm import commands as slurmcli
 from jobs.api import JobRequest, submit
 from jobs.errors import SubmitError
 

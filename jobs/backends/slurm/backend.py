@@ -1,0 +1,99 @@
+"""SlurmBackend: the Backend of `scheduler: slurm`, through sbatch / squeue / sacct / scancel /
+scontrol (jobs.backends.slurm.commands)."""
+
+import os
+from dataclasses import dataclass
+
+from jobs.errors import RequestError
+from jobs.runs.atomic import write_text
+from jobs.runs.records import JobRecord
+
+from ..base import Backend, DryRun, JobDraft
+from . import commands, poll, queries
+from .script import render
+
+
+@dataclass(frozen=True)
+class SlurmDraft(JobDraft):
+    """A job's sbatch script as checked: `script` is where it is written, `token` its unique
+    `--comment=recsys:<token>` (how a retried sbatch finds out whether it went in)."""
+
+    script: str = ""
+    token: str = ""
+
+
+class SlurmBackend(Backend):
+    """sbatch / squeue / sacct / scancel / scontrol through jobs.backends.slurm.commands."""
+
+    scheduler = "slurm"
+    unknown_job_hint = "a typo? without accounting, Slurm forgets a job MinJobAge after it ends"
+
+    def max_array_size(self, requests):
+        """The cluster's MaxArraySize, asked of Slurm only when the plan has an array."""
+        default = super().max_array_size(requests)
+        if not any(r.array or r.shards for r in requests):
+            return default
+        return commands.max_array_size(default)
+
+    def accounting(self):
+        return commands.accounting_enabled()
+
+    def dry_run(self, specs, run_dir, wait=None, check=True, written=True, token=None):
+        """Every script rendered (values sbatch cannot take are refused here, before anything
+        exists), each with a fresh token (`token`: one fixed text instead, e.g. `<token>` when
+        printing); jobs that wait for jobs of the run show <key> placeholders until submitted."""
+        if check and wait is not None:
+            flag = "--no-wait" if wait is False else "wait"
+            raise RequestError(f"{flag}: Slurm submissions never wait; follow a run with "
+                               "`recsys-submit status --watch` (--no-wait is for the local profile)")
+        drafts = []
+        for spec in specs:
+            script = os.path.join(run_dir, f"{spec.key}.sbatch")
+            job_token = token or os.urandom(8).hex()
+            drafts.append(SlurmDraft(spec=spec, run_dir=run_dir, script=script, token=job_token,
+                                     text=render(spec, run_dir, script, token=job_token, written=written)))
+        if check:
+            self.check_after(specs)
+        return DryRun(scheduler=self.scheduler, run_dir=run_dir, wait=False, drafts=tuple(drafts))
+
+    def missing_jobs(self, job_ids):
+        """One sacct call (accounting: finished jobs too) or one squeue call for all ids."""
+        return queries.missing_jobs(job_ids, self.accounting())
+
+    def submit(self, draft, ids, wait, log=None):
+        spec = draft.spec
+        text = draft.text
+        if spec.after_ok or spec.after_any:     # the job ids of the run it waits for are known now
+            text = render(spec, draft.run_dir, draft.script, ids=ids, token=draft.token)
+        write_text(draft.script, text)
+        job_id = commands.sbatch(draft.script, draft.token, log=log)
+        return [JobRecord(key=spec.key, name=spec.name, job_id=job_id, array_size=spec.array_size,
+                          task_offset=spec.task_offset, ntasks=spec.nodes * spec.ntasks_per_node,
+                          script=draft.script, token=draft.token,
+                          after_ok=[ids[k] for k in spec.after_ok] + list(spec.external_after),
+                          after_any=[ids[k] for k in spec.after_any])]
+
+    def poll(self, run_dir, record, source=None):
+        return poll.poll_many([(run_dir, record)], source)[0]
+
+    def poll_many(self, items, source=None):
+        return poll.poll_many(items, source)
+
+    def cancel(self, run_dir, jobs):
+        ids = [j.job_id for j in jobs]
+        if ids:
+            proc = commands.run(["scancel"] + ids)
+            if proc.returncode != 0:
+                raise commands.failed("scancel", proc)
+        return ids
+
+    def requeue(self, run_dir, jobs):
+        ids = [j.job_id for j in jobs]
+        if ids:
+            proc = commands.run(["scontrol", "requeue", ",".join(ids)])
+            if proc.returncode != 0:
+                raise commands.failed("scontrol requeue", proc)
+            cache = os.path.join(run_dir, "status.json")
+            if os.path.exists(cache):
+                os.remove(cache)
+        return ids

@@ -1,0 +1,128 @@
+"""What Slurm says about jobs: the squeue / sacct / scontrol queries of a status poll and their
+parsers.
+
+The parsers are pure functions of a command's text output, tested on outputs recorded from the
+real test cluster (tests/jobs/recorded/, re-recorded by tests/jobs/record_slurm_outputs.py);
+sacct output and array job ids (`123_[4-9%2]`) are parsed by submitit (SlurmInfoWatcher.read_info,
+read_job_id). States come back in the toolkit's words (jobs.backends.slurm.states).
+"""
+
+from jobs import states
+
+from . import commands
+from .states import to_state
+
+CALLS = {"count": 0}    # Slurm commands issued by status queries (the benchmark and tests read it)
+# squeue's reason for a pending job whose afterok dependency failed: it can never start
+NEVER = "DependencyNeverSatisfied"
+
+SACCT_STATES = ["sacct", "-X", "--parsable2", "-o", "JobID,State,ExitCode,NodeList"]
+SQUEUE_STATES = ["squeue", "-h", "-r", "--states=all", "-o", "%i|%T|%r"]
+SACCT_IDS = ["sacct", "-X", "-n", "--parsable2", "-o", "JobID"]
+SQUEUE_IDS = ["squeue", "-h", "-r", "--states=all", "-o", "%i"]
+
+
+def expand_job_id(job_id):
+    """Task ids of a job id as Slurm prints it: `12`, `12_3`, `12_[0-3%2]` -> 12_0 .. 12_3."""
+    from submitit.slurm.slurm import read_job_id
+
+    out = []
+    for parts in read_job_id(job_id):
+        if len(parts) == 3:
+            out += [f"{parts[0]}_{i}" for i in range(int(parts[1]), int(parts[2]) + 1)]
+        else:
+            out.append("_".join(parts))
+    return out
+
+
+# --- parsers of recorded text -------------------------------------------------------------
+
+def parse_sacct(text):
+    """{task id: toolkit state} from `sacct -X --parsable2 -o JobID,State,ExitCode,NodeList`."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    info = SlurmInfoWatcher().read_info(text)
+    return {task: to_state(stats.get("State")) for task, stats in info.items()}
+
+
+def parse_squeue(text):
+    """({task id: toolkit state}, {pending tasks that can never start}) from
+    `squeue -h -r --states=all -o %i|%T|%r`; jobs squeue no longer knows are absent."""
+    found, never = {}, set()
+    for line in text.splitlines():
+        job_id, _, rest = line.strip().partition("|")
+        word, _, reason = rest.partition("|")
+        if job_id:
+            for task in expand_job_id(job_id):
+                found[task] = to_state(word)
+                if found[task] == states.PENDING and reason.strip() == NEVER:
+                    never.add(task)
+    return found, never
+
+
+def parse_scontrol_job(text):
+    """The toolkit state in `scontrol show job ID` output (one or several lines), else None."""
+    for word in text.split():
+        if word.startswith("JobState="):
+            return to_state(word.split("=", 1)[1])
+    return None
+
+
+def parse_known_ids(text):
+    """Every job and array id named by `sacct -X -n -o JobID` or `squeue -h -r -o %i` output:
+    each task, and its array as a whole."""
+    known = set()
+    for line in text.split():
+        for task in expand_job_id(line.strip()):
+            known.update((task, task.split("_")[0]))
+    return known
+
+
+# --- the calls -----------------------------------------------------------------------------
+
+def _call(args):
+    CALLS["count"] += 1
+    return commands.run(args, timeout=60)
+
+
+def query_sacct(ids):
+    """{task id: state} from one sacct call; None when sacct cannot answer."""
+    proc = _call(SACCT_STATES + ["-j", ",".join(ids)])
+    if proc.returncode != 0:
+        return None
+    return parse_sacct(proc.stdout)
+
+
+def query_squeue(ids, never=None):
+    """{task id: state} from one squeue call (jobs it no longer knows are absent); the pending
+    tasks that can never start (an afterok job failed) are added to the set `never`."""
+    proc = _call(SQUEUE_STATES + ["-j", ",".join(ids)])
+    if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
+        raise commands.failed("squeue", proc)
+    found, cannot_start = parse_squeue(proc.stdout)
+    if never is not None:
+        never.update(cannot_start)
+    return found
+
+
+def query_scontrol(task):
+    """The state of one job from `scontrol show job` (None when Slurm no longer knows it)."""
+    return parse_scontrol_job(_call(["scontrol", "show", "job", task]).stdout)
+
+
+def missing_jobs(ids, accounting):
+    """The ids Slurm does not know: one sacct call with accounting (finished jobs too), else one
+    squeue call for all of them."""
+    ids = [str(i) for i in ids]
+    if accounting:
+        proc = commands.run(SACCT_IDS + ["-j", ",".join(ids)], timeout=60)
+        if proc.returncode != 0:
+            raise commands.failed("sacct", proc)
+    else:
+        proc = commands.run(SQUEUE_IDS + ["-j", ",".join(ids)], timeout=60)
+        if proc.returncode != 0:
+            if "invalid job id" in (proc.stderr or "").lower():
+                return ids      # squeue says so only when it knows none of them
+            raise commands.failed("squeue", proc)
+    known = parse_known_ids(proc.stdout)
+    return [i for i in ids if i not in known]

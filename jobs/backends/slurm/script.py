@@ -1,0 +1,223 @@
+"""A JobSpec as a readable sbatch script (template: slurm/job.sbatch.tmpl).
+
+Every value that comes from the user or a profile is shell-quoted where the shell reads it;
+values in `#SBATCH` lines (read by sbatch, never by the shell) are limited to characters
+sbatch passes through unchanged, or double-quoted, and refused otherwise.
+"""
+
+import os
+import re
+import shlex
+import string
+
+from jobs.errors import RequestError
+from jobs.planning.argv import RunPath, SlurmHelper, slurm_dir
+from jobs.planning.plan import rank_command
+from jobs.planning.requeue import MAX_IDLE_REQUEUES
+from jobs.profiles.binding import bind_env
+from jobs.slurmtime import format_time
+
+_SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
+
+
+class _Template(string.Template):
+    delimiter = "@@"
+
+
+def _template():
+    path = os.path.join(slurm_dir(), "job.sbatch.tmpl")
+    with open(path) as handle:
+        return _Template(handle.read())
+
+
+def directive_value(value, flag):
+    """A value for an #SBATCH line: bare when inert, double-quoted when it has spaces or shell
+    characters (sbatch strips the quotes, no shell ever sees it), refused if it cannot be quoted."""
+    text = str(value)
+    if _SAFE_DIRECTIVE.match(text):
+        return text
+    if any(c in text for c in '"\\\n\r'):
+        raise RequestError(f"{flag}: {text!r} contains a quote, backslash or newline that sbatch cannot take")
+    return f'"{text}"'
+
+
+def dependency_string(spec, ids):
+    """`afterok:1:2,afterany:3` from the spec's dependencies; `ids` maps plan keys to job ids
+    (placeholders such as <dictionary> when rendering without submitting)."""
+    ok = [ids.get(k, f"<{k}>") for k in spec.after_ok] + list(spec.external_after)
+    anyof = [ids.get(k, f"<{k}>") for k in spec.after_any]
+    parts = []
+    if ok:
+        parts.append("afterok:" + ":".join(str(i) for i in ok))
+    if anyof:
+        parts.append("afterany:" + ":".join(str(i) for i in anyof))
+    return ",".join(parts)
+
+
+def log_paths(spec, run_dir):
+    """(batch output, per-rank output) file patterns of a spec, in the run's logs/ dir."""
+    logs = os.path.join(run_dir, "logs")
+    tag = "%A_%a" if spec.array else "%j"
+    return (os.path.join(logs, f"{spec.key}-{tag}.out"),
+            os.path.join(logs, f"{spec.key}-{tag}.rank%t.log"))
+
+
+def check_run_dir(run_dir):
+    """A run dir sbatch can take in --output/--error; refused naming --runs-dir (where it comes
+    from), before any directory is created."""
+    if any(c in str(run_dir) for c in '"\\\n\r'):
+        raise RequestError(f"--runs-dir: {str(run_dir)!r} contains a quote, backslash or newline that "
+                           "sbatch cannot take in the job log paths")
+
+
+def directives(spec, run_dir, ids=None, token=None):
+    """The `#SBATCH` lines of a spec, in a stable, readable order."""
+    profile = spec.profile
+    check_run_dir(run_dir)
+    batch_out, _ = log_paths(spec, run_dir)
+    lines = [
+        ("--job-name", spec.name),
+        ("--nodes", spec.nodes),
+        ("--ntasks-per-node", spec.ntasks_per_node),
+    ]
+    if spec.gpus_per_node:
+        lines.append(("--gres", f"gpu:{spec.gpus_per_node}"))
+    if (profile.defaults or {}).get("exclusive", True):
+        lines.append(("--exclusive", None))
+    lines.append(("--time", format_time(spec.time_seconds)))
+    for flag, value in (("--partition", profile.partition), ("--account", profile.account),
+                        ("--qos", profile.qos)):
+        if value:
+            lines.append((flag, value))
+    lines += [("--output", batch_out), ("--error", batch_out), ("--open-mode", "append"),
+              ("--signal", f"B:USR2@{spec.signal_seconds}")]
+    if spec.requeue:
+        lines.append(("--requeue", None))
+    if spec.array:
+        first, last, cap = spec.array
+        lines.append(("--array", f"{first}-{last}" + (f"%{cap}" if cap else "")))
+    dep = dependency_string(spec, ids or {})
+    if dep:
+        lines.append(("--dependency", dep))
+    if token:
+        lines.append(("--comment", f"recsys:{token}"))
+    if profile.switches:
+        lines.append(("--switches", profile.switches))
+    from_profile = {"--partition": "partition", "--account": "account", "--qos": "qos",
+                    "--switches": "switches"}
+    out = []
+    for flag, value in lines:
+        what = f"profile {profile.name}: {from_profile[flag]}" if flag in from_profile else flag
+        out.append(f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={directive_value(value, what)}")
+    for extra in profile.sbatch_extra or []:
+        if "\n" in extra:
+            raise RequestError(f"profile {profile.name}: sbatch_extra: {extra!r} spans lines")
+        out.append(f"#SBATCH {extra}")
+    return out
+
+
+def _exports(mapping):
+    return "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in mapping.items()) or "# (none)"
+
+
+def quote(arg):
+    """Shell-quote one argument; only our own SlurmHelper paths keep $RECSYS_SLURM_DIR
+    expandable, and RunPaths (the EngineLog, a chain's checkpoint dir) their $RECSYS_* variables
+    (fixed in code, never user input)."""
+    if isinstance(arg, RunPath):
+        return f'"{arg}"'
+    if isinstance(arg, SlurmHelper):
+        return f'"$RECSYS_SLURM_DIR/{shlex.quote(arg.name)}"'
+    return shlex.quote(str(arg))
+
+
+def _quote_command(argv):
+    return [quote(arg) for arg in argv]
+
+
+def step_lines(spec, run_dir, container_name=None):
+    """The step as a list of already-quoted argv pieces (one per line in the script)."""
+    profile = spec.profile
+    if spec.launcher == "batch":
+        return [" ".join(_quote_command(spec.command))]
+    _, rank_out = log_paths(spec, run_dir)
+    mpi = profile.mpi or "pmix"
+    srun = ["srun", f"--mpi={mpi}", "-N", str(spec.nodes),
+            f"--ntasks-per-node={spec.ntasks_per_node}",
+            f"--ntasks={spec.nodes * spec.ntasks_per_node}", "--kill-on-bad-exit=1"]
+    pieces = [" ".join(shlex.quote(a) for a in srun),
+              " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
+    container = profile.container
+    if container is not None:
+        # The ranks run this checkout's code (bind.sh, the engines) and write into the run dir:
+        # both are mounted at their host paths, and the packages are put on PYTHONPATH (which
+        # --container-env keeps over the image's own value).
+        code = os.path.dirname(slurm_dir())
+        mounts = list(container.mounts) + [f"{code}:{code}:ro", f"{os.path.abspath(run_dir)}:{os.path.abspath(run_dir)}"]
+        flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}",
+                 "--container-mounts=" + ",".join(mounts), "--container-env=PYTHONPATH"]
+        if container.workdir:
+            flags.append(f"--container-workdir={container.workdir}")
+        pieces[0] = f"PYTHONPATH={shlex.quote(code)}" + "${PYTHONPATH:+:$PYTHONPATH} " + pieces[0]
+        pieces.append(" ".join(shlex.quote(f) for f in flags))
+    argv = _quote_command(rank_command(spec))
+    if argv[:2] == ["bash", '"$RECSYS_SLURM_DIR/bind.sh"']:
+        cut = argv.index("--") + 1
+        pieces.append(" ".join(argv[:cut]))
+        argv = argv[cut:]
+    pieces.append(" ".join(argv))
+    return pieces
+
+
+def task_env(spec):
+    if not spec.array:
+        return "# (not an array job)"
+    return ("if [ -n \"${SLURM_ARRAY_TASK_ID:-}\" ]; then\n"
+            f"    export RECSYS_TASK_INDEX=$(( {int(spec.task_offset)} + SLURM_ARRAY_TASK_ID ))\n"
+            f"    export RECSYS_TASK_COUNT={int(spec.task_count)}\n"
+            "fi")
+
+
+def submit_hint(spec, script_path, ids=None, written=True):
+    """The script's "Submit by hand with: sbatch ..." comment: only for a script written to a file
+    (a submission, `render -o DIR`), with the --dependency to fill in where it waits for jobs of
+    its chain whose ids are not known yet."""
+    if not written:
+        return ("Printed only, not written to a file: `recsys-submit render -o DIR ...` writes the "
+                "script(s) to DIR (which becomes the run directory)")
+    command = "sbatch"
+    if any(k not in (ids or {}) for k in spec.after_ok + spec.after_any):
+        command += f" --dependency={dependency_string(spec, ids or {})}"
+    return f"Submit by hand with: {command} {shlex.quote(script_path or f'{spec.key}.sbatch')}"
+
+
+def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
+    """The sbatch script text of `spec` for run directory `run_dir`; `written`: whether it is
+    saved as `script_path` (what its comment tells the reader to sbatch), or only printed."""
+    profile = spec.profile
+    container = profile.container
+    container_name = f"recsys-{token or spec.key}"
+    step = " \\\n    ".join(step_lines(spec, run_dir, container_name))
+    title = (f"{spec.kind} {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
+             f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
+    env = dict(profile.env or {})
+    env.update(spec.env)
+    return _template().substitute(
+        directives="\n".join(directives(spec, run_dir, ids, token)),
+        title=title,
+        profile_name=profile.name,
+        profile_path=profile.path or "",
+        submit_hint=submit_hint(spec, script_path, ids, written),
+        run_dir=shlex.quote(os.path.abspath(run_dir)),
+        slurm_dir=shlex.quote(slurm_dir()),
+        key=shlex.quote(spec.key),
+        task_env=task_env(spec),
+        setup="\n".join(profile.setup or []) or "# (none)",
+        env=_exports(env),
+        bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
+        container=shlex.quote(container.image if container is not None else ""),
+        requeue="yes" if spec.requeue else "no",
+        checkpoint_dir=quote(spec.checkpoint_dir or ""),
+        max_idle_requeues=int(MAX_IDLE_REQUEUES),
+        step=step,
+    )

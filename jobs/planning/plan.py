@@ -1,0 +1,291 @@
+"""Launch planning: a resolved request becomes one or more Slurm jobs (JobSpecs).
+
+A plan is an ordered list of JobSpecs; each names the earlier specs it waits for (afterok, or
+afterany between the chunks of a split array). Train/evaluate/benchmark requests are one job
+(optionally an array); criteo preprocessing in array mode is dictionary -> transform array
+(split into chunks no larger than MaxArraySize, each chunk offsetting RECSYS_TASK_INDEX) ->
+finalize; multinode preprocessing is one job that starts a Spark standalone cluster over its
+nodes. Several requests chain (preprocess -> train -> evaluate) through afterok.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from . import engine_args
+from .argv import EngineLog, RunPath, SlurmHelper, job_python
+from .engine_args import absolute
+from .request import resolve
+
+if TYPE_CHECKING:   # pragma: no cover
+    from jobs.profiles import Profile
+
+# Per-engine launch setting: one rank per GPU ("gpu") or one per node ("node"), whether each
+# rank goes through the binding wrapper, and whether >1 rank needs an MPI world.
+ENGINES = {
+    "recsys": {"tasks": "gpu", "bind": True, "mpi": True},
+    "hello": {"tasks": "gpu", "bind": True, "mpi": True},
+    "preproc": {"tasks": "node", "bind": False, "mpi": False},
+}
+
+
+@dataclass
+class JobSpec:
+    """One job of a plan (an array counts as one job): everything a backend needs to render
+    or launch it, so that nothing reaches back into the request."""
+
+    key: str                              # unique in the run: main, dictionary, transform.0, ...
+    name: str                             # Slurm job name (already slug-safe)
+    profile: "Profile"                    # the cluster it runs on
+    kind: str                             # train | evaluate | benchmark | preprocess
+    subject: str                          # model, dataset or "hello" (the script's title)
+    engine: str                           # recsys | hello | preproc (a key of ENGINES)
+    time_seconds: int                     # time limit
+    signal_seconds: int                   # USR2 this long before the limit
+    requeue: bool                         # requeue on USR2
+    bind_mode: str                        # exclusive | numa | interleave | off (slurm/bind.sh)
+    hyperthreads: bool                    # bind the hyperthread siblings too
+    nodes: int
+    ntasks_per_node: int
+    gpus_per_node: int
+    command: List[str]                    # argv of one rank (or of the batch step)
+    launcher: str = "srun"                # srun: one step of ranks; batch: the script runs it once
+    bind: bool = True                     # wrap each rank in slurm/bind.sh
+    array: Optional[Tuple[int, int, Optional[int]]] = None   # (first, last, cap)
+    task_offset: int = 0
+    task_count: Optional[int] = None
+    after_ok: List[str] = field(default_factory=list)        # keys of earlier specs
+    after_any: List[str] = field(default_factory=list)       # keys (chunks of a capped array)
+    external_after: List[str] = field(default_factory=list)  # job ids outside this run
+    env: dict = field(default_factory=dict)                  # extra exports for this job
+    checkpoint_dir: Optional[str] = None  # the engine's --checkpoint-dir (requeue progress guard)
+
+    @property
+    def array_size(self):
+        return 0 if self.array is None else self.array[1] - self.array[0] + 1
+
+
+def rank_command(spec):
+    """argv of one rank: the engine command behind slurm/bind.sh when the engine binds."""
+    if not (spec.bind and ENGINES[spec.engine]["bind"]):
+        return list(spec.command)
+    wrapper = ["bash", SlurmHelper("bind.sh"), "--mode", spec.bind_mode]
+    if spec.hyperthreads:
+        wrapper.append("--ht")
+    return wrapper + ["--"] + list(spec.command)
+
+
+def split_array(count, max_array_size):
+    """[(offset, size)] chunks with size <= max_array_size (Slurm indices must be < MaxArraySize)."""
+    step = max(1, int(max_array_size))
+    return [(start, min(step, count - start)) for start in range(0, count, step)]
+
+
+def _array_specs(base, count, cap, max_array_size):
+    """Array JobSpecs for `count` tasks; chunks run one after another when capped so that the
+    cap holds over the whole array, in parallel otherwise."""
+    chunks = split_array(count, max_array_size)
+    specs = []
+    for index, (offset, size) in enumerate(chunks):
+        key = base.key if len(chunks) == 1 else f"{base.key}.{index}"
+        spec = dataclasses.replace(
+            base, key=key, array=(0, size - 1, cap), task_offset=offset, task_count=count,
+            after_ok=list(base.after_ok), after_any=list(base.after_any))
+        if cap is not None and specs:
+            spec.after_any.append(specs[-1].key)
+        specs.append(spec)
+    return specs
+
+
+def engine_argv(res, handoff=()):
+    """The training engine's own arguments for a resolved request: model, run mode, the user's
+    arguments (paths made absolute) and what the chain hands over (plan), without the interpreter.
+    The one argv every reader of the job's engine flags reads (checks, checkpoint dir, chain)."""
+    req = res.request
+    return ["--model", req.model, "--run-mode", req.kind] + engine_args.absolute_paths(req.engine_args) + list(handoff)
+
+
+def _engine_command(res, python, argv):
+    req = res.request
+    if res.engine == "hello":
+        return [python, "-m", "jobs.hello", "--kind", req.kind] + list(req.engine_args)
+    command = [python, "-m", "recsys.train"] + list(argv)
+    if not engine_args.has_flag(argv, "--log-path"):
+        command += ["--log-path", EngineLog()]     # the user's own --log-path wins
+    return command
+
+
+def embedding_memory_gb(node, gpus_per_node, ntasks_per_node):
+    """Memory one rank has for its embedding tables and weights: its GPU's memory when ranks own
+    GPUs, else the node's memory shared by its ranks (None when the profile does not say)."""
+    if gpus_per_node and node.gpu_memory_gb:
+        return float(node.gpu_memory_gb)
+    if node.memory_gb:
+        return round(float(node.memory_gb) / max(1, ntasks_per_node), 3)
+    return None
+
+
+def _engine_env(res):
+    """The training engine's defaults that come from the profile (the engine reads them from its
+    environment): the per-rank embedding memory budget of --embedding-placement auto."""
+    if res.engine != "recsys":
+        return {}
+    budget = embedding_memory_gb(res.profile.node, res.gpus_per_node, res.ntasks_per_node)
+    return {} if budget is None else {"RECSYS_EMBEDDING_MEMORY_GB": f"{budget:g}"}
+
+
+def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
+    """The JobSpecs of one resolved request, in submission order; `handoff`: engine arguments
+    the chain adds (the checkpoint dir a train job writes for the evaluate job after it)."""
+    req, profile = res.request, res.profile
+    python = job_python(profile, req.python)
+    max_array = int(max_array_size or profile.max_array_size or 1001)
+    prefix = f"{key_prefix}." if key_prefix else ""
+    subject = req.dataset if res.engine == "preproc" else (req.model or "hello")
+    common = dict(profile=profile, kind=req.kind, subject=subject, engine=res.engine,
+                  time_seconds=res.time_seconds, signal_seconds=res.signal_seconds,
+                  requeue=req.requeue, bind_mode=res.bind, hyperthreads=res.hyperthreads,
+                  nodes=req.nodes, ntasks_per_node=res.ntasks_per_node,
+                  gpus_per_node=res.gpus_per_node, external_after=list(req.after))
+
+    if res.engine != "preproc":
+        argv = engine_argv(res, handoff) if res.engine == "recsys" else []
+        # the requeue guard watches the checkpoint dir the engine really gets, handed over or not
+        ckpt = engine_args.checkpoint_dir(argv) if req.kind == "train" else None
+        base = JobSpec(key=f"{prefix}main" if not prefix else key_prefix, name=res.name,
+                       command=_engine_command(res, python, argv), bind=True,
+                       env=_engine_env(res), checkpoint_dir=ckpt, **common)
+        if req.array:
+            return _array_specs(base, req.array, req.array_parallelism, max_array)
+        return [base]
+
+    preproc = [python, "-m", "preproc", req.dataset]
+    io = ["--input", absolute(req.input), "--output", absolute(req.output)]
+    if req.preprocess_engine != "spark":
+        io += ["--engine", req.preprocess_engine]
+    mode = req.preprocess_mode
+    if mode == "single":
+        return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
+                        command=preproc + ["run"] + io + list(req.engine_args), **common)]
+    if mode == "multinode":
+        node = profile.node
+        cores = node.sockets * node.cores_per_socket * node.threads_per_core
+        shape = {"nodes": req.nodes, "cores": cores, "memory_gb": int(node.memory_gb), "gpus": res.gpus_per_node}
+        launcher, flags = MULTINODE_CLUSTERS[req.preprocess_engine](shape)
+        cmd = launcher + preproc + ["run"] + io + flags + list(req.engine_args)
+        common["ntasks_per_node"] = 1
+        return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
+                        launcher="batch", command=cmd, **common)]
+    # criteo array mode: dictionary -> transform array -> finalize (CPU pieces: no GPUs)
+    one = dict(common, nodes=1, ntasks_per_node=1, gpus_per_node=0)
+    dictionary = JobSpec(key=f"{prefix}dictionary", name=f"{res.name}-dict", bind=False,
+                         command=preproc + ["dictionary"] + io + list(req.engine_args), **one)
+    one["external_after"] = []
+    transform = JobSpec(key=f"{prefix}transform", name=f"{res.name}-transform", bind=False,
+                        command=preproc + ["transform"] + io, after_ok=[dictionary.key], **one)
+    transforms = _array_specs(transform, req.shards, req.array_parallelism, max_array)
+    finalize = JobSpec(key=f"{prefix}finalize", name=f"{res.name}-finalize", bind=False,
+                       command=preproc + ["finalize", "--output", absolute(req.output)],
+                       after_ok=[t.key for t in transforms], **one)
+    return [dictionary] + transforms + [finalize]
+
+
+def _spark_standalone(shape):
+    """A Spark standalone cluster over the job's nodes; the driver sizes its executors from the shape."""
+    return (["bash", SlurmHelper("spark-standalone.sh"), "--"],
+            ["--nodes", str(shape["nodes"]), "--node-cores", str(shape["cores"]),
+             "--node-memory-gb", str(shape["memory_gb"]), "--gpus-per-node", str(shape["gpus"])])
+
+
+def _dask_cluster(shape):
+    """A dask scheduler + one worker per node (dask-cuda workers on GPU nodes) for NVTabular."""
+    return (["bash", SlurmHelper("dask-cluster.sh"), "--gpus-per-node", str(shape["gpus"]),
+             "--worker-memory-gb", str(max(1, shape["memory_gb"] * 85 // 100)), "--"],
+            ["--nodes", str(shape["nodes"])])
+
+
+# Multinode preprocessing: the cluster each engine starts inside the allocation (launcher
+# prefix, driver flags), from the shape {nodes, cores, memory_gb, gpus} of the job.
+MULTINODE_CLUSTERS = {"spark": _spark_standalone, "nvtabular": _dask_cluster}
+
+
+def _exits(specs):
+    """Specs no other spec of the same request waits for: what a chained request waits on."""
+    waited = {k for s in specs for k in s.after_ok + s.after_any}
+    return [s.key for s in specs if s.key not in waited]
+
+
+def run_name(resolved):
+    """Name of a run: its main (first non-preprocess) request, else the first."""
+    main = [r for r in resolved if r.engine != "preproc"]
+    return (main or resolved)[0].name
+
+
+def _handoff(res, resolved_later, checkpoints, key):
+    """Engine arguments the chain hands a request: a train job that an evaluate job of the same
+    model follows writes its checkpoints into the run dir (checkpoints-<key>) unless the user
+    named a --checkpoint-dir; an evaluate job without one reads the last such train job's.
+    `checkpoints` maps model -> checkpoint dir of the chain's train jobs so far (updated)."""
+    req = res.request
+    if res.engine != "recsys":
+        return []
+    own = engine_args.checkpoint_dir(req.engine_args)
+    if req.kind == "train":
+        evaluated = any(r.engine == "recsys" and r.request.kind == "evaluate" and r.request.model == req.model
+                        for r in resolved_later)
+        if own is None and evaluated:
+            checkpoints[req.model] = RunPath(f"checkpoints-{key}")
+            return ["--checkpoint-dir", checkpoints[req.model]]
+        if own is not None:
+            checkpoints[req.model] = absolute(own)
+        return []
+    if req.kind == "evaluate" and own is None and req.model in checkpoints:
+        return ["--checkpoint-dir", checkpoints[req.model]]
+    return []
+
+
+def _produced(res, handoff):
+    """Paths a job writes that later jobs of the chain read: a preprocess output, a train job's
+    checkpoint dir."""
+    req = res.request
+    if res.engine == "preproc":
+        return [absolute(req.output)]
+    if res.engine == "recsys" and req.kind == "train":
+        ckpt = engine_args.checkpoint_dir(engine_argv(res, handoff))
+        return [ckpt] if ckpt else []
+    return []
+
+
+def plan(requests, profile, max_array_size=None, submitting=False):
+    """Resolve and plan a chain of requests; each request's first jobs wait (afterok) for the
+    previous request's last jobs, and gets what earlier ones write (_handoff). When `submitting`
+    (not rendering: a script may be for another machine, and `render` stays as fast as before),
+    the training engine's arguments are checked by its own parser and start-up checks
+    (jobs.planning.engine_args.check): its data named and present on this host unless an earlier
+    job of the chain writes it. Returns (resolved list, JobSpec list)."""
+    resolved_all = [resolve(request, profile) for request in requests]
+    resolved, specs = [], []
+    previous_exits = []
+    chained = len(requests) > 1
+    checkpoints, produced = {}, []
+    for index, res in enumerate(resolved_all):
+        prefix = ""
+        if chained:
+            prefix = res.request.kind
+            if any(r.request.kind == prefix for r in resolved):
+                prefix = f"{prefix}{index}"
+        handoff = _handoff(res, resolved_all[index + 1:], checkpoints, prefix or "main")
+        if res.engine == "recsys" and submitting:
+            engine_args.check(engine_argv(res, handoff), res.ranks, check_existence=not res.request.after,
+                              produced=produced)
+        produced += _produced(res, handoff)
+        own = plan_request(res, max_array_size, key_prefix=prefix, handoff=handoff)
+        if previous_exits:
+            own_keys = {s.key for s in own}
+            for spec in own:
+                if not any(k in own_keys for k in spec.after_ok + spec.after_any):
+                    spec.after_ok = previous_exits + spec.after_ok
+        previous_exits = _exits(own)
+        resolved.append(res)
+        specs.extend(own)
+    return resolved, specs

@@ -1,0 +1,66 @@
+"""A cluster profile as loaded: the scheduler, the node type (jobs.profiles.topology) and the
+cluster-level Slurm settings (partition, account, container, environment, MPI type, ...): what
+the submission layer needs to know about a cluster. Plain frozen data."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from slurm.cpulist import format_cpulist
+
+from .topology import NodeType
+
+
+@dataclass(frozen=True)
+class Container:
+    """A pyxis/enroot container the job steps run in."""
+
+    image: str
+    mounts: List[str] = field(default_factory=list)
+    workdir: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A cluster: scheduler, node type and cluster-level job settings."""
+
+    name: str
+    path: Optional[str]
+    description: str
+    scheduler: str
+    node: NodeType
+    max_nodes: int
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    default_time: str = "01:00:00"
+    max_array_size: int = 1001
+    mpi: str = "pmix"
+    container: Optional[Container] = None
+    setup: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+    sbatch_extra: List[str] = field(default_factory=list)
+    switches: Optional[str] = None
+    python: Optional[str] = None
+    defaults: Dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """Plain data in the profile-file format (CPU sets as cpulists), plus ``path``.
+
+        Without ``path`` it loads back as an equal profile, which makes it the
+        record of the exact profile a run used.
+        """
+        data = asdict(self)
+        node = data["node"]
+        node["numa_cpus"] = {n: format_cpulist(c) for n, c in node["numa_cpus"].items()}
+        node["gpu_cores"] = [format_cpulist(c) for c in node["gpu_cores"]]
+        return data
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    """Where a profile of a given name was found on the search path."""
+
+    name: str
+    path: str
+    source: str  # 'builtin' | 'user' | 'env'

@@ -1,0 +1,429 @@
+"""Profile validation: which keys a profile file may have, their types, and the consistency
+rules of a node's topology tables.
+
+Checks a raw (already YAML-parsed, ``extends``-merged) mapping and returns plain checked
+values; jobs.profiles.loader builds the Profile from them and owns finding and reading the files.
+Every problem is a :class:`ProfileError` whose message is one line ``<file>: <key.path>:
+<problem>``. Independent keys are all checked: the error raised is the first problem, and its
+``problems`` lists every one (``recsys-submit profiles validate`` prints them all, one per line);
+a check that depends on a bad value (the NUMA tables on a bad core count) is skipped.
+Standard library only (login nodes).
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable, Dict, List, Optional
+
+from jobs.schedulers import SCHEDULERS, capabilities  # the scheduler names and their node limits
+from jobs.slurmtime import parse_time  # sbatch's time-limit semantics, the one parser
+from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
+from slurm.cpulist import parse_cpulist
+
+from .topology import NodeType
+
+__all__ = [
+    "ProfileError", "Checker", "check_profile", "node_from_raw", "typename",
+    "BINDING_MODES", "MPI_TYPES", "SCHEDULERS",
+    "NODE_KEYS", "PROFILE_KEYS", "CONTAINER_KEYS", "DEFAULT_KEYS",
+]
+
+MPI_TYPES = ("pmix", "pmi2", "none")
+
+
+class ProfileError(ValueError):
+    """A profile could not be found, parsed or validated (one-line message)."""
+
+    def __init__(self, file: Any, key: str, problem: str):
+        self.file, self.key, self.problem = str(file), key, problem
+        where = f"{self.file}: {key}" if key else self.file
+        super().__init__(f"{where}: {problem}")
+        self.problems: List["ProfileError"] = [self]    # every problem of the file, this one first
+
+
+_SWITCHES_RE = re.compile(r"^\d+(@[0-9:-]+)?$")
+
+
+class Checker:
+    """Typed access to a raw YAML mapping that reports ``file: key: problem``."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.problems: List[ProfileError] = []
+
+    def fail(self, key: str, problem: str) -> ProfileError:
+        return ProfileError(self.file, key, problem)
+
+    def collect(self, check: Callable[[], Any], default: Any = None) -> Any:
+        """Run one independent check: its value, or `default` with its problem(s) recorded."""
+        try:
+            return check()
+        except ProfileError as exc:
+            self.problems.extend(p for p in exc.problems if p not in self.problems)
+            return default
+
+    def raise_problems(self) -> None:
+        """Raise the first recorded problem, carrying every one of them."""
+        if self.problems:
+            first = self.problems[0]
+            first.problems = list(self.problems)
+            raise first
+
+    def mapping(self, value: Any, key: str) -> Dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, got {typename(value)}")
+        return value
+
+    def no_unknown(self, data: Dict[str, Any], allowed, prefix: str = "") -> None:
+        """Record every unknown key (the other keys are still checked)."""
+        for k in data:
+            if k not in allowed:
+                close = difflib.get_close_matches(str(k), sorted(allowed), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                self.problems.append(self.fail(f"{prefix}{k}",
+                                               f"unknown key ({hint}allowed: {', '.join(sorted(allowed))})"))
+
+    def typed(self, data, key: str, types, path: str, required=False, default=None):
+        if key not in data or data[key] is None:
+            if required:
+                raise self.fail(path, "required key is missing")
+            return default
+        value = data[key]
+        want = types if isinstance(types, tuple) else (types,)
+        if isinstance(value, bool) and bool not in want:
+            raise self.fail(path, f"must be {_names(want)}, got bool")
+        if not isinstance(value, want):
+            raise self.fail(path, f"must be {_names(want)}, got {typename(value)}")
+        return value
+
+    def integer(self, data, key, path, required=False, default=None, minimum=None):
+        value = self.typed(data, key, int, path, required, default)
+        if value is not None and minimum is not None and value < minimum:
+            raise self.fail(path, f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(self, data, key, path, default=None):
+        value = self.typed(data, key, (int, float), path, False, default)
+        if value is not None and value <= 0:
+            raise self.fail(path, f"must be positive, got {value}")
+        return value
+
+    def string(self, data, key, path, required=False, default=None, choices=None):
+        value = self.typed(data, key, str, path, required, default)
+        if value is not None and choices and value not in choices:
+            raise self.fail(path, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def str_list(self, data, key, path) -> List[str]:
+        value = self.typed(data, key, list, path, default=[])
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or isinstance(item, bool):
+                raise self.fail(f"{path}[{i}]", f"must be a string, got {typename(item)}")
+        return list(value)
+
+    def cpulist(self, value, path) -> List[int]:
+        try:
+            return parse_cpulist(value)
+        except ValueError as exc:
+            raise self.fail(path, str(exc)) from None
+
+
+def typename(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", int: "integer", float: "number",
+            bool: "bool", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+_ARTICLE = {"mapping": "a mapping", "list": "a list", "string": "a string", "integer": "an integer",
+            "number": "a number", "bool": "true or false"}
+
+
+def _names(types) -> str:
+    names = [typename(t()) for t in types]
+    if names == ["integer", "number"]:
+        names = ["number"]
+    return " or ".join(_ARTICLE.get(n, n) for n in names)
+
+
+NODE_KEYS = {"name", "gpus", "gpu_model", "gpu_memory_gb", "sockets", "cores_per_socket",
+             "threads_per_core", "memory_gb", "numa_cpus", "gpu_numa", "gpu_cores",
+             "ht_offset", "nics"}
+PROFILE_KEYS = {"name", "description", "extends", "scheduler", "node", "max_nodes",
+                "partition", "account", "qos", "default_time", "max_array_size", "mpi",
+                "container", "setup", "env", "sbatch_extra", "switches", "python", "defaults"}
+CONTAINER_KEYS = {"image", "mounts", "workdir"}
+# defaults: key -> (type, check or choices)
+DEFAULT_KEYS: Dict[str, Any] = {
+    "binding": (str, BINDING_MODES),
+    "hyperthreads": (bool, None),
+    "signal_seconds": (int, None),
+    "time": (str, None),
+    "gpus_per_node": (int, None),
+    "nodes": (int, None),
+    "exclusive": (bool, None),
+    "runs_dir": (str, None),
+}
+
+
+def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> Optional[NodeType]:
+    """The NodeType of a node mapping; problems are recorded in `ck` (None when there are any)."""
+    before = len(ck.problems)
+    data = ck.collect(lambda: ck.mapping(raw, p))
+    if data is None:
+        return None
+    ck.no_unknown(data, NODE_KEYS, f"{p}.")
+    get = ck.collect
+    name = get(lambda: ck.string(data, "name", f"{p}.name", default=default_name), default_name)
+    gpus = get(lambda: ck.integer(data, "gpus", f"{p}.gpus", required=True, minimum=0))
+    sockets = get(lambda: ck.integer(data, "sockets", f"{p}.sockets", required=True, minimum=1))
+    cps = get(lambda: ck.integer(data, "cores_per_socket", f"{p}.cores_per_socket", required=True, minimum=1))
+    tpc = get(lambda: ck.integer(data, "threads_per_core", f"{p}.threads_per_core", default=1, minimum=1))
+    ht_offset = get(lambda: ck.integer(data, "ht_offset", f"{p}.ht_offset", minimum=1))
+    gpu_model = get(lambda: ck.string(data, "gpu_model", f"{p}.gpu_model"))
+    gpu_memory_gb = get(lambda: ck.number(data, "gpu_memory_gb", f"{p}.gpu_memory_gb"))
+    memory_gb = get(lambda: ck.number(data, "memory_gb", f"{p}.memory_gb"))
+    nics = get(lambda: _nics(ck, data, p), [])
+    if None in (gpus, sockets, cps, tpc):
+        return None     # the tables below are checked against these counts
+    if nics and len(nics) != gpus:
+        ck.problems.append(ck.fail(f"{p}.nics", f"has {len(nics)} entries for {gpus} GPUs "
+                                                "(one per GPU, repeat a NIC shared by a GPU pair)"))
+    cores = sockets * cps
+    logical = cores * tpc
+    if ht_offset is not None:
+        if tpc != 2:
+            ck.problems.append(ck.fail(f"{p}.ht_offset", f"needs threads_per_core: 2, got {tpc}"))
+            return None
+        if ht_offset < cores or ht_offset + cores > logical:
+            ck.problems.append(ck.fail(f"{p}.ht_offset", f"{ht_offset} does not map the {cores} cores "
+                                                         f"into the {logical} logical CPUs"))
+            return None
+    numa = get(lambda: _numa(ck, data, p, (sockets, cps, tpc), ht_offset))
+    if numa is None:
+        return None
+    numa, owner = numa
+    gpu_numa = get(lambda: _gpu_numa(ck, data, p, gpus, numa))
+    gpu_cores = get(lambda: _gpu_cores(ck, data, p, gpus, cores, owner, gpu_numa)) if gpu_numa is not None else None
+    if len(ck.problems) > before:
+        return None
+    return NodeType(
+        name=name, gpus=gpus, gpu_model=gpu_model, gpu_memory_gb=gpu_memory_gb,
+        sockets=sockets, cores_per_socket=cps, threads_per_core=tpc, memory_gb=memory_gb,
+        numa_cpus=dict(sorted(numa.items())), gpu_numa=gpu_numa, gpu_cores=gpu_cores,
+        ht_offset=ht_offset, nics=nics)
+
+
+def _nics(ck: Checker, data, p: str) -> List[str]:
+    nics = ck.str_list(data, "nics", f"{p}.nics")
+    for i, nic in enumerate(nics):
+        if not re.match(r"^[A-Za-z0-9_.:-]+$", nic):
+            raise ck.fail(f"{p}.nics[{i}]", f"invalid device name {nic!r}")
+    return nics
+
+
+def _numa(ck: Checker, data, p: str, shape, ht_offset):
+    """({NUMA node: cpus}, {cpu: NUMA node}) of node.numa_cpus, every bad entry recorded;
+    `shape`: (sockets, cores per socket, threads per core)."""
+    sockets, cps, tpc = shape
+    cores = sockets * cps
+    logical = cores * tpc
+    raw_numa = ck.mapping(ck.typed(data, "numa_cpus", dict, f"{p}.numa_cpus", required=True),
+                          f"{p}.numa_cpus")
+    numa: Dict[int, List[int]] = {}
+    owner: Dict[int, int] = {}
+    bad = False
+    for nid, cpus_raw in raw_numa.items():
+        key = f"{p}.numa_cpus.{nid}"
+        if isinstance(nid, bool) or not isinstance(nid, int) or nid < 0:
+            ck.problems.append(ck.fail(key, "NUMA node ids must be non-negative integers"))
+            bad = True
+            continue
+        cpus = ck.collect(lambda: ck.cpulist(cpus_raw, key))
+        if cpus is None:
+            bad = True
+            continue
+        for c in cpus:
+            if c >= logical:
+                ck.problems.append(ck.fail(key, f"cpu {c} is beyond the {logical} logical CPUs "
+                                                f"({sockets} sockets x {cps} cores x {tpc} threads)"))
+                bad = True
+                break
+            if c in owner:
+                ck.problems.append(ck.fail(key, f"cpu {c} is also in NUMA node {owner[c]}"))
+                bad = True
+                break
+            owner[c] = nid
+        numa[nid] = cpus
+    if bad:
+        return None
+    for nid, cpus in numa.items():
+        for c in cpus:
+            if c >= cores and (ht_offset is None or owner.get(c - ht_offset) != nid):
+                raise ck.fail(f"{p}.numa_cpus.{nid}",
+                              f"cpu {c} is neither a physical core (< {cores}) nor the HT "
+                              f"sibling of a core of NUMA node {nid}")
+    for c in range(cores):
+        if c not in owner:
+            raise ck.fail(f"{p}.numa_cpus", f"core {c} is in no NUMA node")
+    return numa, owner
+
+
+def _gpu_numa(ck: Checker, data, p: str, gpus: int, numa) -> List[int]:
+    gpu_numa_raw = ck.typed(data, "gpu_numa", list, f"{p}.gpu_numa", default=[])
+    if len(gpu_numa_raw) != gpus:
+        raise ck.fail(f"{p}.gpu_numa", f"has {len(gpu_numa_raw)} entries for {gpus} GPUs")
+    gpu_numa = []
+    for i, n in enumerate(gpu_numa_raw):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ck.fail(f"{p}.gpu_numa[{i}]", f"must be an integer, got {typename(n)}")
+        if n not in numa:
+            raise ck.fail(f"{p}.gpu_numa[{i}]", f"NUMA node {n} does not exist (nodes: {sorted(numa)})")
+        gpu_numa.append(n)
+    return gpu_numa
+
+
+def _gpu_cores(ck: Checker, data, p: str, gpus: int, cores: int, owner, gpu_numa) -> List[List[int]]:
+    gpu_cores_raw = ck.typed(data, "gpu_cores", list, f"{p}.gpu_cores", default=[])
+    if len(gpu_cores_raw) != gpus:
+        raise ck.fail(f"{p}.gpu_cores", f"has {len(gpu_cores_raw)} entries for {gpus} GPUs")
+    gpu_cores, used = [], {}
+    for i, raw_set in enumerate(gpu_cores_raw):
+        key = f"{p}.gpu_cores[{i}]"
+        cset = ck.cpulist(raw_set, key)
+        if not cset:
+            raise ck.fail(key, "empty core set")
+        for c in cset:
+            if c >= cores:
+                raise ck.fail(key, f"core {c} is beyond the {cores} physical cores "
+                                   "(list physical cores; HT siblings are added by the binding)")
+            if c in used:
+                raise ck.fail(key, f"core {c} is also in the core set of GPU {used[c]}")
+            if owner.get(c) != gpu_numa[i]:
+                raise ck.fail(key, f"core {c} is not on GPU {i}'s NUMA node {gpu_numa[i]}")
+            used[c] = i
+        gpu_cores.append(cset)
+    return gpu_cores
+
+
+def _container_from_raw(ck: Checker, raw: Any) -> Optional[Dict[str, Any]]:
+    if raw is None:
+        return None
+    data = ck.mapping(raw, "container")
+    ck.no_unknown(data, CONTAINER_KEYS, "container.")
+    mounts = ck.collect(lambda: ck.str_list(data, "mounts", "container.mounts"), [])
+    for i, m in enumerate(mounts):
+        if ":" not in m or m.startswith(":"):
+            ck.problems.append(ck.fail(f"container.mounts[{i}]", f"must be SRC:DST[:FLAGS], got {m!r}"))
+        elif "," in m:
+            ck.problems.append(ck.fail(f"container.mounts[{i}]", "must not contain ',' (one mount per entry)"))
+    return {"image": ck.collect(lambda: ck.string(data, "image", "container.image", required=True)),
+            "mounts": mounts, "workdir": ck.collect(lambda: ck.string(data, "workdir", "container.workdir"))}
+
+
+def _defaults_from_raw(ck: Checker, raw: Any) -> Dict[str, Any]:
+    if raw is None:
+        return {}
+    data = ck.mapping(raw, "defaults")
+    ck.no_unknown(data, DEFAULT_KEYS, "defaults.")
+    out = {}
+    for key, (typ, choices) in DEFAULT_KEYS.items():
+        if key not in data:
+            continue
+        path = f"defaults.{key}"
+        if typ is int:
+            out[key] = ck.collect(lambda: ck.integer(data, key, path, minimum=1))
+        elif typ is str:
+            out[key] = ck.collect(lambda: ck.string(data, key, path, choices=choices))
+        else:
+            out[key] = ck.collect(lambda: ck.typed(data, key, typ, path))
+    if out.get("time") is not None:
+        ck.collect(lambda: _check_time(ck, out["time"], "defaults.time"))
+    return out
+
+
+def _check_time(ck: Checker, value: str, key: str) -> None:
+    try:
+        seconds = parse_time(value, key)
+    except ValueError as exc:
+        raise ck.fail(key, str(exc).split(": ", 1)[-1]) from None
+    if seconds is None:
+        raise ck.fail(key, f"{value!r}: give a finite time limit (the checkpoint signal needs one)")
+
+
+def _env_from_raw(ck: Checker, raw: Any) -> Dict[str, str]:
+    if raw is None:
+        return {}
+    data = ck.mapping(raw, "env")
+    out = {}
+    for k, v in data.items():
+        if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            ck.problems.append(ck.fail(f"env.{k}", "not a valid environment variable name"))
+        elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            ck.problems.append(ck.fail(f"env.{k}", f"must be a string or number, got {typename(v)} (quote it)"))
+        else:
+            out[k] = str(v)
+    return out
+
+
+def _switches(ck: Checker, data) -> Optional[str]:
+    switches = data.get("switches")
+    if switches is None:
+        return None
+    switches = str(switches) if isinstance(switches, int) and not isinstance(switches, bool) \
+        else ck.string(data, "switches", "switches")
+    if not _SWITCHES_RE.match(switches):
+        raise ck.fail("switches", f"must be COUNT[@MAX_WAIT] like '1@00:10:00', got {switches!r}")
+    return switches
+
+
+def _sbatch_extra(ck: Checker, data) -> List[str]:
+    sbatch_extra = ck.str_list(data, "sbatch_extra", "sbatch_extra")
+    for i, opt in enumerate(sbatch_extra):
+        if not opt.startswith("--"):
+            ck.problems.append(ck.fail(f"sbatch_extra[{i}]",
+                                       f"must be a long option like '--network=sharp', got {opt!r}"))
+    return sbatch_extra
+
+
+def check_profile(ck: Checker, data: Dict[str, Any], name: str,
+                  resolve_node: Callable[[str], NodeType]) -> Dict[str, Any]:
+    """The checked fields of a Profile (``container`` as a mapping) from a merged raw mapping;
+    ``resolve_node`` turns a string ``node:`` (a profile name, a path, ``detect``) into a node.
+    Every independent key is checked; then the first problem is raised, carrying them all."""
+    ck.no_unknown(data, PROFILE_KEYS)
+    get = ck.collect
+    scheduler = get(lambda: ck.string(data, "scheduler", "scheduler", default="slurm", choices=SCHEDULERS))
+    raw_node = data.get("node")
+    node = None
+    if raw_node is None:
+        ck.problems.append(ck.fail("node", "required key is missing (a node-type mapping, a profile "
+                                           "name whose node to reuse, or 'detect')"))
+    elif isinstance(raw_node, str):
+        node = get(lambda: resolve_node(raw_node))
+    else:
+        node = node_from_raw(ck, raw_node, name)
+    max_nodes = get(lambda: ck.integer(data, "max_nodes", "max_nodes", default=1, minimum=1))
+    node_limit = capabilities(scheduler).max_nodes if scheduler else None
+    if max_nodes is not None and node_limit is not None and max_nodes > node_limit:
+        ck.problems.append(ck.fail("max_nodes", f"a {scheduler} profile has at most {node_limit} node(s)"))
+    default_time = get(lambda: ck.string(data, "default_time", "default_time", default="01:00:00"))
+    if default_time is not None:
+        get(lambda: _check_time(ck, default_time, "default_time"))
+    fields = dict(
+        description=get(lambda: ck.string(data, "description", "description", default="")) or "",
+        scheduler=scheduler, node=node, max_nodes=max_nodes,
+        partition=get(lambda: ck.string(data, "partition", "partition")),
+        account=get(lambda: ck.string(data, "account", "account")),
+        qos=get(lambda: ck.string(data, "qos", "qos")),
+        default_time=default_time,
+        max_array_size=get(lambda: ck.integer(data, "max_array_size", "max_array_size", default=1001, minimum=1)),
+        mpi=get(lambda: ck.string(data, "mpi", "mpi", default="pmix", choices=MPI_TYPES)),
+        container=get(lambda: _container_from_raw(ck, data.get("container"))),
+        setup=get(lambda: ck.str_list(data, "setup", "setup"), []),
+        env=get(lambda: _env_from_raw(ck, data.get("env")), {}),
+        sbatch_extra=get(lambda: _sbatch_extra(ck, data), []),
+        switches=get(lambda: _switches(ck, data)),
+        python=get(lambda: ck.string(data, "python", "python")),
+        defaults=get(lambda: _defaults_from_raw(ck, data.get("defaults")), {}),
+    )
+    ck.raise_problems()
+    return fields

@@ -1,0 +1,142 @@
+"""What the submission layer reads back from a finished job: the engine's JSON-lines log.
+
+The engine writes one JSON object per line (recsys.logger); the submission layer passes its
+`--log-path` (jobs.planning.argv.EngineLog), so the log of job <key> is logs/<key>-<tag>.engine.jsonl in
+the run dir. The final `summary` record (throughput, step time, metrics, world size) is what
+status and studies report: read defensively (a torn last line, a record of a later summary
+version, missing fields are skipped, never guessed), and never from the human log lines. Only
+the reason of a failure, which the engine cannot always write (a scancel, a crash), is taken
+from the text logs.
+"""
+
+import glob
+import json
+import os
+import re
+
+SUFFIX = ".engine.jsonl"
+# the `summary` record format this reader knows (docs/engine-log.md); a later one is skipped, since
+# a field may have changed meaning (a record without the field is of version 1)
+SUMMARY_VERSION = 1
+# summary fields a study reads; others pass through untouched
+THROUGHPUT, STEP_TIME, WORLD_SIZE = "throughput_samples_per_s", "mean_step_time_ms", "world_size"
+_REASON = re.compile(r"error|cancelled|killed|exception|diverg|timeout|time limit|oom|segmentation",
+                     re.IGNORECASE)
+
+
+def records(path):
+    """Every well-formed record of a JSON-lines log (undecodable lines skipped); [] if absent."""
+    out = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue        # a torn line of a killed job
+                if isinstance(rec, dict):
+                    out.append(rec)
+    except OSError:
+        return []
+    return out
+
+
+def job_logs(run_dir, key, tags=None):
+    """Engine logs of job `key`: logs/<key>-<tag>.engine.jsonl for the given tags, else every
+    tag of that key (oldest first)."""
+    logs = os.path.join(run_dir, "logs")
+    if tags:
+        paths = [os.path.join(logs, f"{key}-{tag}{SUFFIX}") for tag in tags]
+        return [p for p in paths if os.path.exists(p)]
+    return sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*{SUFFIX}")), key=os.path.getmtime)
+
+
+def summary(paths):
+    """The last `summary` record of the logs (a requeued job appends; the last run counts) of a
+    version this reader knows; None when there is none."""
+    found = None
+    for path in paths:
+        for rec in records(path):
+            if rec.get("type") == "summary" and _known_version(rec):
+                found = rec
+    return found
+
+
+def _known_version(record):
+    version = record.get("summary_version", 1)
+    return isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= SUMMARY_VERSION
+
+
+def startup(paths):
+    """The `startup` records (one per phase: horovod_init, data, model, first_step)."""
+    return [rec for path in paths for rec in records(path) if rec.get("type") == "startup"]
+
+
+def number(record, field):
+    """A finite float field of a record, or None (absent, null, "nan", not a number)."""
+    if not record:
+        return None
+    value = record.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+# The last words of a failing rank, best first: a program's own one-line error
+# (`recsys-train: error: ...`, `python -m preproc: error: ...`; not srun's), the last line of a
+# Python traceback, then anything that looks like a reason.
+_OWN_ERROR = re.compile(r"^(?!srun: )[\w./ -]+: error: |^\w+(Error|Exception|Exit): ")
+_SRUN_TASK = re.compile(r"srun: error: \S+: task (\d+): (Exited with exit code [1-9]|Killed|Segmentation)")
+_RANK_LOG = re.compile(r"\.rank(\d+)\.log$")
+
+
+def _lines(paths):
+    for path in paths:
+        try:
+            with open(path, errors="replace") as handle:
+                for line in handle:
+                    line = line.strip()
+                    if line:
+                        yield line
+        except OSError:
+            continue
+
+
+def _last(paths, pattern):
+    found = None
+    for line in _lines(paths):
+        if pattern.search(line) and not line.startswith("[recsys] summary"):
+            found = line
+    return found
+
+
+def _short(line):
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def failure_reason(run_dir, key, state):
+    """One line saying why job `key` failed: its state, the failing rank and that rank's last
+    error line (the engine prints `recsys-train: error: ...` in its rank log). The failing rank
+    is the first one srun names as exiting badly in the batch output, else the first whose log
+    has an error of its own; without rank logs, the batch output's last error-looking line."""
+    logs = os.path.join(run_dir, "logs")
+    batch = sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.out")), key=os.path.getmtime)
+    ranks = {}
+    for path in sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*.rank*.log")), key=os.path.getmtime):
+        match = _RANK_LOG.search(path)
+        if match:
+            ranks.setdefault(int(match.group(1)), []).append(path)
+    named = []
+    for line in _lines(batch):
+        match = _SRUN_TASK.search(line)
+        if match and int(match.group(1)) not in named:
+            named.append(int(match.group(1)))
+    order = named + sorted(r for r in ranks if r not in named)
+    for pattern in (_OWN_ERROR, _REASON):
+        for rank in order:
+            line = _last(ranks.get(rank, []), pattern)
+            if line:
+                return f"{state}: rank {rank}: {_short(line)}"
+    best = _last(batch, _OWN_ERROR) or _last(batch, _REASON)
+    return f"{state}: {_short(best)}" if best else state

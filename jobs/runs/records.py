@@ -1,0 +1,193 @@
+"""Typed records of a run: request.json, jobs.json and the result of a status poll.
+
+One schema for every backend (Slurm and local write the same fields), each file carrying a
+`version`, so that a record written by another release is refused with one line instead of
+being misread. Records read like mappings too (`record["jobs"][0]["job_id"]`), which keeps
+the Python API's documented dict access working.
+"""
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from jobs.errors import RequestError
+
+from .atomic import read_json, write_json
+
+RECORD_VERSION = 1
+
+# states of a submission (RunRecord.state)
+SUBMITTING, SUBMITTED, PARTIAL = "submitting", "submitted", "partial"
+CANCELLED_PARTIAL, CANCEL_FAILED = "cancelled-partial", "cancel-failed"
+# what became of one job (JobRecord.outcome) when its chain broke at submission
+OUTCOMES = ("submitted", "cancelled", "cancel-failed", "kept")
+
+
+class Record:
+    """Read access by key, and plain data for JSON."""
+
+    def __getitem__(self, key):
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key):
+        return key in self._keys()
+
+    def get(self, key, default=None):
+        return getattr(self, key) if key in self._keys() else default
+
+    @classmethod
+    def _names(cls):
+        """The field names, in order (worked out once per class)."""
+        names = cls.__dict__.get("_field_names")
+        if names is None:
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            setattr(cls, "_field_names", names)
+        return names
+
+    @classmethod
+    def _keys(cls):
+        return frozenset(cls._names())
+
+    def to_dict(self):
+        """Plain data, as dataclasses.asdict gives it, without its deep copy of every value:
+        records hold plain JSON values and other records, and are written many times a study."""
+        return {name: _plain(getattr(self, name)) for name in self._names()}
+
+
+def _plain(value):
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [_plain(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _check_version(data, path, version=RECORD_VERSION, kind="run"):
+    if not isinstance(data, dict):
+        raise RequestError(f"{path}: not a {kind} record (expected a JSON object)")
+    found = data.get("version", version)    # records before versioning read as the first version
+    if found != version:
+        what = "record" if kind == "run" else f"{kind} record"
+        raise RequestError(f"{path}: {what} version {found!r} is not known to this recsys-submit "
+                           f"(it reads version {version})")
+
+
+def read_record(path, version=RECORD_VERSION, kind="run"):
+    """The JSON object of a versioned record file (a run's, or `kind`'s: a study's), checked: one
+    line naming the file for bad JSON, another type or a version this release does not read."""
+    try:
+        data = read_json(path)
+    except ValueError as exc:
+        raise RequestError(f"{path}: not valid JSON ({exc})") from None
+    _check_version(data, path, version, kind)
+    return data
+
+
+def known_fields(cls, data):
+    keys = cls._keys()
+    return {k: v for k, v in data.items() if k in keys}
+
+
+@dataclass
+class JobRecord(Record):
+    """One submitted job (a Slurm job or array, or one local process tree)."""
+
+    key: str                                 # plan key: main, train, transform.0, ...
+    name: str
+    job_id: str                              # Slurm job id, or the local controller's pid
+    array_size: int = 0                      # Slurm array tasks (0: not an array)
+    task_offset: int = 0                     # first RECSYS_TASK_INDEX of this array chunk
+    task_index: Optional[int] = None         # local array task this process runs
+    ntasks: int = 1                          # local processes whose results settle the job
+    script: Optional[str] = None             # the rendered sbatch script (Slurm)
+    token: Optional[str] = None              # --comment=recsys:<token> (Slurm retries)
+    after_ok: List[str] = field(default_factory=list)
+    after_any: List[str] = field(default_factory=list)
+    outcome: str = "submitted"               # one of OUTCOMES
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**known_fields(cls, data))
+
+
+@dataclass
+class RunRecord(Record):
+    """jobs.json: what a submission did, rewritten atomically after every job it submits."""
+
+    run_dir: str
+    profile: str
+    profile_path: Optional[str]
+    scheduler: str
+    accounting: bool = False                 # Slurm with slurmdbd: status asks sacct
+    state: str = SUBMITTING                  # SUBMITTING, SUBMITTED, PARTIAL, CANCELLED_PARTIAL, CANCEL_FAILED
+    jobs: List[JobRecord] = field(default_factory=list)
+    error: Optional[str] = None
+    foreground: bool = False                 # the jobs ran to their end before submit returned
+    version: int = RECORD_VERSION
+
+    def save(self):
+        write_json(os.path.join(self.run_dir, "jobs.json"), self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data, path="jobs.json"):
+        _check_version(data, path)
+        values = known_fields(cls, data)
+        values["jobs"] = [JobRecord.from_dict(j) for j in data.get("jobs", [])]
+        values["version"] = RECORD_VERSION
+        return cls(**values)
+
+    @classmethod
+    def load(cls, run_dir):
+        path = os.path.join(run_dir, "jobs.json")
+        return cls.from_dict(read_record(path), path)
+
+
+@dataclass
+class RequestRecord(Record):
+    """request.json: the requests and the profile as loaded, so a run can be reproduced."""
+
+    requests: List[Dict[str, Any]]
+    profile: Dict[str, Any]
+    version: int = RECORD_VERSION
+
+    def save(self, run_dir):
+        write_json(os.path.join(run_dir, "request.json"), self.to_dict())
+
+    @classmethod
+    def load(cls, run_dir):
+        return cls(**known_fields(cls, read_record(os.path.join(run_dir, "request.json"))))
+
+
+@dataclass
+class JobStatus(Record):
+    """One job's state in a poll; `tasks` has one entry per array task."""
+
+    key: str
+    job_id: str
+    name: Optional[str]
+    state: str
+    tasks: Dict[str, str]
+    summary: Optional[Dict[str, Any]] = None  # the engine log's last `summary` record (finished, not an array)
+    reason: Optional[str] = None              # why it failed, from its logs (jobs.runs.enginelog)
+
+
+@dataclass
+class StatusResult(Record):
+    """One status poll of a run."""
+
+    run_dir: str
+    jobs: List[JobStatus]
+    done: bool
+    calls: int                               # Slurm commands this poll issued
+    source: str                              # sacct | squeue | cache | local
+    submission: Optional[str] = None         # RunRecord.state

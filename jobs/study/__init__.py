@@ -1,0 +1,3 @@
+"""Scaling studies: a spec expanded into points (spec), its directory and the life of its points
+(run), and the scaling table and plot (report). Built on jobs.submit and jobs.status, like any
+program using the submission layer."""

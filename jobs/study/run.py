@@ -1,0 +1,393 @@
+"""A study directory and its life: submit the points, poll them, resume what is missing or failed.
+
+Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json (a typed,
+versioned StudyRecord: every point and the run directories of its attempts, rewritten
+atomically as submissions land, once for all that landed since the last write), points/ (one ordinary run directory per attempt, made by the
+orchestrator, jobs.submit) and results.json (every point's state, summary and failure reason,
+rewritten whenever the study is polled). All points are submitted from one process; a poll of
+the whole study is one jobs.status.poll_many call (one Slurm call). A requeued job keeps its job
+id and run, so it counts once; a failed point stays in the results with its reason and is the
+only kind of point (with never-submitted ones) that `run` submits again.
+"""
+
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from jobs import states
+from jobs.schedulers import backend_for
+from jobs.errors import RequestError, SlurmCommandError, SubmitError
+from jobs.polling import poll_until
+from jobs.runs import rundir
+from jobs.runs.atomic import write_json, write_text
+from jobs.runs.records import Record, known_fields, read_record
+from jobs.status import poll_many
+from jobs.submit import load, submit
+
+from .spec import StudyError, expand, is_study_dir, spec_yaml
+
+STUDY_VERSION = 1
+# what a point is, from its latest attempt
+DONE, RUNNING, PENDING, FAILED, MISSING = "done", "running", "pending", "failed", "missing"
+
+
+def _log(message):
+    print(f"recsys-submit: {message}", file=sys.stderr)
+
+
+@dataclass
+class PointRecord(Record):
+    """One point of a study and the run directories of its attempts (oldest first)."""
+
+    id: str
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    batch_per_gpu: int
+    global_batch: int
+    variant: Dict[str, Any]
+    variant_label: str
+    repeat: int
+    runs: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_point(cls, point):
+        data = point.to_dict()
+        data.pop("engine_args")
+        return cls(**data)
+
+
+@dataclass
+class StudyRecord(Record):
+    """study.json."""
+
+    name: str
+    study_dir: str
+    profile: str
+    profile_path: Optional[str]
+    scheduler: str
+    spec: Dict[str, Any]
+    created: float
+    points: List[PointRecord] = field(default_factory=list)
+    version: int = STUDY_VERSION
+
+    def save(self):
+        write_json(os.path.join(self.study_dir, "study.json"), self.to_dict())
+
+    @classmethod
+    def load(cls, study_dir):
+        try:
+            data = read_record(os.path.join(study_dir, "study.json"), STUDY_VERSION, kind="study")
+        except OSError as exc:
+            raise RequestError(f"study: {study_dir!r} is not a study directory ({exc.strerror})") from None
+        values = known_fields(cls, data)
+        values["points"] = [PointRecord(**known_fields(PointRecord, p)) for p in data.get("points", [])]
+        values["study_dir"] = os.path.abspath(study_dir)    # the directory may have moved
+        return cls(**values)
+
+
+@dataclass
+class PointStatus(Record):
+    """A point's state from its latest attempt."""
+
+    id: str
+    state: str                      # done | running | pending | failed | missing
+    job_state: Optional[str]        # the scheduler's word (COMPLETED, CANCELLED, ...)
+    run_dir: Optional[str]
+    job_id: Optional[str]
+    attempts: int
+    summary: Optional[Dict[str, Any]] = None
+    reason: Optional[str] = None
+
+
+@dataclass
+class StudyStatus(Record):
+    """One poll of a study."""
+
+    study_dir: str
+    points: List[PointStatus]
+    counts: Dict[str, int]
+    done: bool                      # nothing pending or running (failed and missing points may remain)
+    calls: int                      # Slurm commands this poll issued
+    elapsed_s: float                # since the study was created
+
+
+def default_study_dir(spec, runs_dir=None, profile=None):
+    return os.path.join(runs_dir or rundir.default_runs_dir(profile), f"study-{spec.name}")
+
+
+def find_study(study=None, runs_dir=None):
+    """A study argument: a path, a name under the runs dir (with or without `study-`), or
+    (None) the newest study there."""
+    runs_dir = runs_dir or rundir.default_runs_dir()
+    if study:
+        for candidate in (study, os.path.join(runs_dir, study), os.path.join(runs_dir, f"study-{study}")):
+            if is_study_dir(candidate):
+                return os.path.abspath(candidate)
+        raise RequestError(f"study: {study!r} is not a study directory (no study.json; runs dir {runs_dir})")
+    if os.path.isdir(runs_dir):
+        found = [os.path.join(runs_dir, d) for d in os.listdir(runs_dir) if is_study_dir(os.path.join(runs_dir, d))]
+        if found:
+            return os.path.abspath(max(found, key=lambda d: os.path.getmtime(os.path.join(d, "study.json"))))
+    raise RequestError(f"study: no studies under {runs_dir}; give a study directory")
+
+
+def _classify(job_status):
+    state = job_status.state
+    if state == states.COMPLETED:
+        if job_status.summary is None:
+            return FAILED, "COMPLETED but its engine log has no summary record"
+        return DONE, None
+    if state in states.TERMINAL or state == states.UNKNOWN:
+        return FAILED, job_status.reason or state
+    if state in (states.PENDING, states.REQUEUED, states.SUSPENDED):
+        return PENDING, None
+    return RUNNING, None
+
+
+def poll(record):
+    """A StudyStatus of every point (one poll_many call for all latest attempts); results.json
+    is rewritten with it."""
+    latest = [(p, p.runs[-1]) for p in record.points if p.runs]
+    results = dict(zip([p.id for p, _ in latest], poll_many([r for _, r in latest]))) if latest else {}
+    calls = max([r.calls for r in results.values()] or [0])
+    out = []
+    for point in record.points:
+        result = results.get(point.id)
+        if result is None:
+            out.append(PointStatus(id=point.id, state=MISSING, job_state=None, run_dir=None, job_id=None,
+                                   attempts=0))
+            continue
+        job = result.jobs[0] if result.jobs else None
+        if job is None:
+            state, reason, job_state = FAILED, "its run has no job (submission failed)", None
+        else:
+            (state, reason), job_state = _classify(job), job.state
+        out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,
+                               job_id=job.job_id if job else None, attempts=len(point.runs),
+                               summary=job.summary if job else None, reason=reason))
+    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    status = StudyStatus(study_dir=record.study_dir, points=out, counts=counts,
+                         done=counts[RUNNING] == 0 and counts[PENDING] == 0, calls=calls,
+                         elapsed_s=round(time.time() - record.created, 1))
+    write_results(record, status)
+    return status
+
+
+def write_results(record, status):
+    """results.json: the study's points as last polled (atomically)."""
+    write_json(os.path.join(record.study_dir, "results.json"),
+                        {"version": STUDY_VERSION, "study": record.name, "profile": record.profile,
+                         "updated": round(time.time(), 3),
+                         "points": [dict(p.to_dict(), **{k: v for k, v in pr.to_dict().items() if k != "runs"})
+                                    for p, pr in zip(status.points, record.points)]})
+
+
+def open_study(spec, profile, study_dir):
+    """The StudyRecord of `study_dir`: created for a new study, loaded (and checked to be the
+    same spec and profile) for an existing one, with the spec's points merged in."""
+    points = expand(spec, profile)          # every check before anything exists
+    if is_study_dir(study_dir):
+        record = StudyRecord.load(study_dir)
+        if record.spec != spec.to_dict():
+            raise StudyError(f"study: {study_dir} was made from a different spec; give the study "
+                             "another name (name: in the spec) or remove that directory")
+        if record.profile != profile.name:
+            raise StudyError(f"--profile: study {study_dir} runs on profile {record.profile!r}, not "
+                             f"{profile.name!r}")
+    else:
+        try:
+            os.makedirs(os.path.join(study_dir, "points"))
+        except OSError as exc:
+            raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
+        write_text(os.path.join(study_dir, "study.yaml"), spec_yaml(spec))
+        record = StudyRecord(name=spec.name, study_dir=os.path.abspath(study_dir), profile=profile.name,
+                             profile_path=profile.path, scheduler=backend_for(profile).scheduler,
+                             spec=spec.to_dict(), created=round(time.time(), 3))
+    known = {p.id for p in record.points}
+    record.points += [PointRecord.from_point(p) for p in points if p.id not in known]
+    record.save()
+    return record, {p.id: p for p in points}
+
+
+def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_log,
+        poll_first=None, poll_max=None):
+    """Submit every point of `spec` that is missing or failed (all of them for a new study),
+    keeping at most `max_concurrent` points queued or running. Returns (StudyRecord, [ids of the
+    points submitted now]). Bad input raises StudyError/RequestError before anything exists."""
+    profile = load(profile)
+    if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):
+        raise StudyError(f"--max-concurrent: must be at least 1, got {max_concurrent}")
+    if study_dir is None:
+        rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
+        study_dir = default_study_dir(spec, runs_dir, profile)
+    backend = backend_for(profile)
+    # a new study submits every point: ask the cluster's configuration (one Slurm call) while
+    # the points are checked, not after
+    config = None if is_study_dir(study_dir) else _ask_config(backend)
+    record, points = open_study(spec, profile, study_dir)
+    if config is not None:
+        config.join()
+    status = poll(record) if any(p.runs for p in record.points) else None
+    point_states = {p.id: p.state for p in status.points} if status else {}
+    todo = [p for p in record.points if p.id in points and point_states.get(p.id, MISSING) in (MISSING, FAILED)]
+    active = sum(1 for s in point_states.values() if s in (RUNNING, PENDING))
+    submitted = []
+    points_dir = os.path.join(record.study_dir, "points")
+
+    runs = {}       # point id -> the RunRecord its submission returned
+
+    def submit_point(point):
+        return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log)
+
+    foreground = backend.capabilities.foreground
+    if max_concurrent or foreground:
+        for point in todo:      # one at a time: a cap on queued points, or local points in the foreground
+            if max_concurrent and active >= max_concurrent:
+                status = poll_until(lambda: poll(record),
+                                    lambda s: s.counts[RUNNING] + s.counts[PENDING] < max_concurrent,
+                                    first=poll_first, ceiling=poll_max)
+                active = status.counts[RUNNING] + status.counts[PENDING]
+            runs[point.id] = submit_point(point)
+            point.runs.append(runs[point.id].run_dir)
+            record.save()
+            submitted.append(point.id)
+            active += 1
+    elif todo:
+        backend.accounting()    # asked (and cached) once, before the threads
+        _submit_parallel(record, todo, submit_point, submitted, runs)
+    if submitted and foreground:
+        poll(record)    # the points ran to their end: results.json says how (no Slurm call)
+    elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
+        write_results(record, _after_submission(record, status, submitted, runs))
+    return record, submitted
+
+
+def _ask_config(backend):
+    """A started thread that asks the backend once for what every run records (Slurm: whether
+    accounting is on, one `scontrol show config`, cached for the process), so that the call's
+    latency overlaps the checking of the points instead of adding to it. Join it before
+    anything else asks."""
+    thread = threading.Thread(target=backend.accounting, name="recsys-config", daemon=True)
+    thread.start()
+    return thread
+
+
+SUBMIT_THREADS = 8
+
+
+def _submit_parallel(record, todo, submit_point, submitted, runs):
+    """Submit independent points from a few threads (each sbatch waits on the controller, not on
+    this process). study.json is saved from this thread as points land, once for all the points
+    that landed since the last save. A point that could not be submitted does not stop the
+    others; the first error is raised at the end, saying what went in (a re-run resumes with the
+    missing points). Interrupted, no further point is started, and the ones in flight land in
+    study.json before the interrupt goes on."""
+    landed = queue.Queue()
+    pending = iter(todo)
+    take = threading.Lock()
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            with take:
+                point = next(pending, None)
+            if point is None:
+                return
+            try:
+                landed.put((point, submit_point(point), None))
+            except BaseException as exc:    # reported (or re-raised, for a bug) by the main thread
+                landed.put((point, None, exc))
+
+    threads = [threading.Thread(target=worker, name=f"recsys-submit-{i}")
+               for i in range(min(SUBMIT_THREADS, len(todo)))]
+    errors = []
+
+    def take_landed(batch):
+        for point, run_record, exc in batch:
+            if exc is not None:
+                errors.append((point.id, exc))
+                continue
+            runs[point.id] = run_record
+            point.runs.append(run_record.run_dir)
+            submitted.append(point.id)
+        if any(exc is None for _, _, exc in batch):
+            record.save()
+
+    try:
+        for thread in threads:
+            thread.start()
+        while len(submitted) + len(errors) < len(todo):
+            batch = [landed.get()]
+            while True:                 # everything else that landed meanwhile: one save for all
+                try:
+                    batch.append(landed.get_nowait())
+                except queue.Empty:
+                    break
+            take_landed(batch)
+    except BaseException:
+        stop.set()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join()
+        batch = []
+        while not landed.empty():
+            batch.append(landed.get_nowait())
+        take_landed(batch)
+        raise
+    for thread in threads:
+        thread.join()
+    order = {p.id: i for i, p in enumerate(todo)}
+    submitted.sort(key=order.get)
+    errors.sort(key=lambda e: order[e[0]])
+    for point_id, exc in errors:
+        if not isinstance(exc, (RequestError, SubmitError, SlurmCommandError)):
+            raise exc               # a bug, not a refused submission: its traceback
+    if errors:
+        point_id, exc = errors[0]
+        raise SubmitError(f"point {point_id} not submitted: {exc}; {len(errors)} point(s) failed to submit, "
+                          f"{len(submitted)} submitted; `recsys-submit study run` again submits the missing "
+                          f"ones (study {record.study_dir})")
+
+
+def _after_submission(record, status, submitted, runs):
+    """The StudyStatus right after submitting: the last poll's, with new attempts pending
+    (their job ids from the RunRecords the submissions returned, not read back from disk)."""
+    before = {p.id: p for p in status.points} if status else {}
+    out = []
+    for point in record.points:
+        if point.id in runs:
+            job = runs[point.id].jobs
+            out.append(PointStatus(id=point.id, state=PENDING, job_state="SUBMITTED", run_dir=point.runs[-1],
+                                   job_id=job[0].job_id if job else None, attempts=len(point.runs)))
+        else:
+            out.append(before.get(point.id) or PointStatus(id=point.id, state=MISSING, job_state=None,
+                                                           run_dir=None, job_id=None, attempts=0))
+    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    return StudyStatus(study_dir=record.study_dir, points=out, counts=counts, done=False, calls=0,
+                       elapsed_s=round(time.time() - record.created, 1))
+
+
+def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
+    """Poll a study until nothing is pending or running."""
+    record = StudyRecord.load(study_dir)
+    return poll_until(lambda: poll(record), lambda status: status.done, on_poll=on_poll, first=first,
+                      ceiling=ceiling, timeout=timeout)
+
+
+def progress_line(status, width=30):
+    """`[#########-----]  3/8 done  1 running  3 pending  1 failed  elapsed 0:00:42`."""
+    total = len(status.points) or 1
+    finished = status.counts[DONE] + status.counts[FAILED]
+    filled = int(width * finished / total)
+    elapsed = int(status.elapsed_s)
+    parts = [f"[{'#' * filled}{'-' * (width - filled)}]", f"{status.counts[DONE]}/{total} done"]
+    for key in (RUNNING, PENDING, FAILED, MISSING):
+        if status.counts[key]:
+            parts.append(f"{status.counts[key]} {key}")
+    parts.append(f"elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
+    return "  ".join(parts)

@@ -1,0 +1,370 @@
+"""A scaling study spec (YAML or CLI flags) and its expansion into points.
+
+A point is one benchmark job of the engine: nodes x GPUs per node, the batch it runs (strong
+scaling: the global batch stays fixed; weak: the batch per GPU does), one combination of the
+variants (e.g. amp: [false, true] x xla: [false, true]) and one repeat. A spec is checked like a
+profile, and every point against the profile and the engine's own flag parser, before anything
+is created or submitted: bad input is one line naming the spec key or the point (StudyError,
+exit 2). Running the points is jobs.study.run's; the table and plot are jobs.study.report's.
+"""
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from jobs.errors import RequestError
+from jobs.planning import engine_args
+from jobs.planning.plan import plan
+from jobs.planning.request import JobRequest, slug
+from jobs.slurmtime import parse_time
+from jobs.vocabulary import MODELS
+
+SPEC_VERSION = 1
+MODES = ("strong", "weak")
+# key -> meaning; a spec with any other key is refused
+KEYS = {
+    "version": "spec format version (1)",
+    "name": "study name (the study directory is study-<name> under the runs dir)",
+    "description": "free text",
+    "model": "dlrm | wide_deep | ncf",
+    "scaling": "strong (fixed global batch) | weak (fixed batch per GPU)",
+    "batch_size": "strong: the global batch; weak: the batch per GPU",
+    "gpus": "GPU counts, e.g. [1, 2, 4, 8]; the profile's node size makes them nodes x GPUs/node",
+    "points": "explicit points: [{nodes: N, gpus_per_node: G}, ...] (instead of gpus)",
+    "variants": "engine settings crossed with the points, e.g. {amp: [false, true]}",
+    "repeats": "runs of every point (the table shows their median and min-max)",
+    "warmup_steps": "benchmark warm-up steps (excluded from throughput)",
+    "steps": "timed benchmark steps",
+    "time": "time limit of each point's job (Slurm format)",
+    "data_path": "dataset directory (else synthetic data)",
+    "synthetic": "true: synthetic data (the default without data_path)",
+    "engine_args": "further engine flags, e.g. ['--embedding-dim', '16']",
+}
+# variant values -> engine flags; any other variant key k is the engine flag --k (booleans are
+# switches, other values its argument)
+PRECISION = {"tf32": [], "fp32": ["--no-tf32"], "amp": ["--amp"]}
+
+
+class StudyError(RequestError):
+    """A bad study spec or point (one line, exit 2, nothing submitted)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One job of the study."""
+
+    id: str
+    nodes: int
+    gpus_per_node: int
+    gpus: int                       # ranks in all ("GPUs"; ranks on a GPU-less machine)
+    batch_per_gpu: int
+    global_batch: int
+    variant: Dict[str, Any]
+    variant_label: str              # "default" when the study has no variants
+    repeat: int
+    engine_args: List[str]
+
+    def request(self, spec, profile_name):
+        """The JobRequest of this point (the engine's benchmark mode)."""
+        return JobRequest(kind="benchmark", profile=profile_name, model=spec.model, nodes=self.nodes,
+                          gpus_per_node=self.gpus_per_node, engine_args=list(self.engine_args),
+                          time=spec.time, name=slug(f"{spec.name}-{self.id}"))
+
+    def to_dict(self):
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class StudySpec:
+    """A validated study spec (defaults filled)."""
+
+    name: str
+    model: str
+    scaling: str = "strong"
+    batch_size: int = 4096
+    gpus: Optional[List[int]] = None
+    points: Optional[List[Dict[str, int]]] = None
+    variants: Dict[str, List[Any]] = field(default_factory=dict)
+    repeats: int = 1
+    warmup_steps: int = 20
+    steps: int = 100
+    time: Optional[str] = None
+    data_path: Optional[str] = None
+    synthetic: Optional[bool] = None
+    engine_args: List[str] = field(default_factory=list)
+    description: str = ""
+    version: int = SPEC_VERSION
+    source: str = "spec"           # where it came from, for error messages (not stored)
+
+    def to_dict(self):
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "source"}
+
+    @classmethod
+    def from_dict(cls, data, source="spec"):
+        """Check every key of a spec mapping; StudyError names the key at fault."""
+        def fail(key, message):
+            raise StudyError(f"{source}: {key}: {message}")
+
+        if not isinstance(data, dict):
+            raise StudyError(f"{source}: a study spec is a mapping of keys ({', '.join(KEYS)})")
+        for key in data:
+            if key not in KEYS:
+                fail(key, f"unknown key (known: {', '.join(KEYS)})")
+        version = data.get("version", SPEC_VERSION)
+        if version != SPEC_VERSION:
+            fail("version", f"{version!r} is not a spec version this recsys-submit reads ({SPEC_VERSION})")
+        model = data.get("model")
+        if model not in MODELS:
+            fail("model", f"{model!r} is not one of {', '.join(MODELS)}")
+        name = data.get("name") or model
+        if not isinstance(name, str) or slug(name) != name:
+            fail("name", f"{name!r}: use only letters, digits, '.', '_' and '-'")
+        scaling = data.get("scaling", "strong")
+        if scaling not in MODES:
+            fail("scaling", f"{scaling!r} is not one of {', '.join(MODES)}")
+        ints = {}
+        for key, default in (("batch_size", 4096), ("repeats", 1), ("steps", 100), ("warmup_steps", 20)):
+            value = data.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
+                fail(key, f"{value!r} is not a {'non-negative' if key == 'warmup_steps' else 'positive'} integer")
+            ints[key] = value
+        gpus, points = data.get("gpus"), data.get("points")
+        if gpus is not None and points is not None:
+            fail("points", "give either gpus or points, not both")
+        if gpus is None and points is None:
+            fail("points", "no points: give gpus: [1, 2, 4, ...] or points: [{nodes: 1, gpus_per_node: 1}, ...]")
+        if gpus is not None:
+            if not isinstance(gpus, list) or not gpus:
+                fail("gpus", "empty point list; give GPU counts such as [1, 2, 4, 8]")
+            for value in gpus:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    fail("gpus", f"{value!r} is not a positive GPU count")
+            if len(set(gpus)) != len(gpus):
+                fail("gpus", f"{gpus} repeats a count (use repeats: for repeated runs)")
+        if points is not None:
+            if not isinstance(points, list) or not points:
+                fail("points", "empty point list")
+            clean = []
+            for i, point in enumerate(points):
+                if not isinstance(point, dict) or set(point) - {"nodes", "gpus_per_node"} or "nodes" not in point:
+                    fail(f"points[{i}]", f"{point!r}: expected {{nodes: N, gpus_per_node: G}}")
+                for key in point:
+                    value = point[key]
+                    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                        fail(f"points[{i}].{key}", f"{value!r} is not a positive integer")
+                clean.append({"nodes": point["nodes"], "gpus_per_node": point.get("gpus_per_node")})
+            points = clean
+        variants = data.get("variants") or {}
+        if not isinstance(variants, dict):
+            fail("variants", "a mapping of engine setting -> list of values, e.g. {amp: [false, true]}")
+        for key, values in variants.items():
+            if not isinstance(key, str) or not key.replace("_", "").replace("-", "").isalnum():
+                fail(f"variants.{key}", "not an engine setting name")
+            if not isinstance(values, list) or not values:
+                fail(f"variants.{key}", "give a non-empty list of values")
+            if key == "precision":
+                for value in values:
+                    if value not in PRECISION:
+                        fail("variants.precision", f"{value!r} is not one of {', '.join(PRECISION)}")
+            for value in values:
+                if not isinstance(value, (bool, int, float, str)):
+                    fail(f"variants.{key}", f"{value!r} is not a plain value")
+        engine_args = data.get("engine_args") or []
+        if not isinstance(engine_args, list) or not all(isinstance(a, (str, int, float)) for a in engine_args):
+            fail("engine_args", "a list of engine flags and values, e.g. ['--embedding-dim', '16']")
+        engine_args = [str(a) for a in engine_args]
+        for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--run-mode", "--mode",
+                     "--model"):
+            if any(a == flag or a.startswith(flag + "=") for a in engine_args):
+                fail("engine_args", f"{flag} is set by the study (use its own key)")
+        data_path = data.get("data_path")
+        synthetic = data.get("synthetic")
+        if data_path is not None and not isinstance(data_path, str):
+            fail("data_path", f"{data_path!r} is not a path")
+        if synthetic is not None and not isinstance(synthetic, bool):
+            fail("synthetic", f"{synthetic!r} is not true or false")
+        if data_path and synthetic:
+            fail("synthetic", "give data_path or synthetic: true, not both")
+        time = data.get("time")
+        if time is not None:
+            try:
+                parse_time(str(time), "time")
+            except RequestError as exc:
+                raise StudyError(f"{source}: {exc}") from None
+            time = str(time)
+        description = data.get("description") or ""
+        return cls(name=name, model=model, scaling=scaling, gpus=gpus, points=points, variants=variants,
+                   time=time, data_path=data_path, synthetic=synthetic, engine_args=engine_args,
+                   description=str(description), source=source, **ints)
+
+
+def load_spec(path):
+    """A StudySpec from a YAML file; StudyError (one line naming the file and key) otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot read the study spec: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise StudyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise StudyError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return StudySpec.from_dict(data, source=path)
+
+
+def _variant_args(variant):
+    args = []
+    for key, value in variant.items():
+        if key == "precision":
+            args += PRECISION[value]
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False:
+            continue
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def _variant_label(variant):
+    if not variant:
+        return "default"
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in variant.items())
+
+
+def _sizes(spec, profile):
+    """[(nodes, gpus_per_node)] of the spec's points on `profile`."""
+    if spec.points is not None:
+        return [(p["nodes"], p["gpus_per_node"]) for p in spec.points]
+    node = profile.node
+    per_node = node.gpus or node.sockets * node.cores_per_socket * node.threads_per_core
+    out = []
+    for gpus in spec.gpus:
+        if gpus <= per_node:
+            out.append((1, gpus))
+        elif gpus % per_node:
+            raise StudyError(f"{spec.source}: gpus: {gpus} GPUs do not fill whole nodes of {per_node} "
+                             f"(profile {profile.name})")
+        else:
+            out.append((gpus // per_node, per_node))
+    return out
+
+
+def expand(spec, profile):
+    """Every Point of the spec on a loaded Profile, checked against the profile (sizes, time)
+    and the engine's flag parser. StudyError names the point at fault."""
+    variants = [dict(zip(spec.variants, combo)) for combo in itertools.product(*spec.variants.values())] \
+        if spec.variants else [{}]
+    base = ["--data-path", spec.data_path] if spec.data_path else ["--synthetic"]
+    points = []
+    for nodes, gpn in _sizes(spec, profile):
+        size_id = f"n{nodes}x{gpn if gpn is not None else 'd'}"
+        probe = JobRequest(kind="benchmark", profile=profile.name, model=spec.model, nodes=nodes,
+                           gpus_per_node=gpn, time=spec.time, name="probe")
+        try:        # once per size: the variants and repeats of a size plan the same
+            resolved, _ = plan([probe], profile)
+        except RequestError as exc:
+            raise StudyError(f"{spec.source}: point {size_id}: {exc}") from None
+        res = resolved[0]
+        gpn = res.request.gpus_per_node if res.request.gpus_per_node is not None else res.gpus_per_node
+        ranks = res.ranks
+        if spec.scaling == "strong":
+            if spec.batch_size % ranks:
+                raise StudyError(f"{spec.source}: batch_size: {spec.batch_size} does not divide over the "
+                                 f"{ranks} GPUs of point {size_id}")
+            per_gpu, global_batch = spec.batch_size // ranks, spec.batch_size
+        else:
+            per_gpu, global_batch = spec.batch_size, spec.batch_size * ranks
+        for variant in variants:
+            for repeat in range(spec.repeats):
+                label = _variant_label(variant)
+                pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + slug(label.replace(",", "_").replace("=", "-"))) \
+                    + f"-r{repeat}"
+                args = base + ["--batch-size", str(global_batch),
+                               "--benchmark-warmup-steps", str(spec.warmup_steps),
+                               "--benchmark-steps", str(spec.steps)] + list(spec.engine_args) + _variant_args(variant)
+                points.append(Point(id=pid, nodes=nodes, gpus_per_node=gpn, gpus=ranks, batch_per_gpu=per_gpu,
+                                    global_batch=global_batch, variant=dict(variant), variant_label=label,
+                                    repeat=repeat, engine_args=args))
+    ids = [p.id for p in points]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise StudyError(f"{spec.source}: points: point {dup} appears twice")
+    parser = engine_args.parser()
+    checked = set()
+    for point in points:
+        if tuple(point.engine_args) not in checked:     # repeats and sizes share most argv
+            check_engine_args(spec, point, parser)
+            checked.add(tuple(point.engine_args))
+    return points
+
+
+def check_engine_args(spec, point, parser=None):
+    """Let the engine's own parser refuse a flag (unknown flag, bad value) before submission.
+    recsys.train parses its flags without importing TensorFlow."""
+    import contextlib
+    import io
+
+    if parser is None:
+        parser = engine_args.parser()
+    argv = ["--model", spec.model, "--run-mode", "benchmark"] + list(point.engine_args)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(argv)
+    except SystemExit:
+        message = next((line for line in err.getvalue().splitlines() if line.strip()), "rejected")
+        message = message.split("error: ", 1)[-1]
+        raise StudyError(f"{spec.source}: point {point.id}: the engine rejects its flags: {message}") from None
+
+
+def spec_from_flags(model, gpus, scaling="strong", batch_size=None, variants=(), repeats=None,
+                    warmup_steps=None, steps=None, time=None, data_path=None, name=None, engine_args=()):
+    """A StudySpec for a quick sweep from CLI flags (`--gpus 1,2,4 --variant amp=false,true`)."""
+    data = {"model": model, "scaling": scaling, "engine_args": list(engine_args)}
+    try:
+        data["gpus"] = [int(g) for g in str(gpus).replace(",", " ").split()]
+    except ValueError:
+        raise StudyError(f"--gpus: {gpus!r} is not a list of GPU counts such as 1,2,4,8") from None
+    parsed = {}
+    for item in variants:
+        key, sep, values = str(item).partition("=")
+        if not sep or not key:
+            raise StudyError(f"--variant: {item!r} is not KEY=V1,V2 (e.g. amp=false,true)")
+        parsed[key] = [_flag_value(v) for v in values.split(",") if v != ""]
+    if parsed:
+        data["variants"] = parsed
+    for key, value in (("batch_size", batch_size), ("repeats", repeats), ("warmup_steps", warmup_steps),
+                       ("steps", steps), ("time", time), ("data_path", data_path), ("name", name)):
+        if value is not None:
+            data[key] = value
+    return StudySpec.from_dict(data, source="--gpus/--variant flags")
+
+
+def _flag_value(text):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def spec_yaml(spec):
+    """The spec as YAML (what the study directory keeps as study.yaml)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)    # libyaml when built with it: same text
+    return yaml.dump(spec.to_dict(), Dumper=dumper, sort_keys=False)
+
+
+def is_study_dir(path):
+    return os.path.isfile(os.path.join(path, "study.json"))

@@ -1,0 +1,45 @@
+"""What the submission layer reads back from an engine log (jobs.runs.enginelog): the last
+`summary` of a version it knows, whatever else the file holds. No cluster: the fast tier."""
+
+import json
+
+import pytest
+
+from jobs.runs import enginelog
+
+pytestmark = pytest.mark.fast
+
+
+def _log(path, *records, torn=False):
+    with open(path, "w") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+        if torn:
+            handle.write('{"type": "summary", "throughput_samples_per_s": 1')    # a killed job's last line
+    return str(path)
+
+
+def test_the_last_summary_of_a_known_version_counts(tmp_path):
+    first = {"type": "summary", "summary_version": 1, "step": 10, "throughput_samples_per_s": 100.0}
+    requeued = {"type": "summary", "summary_version": 1, "step": 20, "throughput_samples_per_s": 120.0}
+    log = _log(tmp_path / "a.engine.jsonl", {"type": "params"}, first, {"type": "step", "step": 15}, requeued,
+               torn=True)
+    assert enginelog.summary([log]) == requeued
+
+
+def test_a_later_summary_version_is_skipped_never_misread(tmp_path):
+    """A field of a newer summary format may mean something else: the reader keeps the last
+    record it understands (or none), as docs/engine-log.md says."""
+    known = {"type": "summary", "summary_version": 1, "step": 10, "throughput_samples_per_s": 100.0}
+    newer = {"type": "summary", "summary_version": enginelog.SUMMARY_VERSION + 1, "step": 20,
+             "throughput_samples_per_s": 9e9}
+    assert enginelog.summary([_log(tmp_path / "a.jsonl", known, newer)]) == known
+    assert enginelog.summary([_log(tmp_path / "b.jsonl", newer)]) is None
+    for bad in ("1", None, True, 0):
+        assert enginelog.summary([_log(tmp_path / "c.jsonl", dict(known, summary_version=bad))]) is None
+
+
+def test_a_summary_without_a_version_reads_as_version_1(tmp_path):
+    old = {"type": "summary", "step": 3, "throughput_samples_per_s": 5.0}
+    assert enginelog.summary([_log(tmp_path / "a.jsonl", old)]) == old
+    assert enginelog.summary([str(tmp_path / "missing.jsonl")]) is None
