@@ -87,7 +87,7 @@ def run(np_, data, placement, steps, warmup, workdir):
     plan = [r for r in recs if r["type"] == "placement"][-1]
     ranks = [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(np_)]
     return {"ranks": np_, "placement": placement, "samples_per_s": summary["throughput_samples_per_s"],
-            "table_bytes": plan["rank_bytes"], "peak_rss": [r["peak_rss"] for r in ranks],
+            "table_bytes": plan["embedding_bytes"], "peak_rss": [r["peak_rss"] for r in ranks],
             "rss": [r["rss"] for r in ranks], "fixed_rss": [r["fixed_rss"] for r in ranks],
             "wall_s": time.perf_counter() - t0}
 

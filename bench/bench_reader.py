@@ -64,14 +64,14 @@ def time_numpy_reader(reader, batches):
 def build_model(model, spec, cfg):
     """The engine's model when importable, else a comparable Keras MLP; returns (model, description)."""
     import tensorflow as tf
+    from recsys.models.embedding_tables import model_groups, spec_channels
+    groups = model_groups(model, spec_channels(model, spec), embedding_dim=cfg["embedding_dim"])
     try:
         if model == "dlrm":
             from recsys.models.dlrm import DLRM
-            return DLRM(spec.cardinalities("categorical"), **cfg), "recsys.models.dlrm.DLRM"
+            return DLRM(groups, bottom_mlp=cfg["bottom_mlp"], top_mlp=cfg["top_mlp"]), "recsys.models.dlrm.DLRM"
         from recsys.models.wide_deep import WideDeep
-        tables = lambda ch: [(f, spec.cardinality(f)) for f in spec.features(ch)]  # noqa: E731
-        return WideDeep(tables("onehot_categorical"), tables("multihot_categorical"), **cfg), \
-            "recsys.models.wide_deep.WideDeep"
+        return WideDeep(groups=groups, deep_hidden_units=cfg["deep_hidden_units"]), "recsys.models.wide_deep.WideDeep"
     except ImportError as e:
         print(f"note: engine model not importable ({e}); timing a comparable Keras MLP instead")
 

@@ -46,13 +46,12 @@ def _setup(model, data_dir, threads):
     if not os.path.exists(spec_path):
         rows = {"train": ROWS[model], "test": 8192} if model != "ncf" else {"train": ROWS[model]}
         synthetic.generate(synthetic.default_spec(model, num_files=2), data_dir, rows, seed=1)
-    args = resolve(build_parser().parse_args(
+    return resolve(build_parser().parse_args(
         ["--model", model, "--data-path", data_dir, *CONFIG[model], "--eval-batch-size", "8192",
          "--intra-op-threads", str(threads)]))
-    return args
 
 
-def _engine(args):
+def _engine(config):
     import tensorflow as tf
     from recsys.distributed import Distributed
     from recsys.engine import Engine
@@ -61,11 +60,11 @@ def _engine(args):
     from recsys.models.tasks import TASKS
     tf.keras.utils.set_random_seed(0)
     dist, log = Distributed(use_horovod=False), RunLogger(None, enabled=False)
-    task = TASKS[args.model](args, FeatureSpec.from_yaml(args.feature_spec), dist, log)
-    return Engine(args, task, dist, log), task
+    task = TASKS[config.model](config, FeatureSpec.from_yaml(config.feature_spec), dist, log)
+    return Engine(config, task, dist, log), task
 
 
-def _engine_throughput(engine, task, args, steps, warmup, dataset=None):
+def _engine_throughput(engine, task, config, steps, warmup, dataset=None):
     it = iter(dataset if dataset is not None else task.benchmark_dataset())
     for _ in range(warmup):
         engine._train_step(*next(it))[0].numpy()
@@ -73,10 +72,10 @@ def _engine_throughput(engine, task, args, steps, warmup, dataset=None):
     for _ in range(steps):
         loss, _ = engine._train_step(*next(it))
     loss.numpy()
-    return steps * args.batch_size / (time.perf_counter() - t0)
+    return steps * config.batch_size / (time.perf_counter() - t0)
 
 
-def _fit_model(args, task, steps, warmup):
+def _fit_model(config, task, steps, warmup):
     """The same model class compiled for fit, and in-memory numpy copies of the same batches."""
     import numpy as np
     import tensorflow as tf
@@ -92,18 +91,18 @@ def _fit_model(args, task, steps, warmup):
         return np.concatenate(items)
     x = stack([b[0] for b in batches])
     y = stack([b[1] for b in batches])
-    opt = {"dlrm": lambda: tf.keras.optimizers.SGD(args.lr),
-           "wide_deep": lambda: tf.keras.optimizers.RMSprop(args.lr, rho=0.5),
-           "ncf": lambda: tf.keras.optimizers.Adam(args.lr)}[args.model]()
+    opt = {"dlrm": lambda: tf.keras.optimizers.SGD(config.lr),
+           "wide_deep": lambda: tf.keras.optimizers.RMSprop(config.lr, rho=0.5),
+           "ncf": lambda: tf.keras.optimizers.Adam(config.lr)}[config.model]()
     model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
     # The same in-memory batches for the engine (isolates the step from the file reader).
     in_memory = tf.data.Dataset.from_tensor_slices(
-        (tf.nest.map_structure(lambda a: a.reshape((-1, args.batch_size) + a.shape[1:]), x),
-         y.reshape(-1, args.batch_size, 1))).cache().repeat()
+        (tf.nest.map_structure(lambda a: a.reshape((-1, config.batch_size) + a.shape[1:]), x),
+         y.reshape(-1, config.batch_size, 1))).cache().repeat()
     return model, x, y, in_memory
 
 
-def _fit_throughput(fitted, args, steps, warmup):
+def _fit_throughput(fitted, config, steps, warmup):
     import tensorflow as tf
     model, x, y, _ = fitted
 
@@ -115,8 +114,8 @@ def _fit_throughput(fitted, args, steps, warmup):
         def on_train_end(self, logs=None):
             self.t1 = time.perf_counter()
     timer = Timer()
-    model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
-    return steps * args.batch_size / (timer.t1 - timer.t0)
+    model.fit(x, y, batch_size=config.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
+    return steps * config.batch_size / (timer.t1 - timer.t0)
 
 
 def _matmul_peak(n=1024, reps=10):
@@ -151,15 +150,15 @@ def main(argv=None):
     rows = []
     flops_line = None
     for model in a.models.split(","):
-        args = _setup(model, os.path.join(base, model), a.threads)
-        engine, task = _engine(args)
-        fitted = _fit_model(args, task, a.steps, a.warmup)
+        config = _setup(model, os.path.join(base, model), a.threads)
+        engine, task = _engine(config)
+        fitted = _fit_model(config, task, a.steps, a.warmup)
         # Alternate the two and keep the best of each: the machine may be shared.
         eng, mem, fit = 0.0, 0.0, 0.0
         for _ in range(a.repeats):
-            eng = max(eng, _engine_throughput(engine, task, args, a.steps, a.warmup))
-            mem = max(mem, _engine_throughput(engine, task, args, a.steps, a.warmup, fitted[3]))
-            fit = max(fit, _fit_throughput(fitted, args, a.steps, a.warmup))
+            eng = max(eng, _engine_throughput(engine, task, config, a.steps, a.warmup))
+            mem = max(mem, _engine_throughput(engine, task, config, a.steps, a.warmup, fitted[3]))
+            fit = max(fit, _fit_throughput(fitted, config, a.steps, a.warmup))
         rows.append((model, " ".join(CONFIG[model]), eng, mem, fit))
         if model == "dlrm":
             peak = _matmul_peak()

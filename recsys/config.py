@@ -1,11 +1,14 @@
-"""The typed training configuration: built once from the parsed command line, checked there.
+"""The typed training configuration: built once from the parsed command line, checked there, then frozen.
 
 :class:`TrainConfig` keeps the argparse destination names as field names (so
-``cfg.batch_size`` reads as the flag ``--batch-size``). :meth:`TrainConfig.from_args`
+``config.batch_size`` reads as the flag ``--batch-size``). :meth:`TrainConfig.from_args`
 fills flags left unset from the model's defaults (recsys.models.defaults),
-checks everything that needs no TensorFlow and raises
-:class:`recsys.errors.EngineError` with a one-line message naming the flag.
-Pure Python: a typo costs no TensorFlow start-up.
+checks everything that needs no TensorFlow, raising :class:`recsys.errors.EngineError`
+with a one-line message naming the flag, and derives what the run needs from the
+flags: the feature spec read, the start-up notes, the model's embedding groups and
+the one embedding placement (recsys.embeddings). Nothing changes a config afterwards;
+a later value (the synthetic dataset written at start) makes a new one with
+``dataclasses.replace``. Pure Python: a typo costs no TensorFlow start-up.
 
 A flag added to ``recsys.train.build_parser`` needs a field here too;
 ``from_args`` refuses a parsed namespace with an unknown destination.
@@ -14,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, replace
+from typing import List, Optional, Tuple
 
 from recsys.distributed import launcher_world_size
 from recsys.errors import EngineError
@@ -27,7 +30,7 @@ SYNTHETIC_WARMUP_SHARE = 0.11
 SYNTHETIC_DECAY_START_SHARE = 2 / 3
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     # run
     model: str
@@ -95,23 +98,19 @@ class TrainConfig:
     embedding_optimizer: Optional[str] = None
     world_size: int = 1
     synthetic_schedule_scaled: bool = False
-    embedding_tables: Optional[list] = None     # [(feature, rows, width)] the placement plans
-    placement_mode: Optional[str] = None        # replicated | model_parallel (from --embedding-placement)
-    placement_reason: Optional[str] = None
+    # derived by from_args, before TensorFlow starts
     notes: list = dataclasses.field(default_factory=list)  # [(warning kind, one line)] the run logs at start
+    embedding_groups: Tuple = ()    # the TableGroup of each embedding layer (recsys.models.embedding_tables)
+    placement: Optional[object] = None  # recsys.embeddings.placement.Placement: where every group's tables live
 
     @classmethod
     def from_args(cls, namespace) -> "TrainConfig":
-        """The checked configuration of a parsed ``recsys-train`` command line."""
-        values = dict(vars(namespace))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:  # a programming error, not a user one: say where to add it
-            raise TypeError(f"recsys.config.TrainConfig has no field for flag destination(s) {unknown}")
-        cfg = cls(**values)
-        cfg._fill_defaults()
-        cfg._check()
-        return cfg
+        """The checked configuration of a parsed ``recsys-train`` command line, with its derived values."""
+        cfg = cls._resolved(namespace)
+        cfg._check_values()
+        cfg = cfg._with_data()
+        cfg._check_paths()
+        return cfg._with_placement()
 
     @classmethod
     def for_submission(cls, namespace, world_size, check_data=True, check_existence=True,
@@ -120,13 +119,9 @@ class TrainConfig:
         batch divisibility over the job's `world_size` ranks; with `check_data`, that the data (and
         for evaluate the checkpoint dir) is named; with `check_existence` too, that it exists here,
         unless under one of the `produced` paths (which an earlier job of the chain writes). Nothing
-        is read but directory listings: no feature spec is parsed, no TensorFlow or NumPy imported."""
-        values = dict(vars(namespace))
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise TypeError(f"recsys.config.TrainConfig has no field for flag destination(s) {unknown}")
-        cfg = cls(**values)
-        cfg._fill_defaults(world_size=world_size)
+        is read but directory listings: no feature spec is parsed, no TensorFlow or NumPy imported,
+        no placement derived."""
+        cfg = cls._resolved(namespace, world_size)
         cfg._check_values()
         if cfg.restore and not cfg.checkpoint_dir:
             _fail("--restore needs --checkpoint-dir")
@@ -135,8 +130,29 @@ class TrainConfig:
         return cfg
 
     def as_dict(self) -> dict:
-        """Plain dict of every field (the ``params`` log record)."""
-        return dataclasses.asdict(self)
+        """The ``params`` log record: every flag and resolved value; the embedding groups as their
+        table list and the placement as its mode and reason (the ``placement`` record has the plan)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("embedding_groups", "placement")}
+        placement = self.placement
+        out.update(embedding_tables=self.embedding_tables, placement_mode=placement and placement.mode,
+                   placement_reason=placement and placement.reason)
+        return out
+
+    @property
+    def embedding_tables(self) -> list:
+        """``[(name, rows, width)]`` of every embedding table, group after group."""
+        from recsys.embeddings.tables import flat_tables
+        return flat_tables(self.embedding_groups)
+
+    @property
+    def dense_parameters(self) -> int:
+        """Replicated (non-embedding) parameters of the model: the memory check and the CPU-speed
+        estimate (recsys.slow_config) count these."""
+        from recsys.models.embedding_tables import dense_params
+        sizes = {k: getattr(self, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers", "factors")
+                 if getattr(self, k) is not None}
+        return dense_params(self.model, self.embedding_groups, **sizes)
 
     @property
     def synthetic_data(self) -> bool:
@@ -144,34 +160,62 @@ class TrainConfig:
         return self.synthetic and not self.data_path and not self.feature_spec
 
     # --- resolution -----------------------------------------------------------
-    def _fill_defaults(self, world_size=None):
-        user_schedule = any(v is not None for v in (self.warmup_steps, self.decay_start_step, self.decay_steps))
-        for key, value in resolved(self.model, self.synthetic_data).items():
-            if getattr(self, key, None) is None:
-                setattr(self, key, value)
-        self.world_size = world_size or launcher_world_size()
-        if self.model == "dlrm" and self.synthetic_data and not user_schedule:
-            self._scale_synthetic_schedule()
+    @classmethod
+    def _resolved(cls, namespace, world_size=None) -> "TrainConfig":
+        """The flags of ``namespace``, those left unset filled from the model's defaults."""
+        values = dict(vars(namespace))
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:  # a programming error, not a user one: say where to add it
+            raise TypeError(f"recsys.config.TrainConfig has no field for flag destination(s) {unknown}")
+        cfg = cls(**values)
+        user_schedule = any(v is not None for v in (cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps))
+        unset = {k: v for k, v in resolved(cfg.model, cfg.synthetic_data).items() if getattr(cfg, k) is None}
+        cfg = replace(cfg, world_size=world_size or launcher_world_size(), **unset)
+        if cfg.model == "dlrm" and cfg.synthetic_data and not user_schedule:
+            cfg = replace(cfg, **cfg._synthetic_schedule())
+        return cfg
 
-    def _scale_synthetic_schedule(self):
+    def _synthetic_schedule(self) -> dict:
         """The synthetic DLRM schedule spans the run (warm-up, constant, decay to 0 at the last step)
         instead of fixed step numbers that would end it early in a longer run."""
         if self.batch_size < 1 or self.epochs < 1:
-            return  # refused by _check
+            return {}  # refused by _check_values
         per_epoch = max(1, self.synthetic_rows // self.batch_size)
         total = per_epoch * self.epochs
         if self.max_steps:
             total = min(total, self.max_steps)
-        self.warmup_steps = max(1, round(total * SYNTHETIC_WARMUP_SHARE))
-        self.decay_start_step = max(self.warmup_steps, round(total * SYNTHETIC_DECAY_START_SHARE))
-        self.decay_steps = max(1, total - self.decay_start_step)
-        self.synthetic_schedule_scaled = True
+        warmup = max(1, round(total * SYNTHETIC_WARMUP_SHARE))
+        decay_start = max(warmup, round(total * SYNTHETIC_DECAY_START_SHARE))
+        return dict(warmup_steps=warmup, decay_start_step=decay_start, decay_steps=max(1, total - decay_start),
+                    synthetic_schedule_scaled=True)
 
-    def _check(self):
-        self._check_values()
-        self._check_data()
-        self._check_paths()
+    def _with_placement(self) -> "TrainConfig":
+        """The model's embedding groups and the run's one placement decision (recsys.embeddings):
+        the plan every EmbeddingGroup layer will use, checked against the memory budget."""
+        from recsys.embeddings.placement import PlacementError, choose_placement, slots
+        from recsys.models.embedding_tables import model_groups, spec_channels
+        if self.feature_spec:
+            from recsys.feature_spec import FeatureSpec
+            spec = FeatureSpec.from_yaml(self.feature_spec)
+        else:
+            from recsys.data.synthetic import default_spec
+            spec = default_spec(self.model)
+        cfg = replace(self, embedding_groups=model_groups(
+            self.model, spec_channels(self.model, spec), embedding_dim=self.embedding_dim, factors=self.factors,
+            layers=self.layers, combiner=self.combiner, optimizer=self.optimizer))
+        budget = _memory_budget_gb(self.embedding_memory_gb)
+        try:
+            placement = choose_placement(
+                self.embedding_placement, self.world_size, cfg.embedding_groups, model=self.model,
+                dense_params=cfg.dense_parameters, dense_slots=slots(self.optimizer),
+                budget_bytes=None if budget is None else int(budget * 1e9),
+                column_slice_threshold=self.column_slice_threshold,
+                data_parallel_threshold=self.data_parallel_threshold)
+        except PlacementError as e:
+            _fail(str(e))
+        return replace(cfg, placement=placement)
 
+    # --- checks ------------------------------------------------------------------
     def _check_values(self):
         for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints"):
             if getattr(self, flag) < 1:
@@ -193,6 +237,13 @@ class TrainConfig:
             v = getattr(self, flag)
             if v is not None and not 0 <= v < 1:
                 _fail(f"--{_flag(flag)} must be in [0, 1), got {v}")
+        if self.embedding_placement == "model_parallel" and self.xla:
+            _fail("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
+        for flag in ("column_slice_threshold", "data_parallel_threshold"):
+            if getattr(self, flag) is not None and getattr(self, flag) < 1:
+                _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
+        if self.embedding_memory_gb is not None and self.embedding_memory_gb <= 0:
+            _fail(f"--embedding-memory-gb must be > 0, got {self.embedding_memory_gb}")
 
     def _check_submitted_files(self, produced, check_existence):
         """for_submission's file checks: the data and the checkpoint to evaluate are named, and
@@ -221,40 +272,46 @@ class TrainConfig:
                 if AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
                     _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
 
-    def _check_data(self):
-        if self.feature_spec:
-            if not os.path.isfile(self.feature_spec):
-                _fail(f"--feature-spec {self.feature_spec}: no such file")
+    def _with_data(self) -> "TrainConfig":
+        """The dataset checked; the config reading it (``--data-path``'s feature_spec.yaml) with the
+        note of a short run."""
+        feature_spec = self.feature_spec
+        if feature_spec:
+            if not os.path.isfile(feature_spec):
+                _fail(f"--feature-spec {feature_spec}: no such file")
         elif self.data_path:
             if not os.path.isdir(self.data_path):
                 _fail(f"--data-path {self.data_path}: no such directory")
-            self.feature_spec = os.path.join(self.data_path, "feature_spec.yaml")
-            if not os.path.isfile(self.feature_spec):
+            feature_spec = os.path.join(self.data_path, "feature_spec.yaml")
+            if not os.path.isfile(feature_spec):
                 _fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
         elif not self.synthetic:
             _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
-        if self.feature_spec:
+        note = None
+        if feature_spec:
             from recsys.data.layout import model_kind
             from recsys.feature_spec import FeatureSpec, FeatureSpecError
             try:
-                spec = FeatureSpec.from_yaml(self.feature_spec)
+                spec = FeatureSpec.from_yaml(feature_spec)
                 rows = spec.validate()
                 kind = model_kind(spec)
             except (FeatureSpecError, OSError, ValueError) as e:
                 _fail(str(e))
             if kind != self.model:
-                _fail(f"{self.feature_spec}: a {kind} dataset, not for --model {self.model}")
+                _fail(f"{feature_spec}: a {kind} dataset, not for --model {self.model}")
             if rows.get("train"):
-                self._check_batch_fits(rows["train"], f"the {rows['train']} training rows of {self.feature_spec}")
+                note = self._short_run_note(rows["train"], f"the {rows['train']} training rows of {feature_spec}")
         elif self.synthetic_rows:
-            self._check_batch_fits(self.synthetic_rows, f"--synthetic-rows {self.synthetic_rows}")
+            note = self._short_run_note(self.synthetic_rows, f"--synthetic-rows {self.synthetic_rows}")
+        return replace(self, feature_spec=feature_spec, notes=[note] if note else [])
 
-    def _check_batch_fits(self, rows: int, what: str):
+    def _short_run_note(self, rows: int, what: str):
         """A global batch larger than one epoch trains a single short step (or none): refused,
         with the largest batch that gives at least one full step. NCF samples its negatives,
-        so an epoch holds (1 + --negative-samples) samples per stored positive."""
+        so an epoch holds (1 + --negative-samples) samples per stored positive. Returns the
+        ``short_run`` note of a run too short to time, else None."""
         if self.mode not in ("train", "benchmark"):
-            return
+            return None
         samples = rows * (1 + (self.negative_samples or 0)) if self.model == "ncf" else rows
         if self.batch_size > samples:
             extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
@@ -264,10 +321,11 @@ class TrainConfig:
         if self.max_steps:
             steps = min(steps, self.max_steps)
         if self.mode == "train" and steps <= self.benchmark_warmup_steps:
-            self.notes.append(("short_run", f"warning: {steps} training step(s) ({what}, --batch-size {self.batch_size}, "
-                              f"--epochs {self.epochs}): no more than the --benchmark-warmup-steps "
-                              f"{self.benchmark_warmup_steps}, so no throughput is measured; a smaller "
-                              f"--batch-size gives more steps"))
+            return ("short_run", f"warning: {steps} training step(s) ({what}, --batch-size {self.batch_size}, "
+                    f"--epochs {self.epochs}): no more than the --benchmark-warmup-steps "
+                    f"{self.benchmark_warmup_steps}, so no throughput is measured; a smaller "
+                    f"--batch-size gives more steps")
+        return None
 
     def _check_paths(self):
         if self.restore and not self.checkpoint_dir:
@@ -286,6 +344,26 @@ class TrainConfig:
             if os.path.isdir(self.log_path):
                 _fail(f"--log-path {self.log_path}: is a directory")
             _check_creatable("--log-path", self.log_path, os.path.dirname(os.path.abspath(self.log_path)))
+
+
+def _memory_budget_gb(flag_value):
+    """--embedding-memory-gb, else the profile's value exported by the job, else memory / local ranks."""
+    if flag_value is not None:
+        return flag_value
+    env = os.environ.get("RECSYS_EMBEDDING_MEMORY_GB")
+    if env:
+        try:
+            return float(env)
+        except ValueError:
+            _fail(f"RECSYS_EMBEDDING_MEMORY_GB={env!r} is not a number")
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1")
+                .split("(")[0] or 1)
+    if os.environ.get("SLURM_MEM_PER_NODE", "").isdigit():
+        return int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20 / 1e9 / max(1, local)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / max(1, local)
+    except (ValueError, OSError):
+        return None
 
 
 def _fitting_batch(samples: int, world_size: int) -> int:

@@ -37,20 +37,21 @@ class StopTraining(Exception):
 
 
 class Engine:
-    def __init__(self, args: TrainConfig, task, dist, logger):
-        self.args, self.task, self.dist, self.log = args, task, dist, logger
+    def __init__(self, config: TrainConfig, task, dist, logger):
+        self.config, self.task, self.dist, self.log = config, task, dist, logger
         self.model = task.build_model()
         self.groups = task.optimizer_groups(self.model)          # [(name, optimizer, variables)]
-        if args.amp:
+        if config.amp:
             name, opt, var_fn = self.groups[0]
             self.groups[0] = (name, tf.keras.mixed_precision.LossScaleOptimizer(opt), var_fn)
-        self.loss_scaler = self.groups[0][1] if args.amp else None
+        self.loss_scaler = self.groups[0][1] if config.amp else None
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
         self._stop_flag = tf.Variable(0.0, trainable=False, name="stop_requested")  # set by SIGUSR2
         self._eval_step = None                    # step of the last evaluation (None: none yet)
         self._saved_step = self._saved_path = None  # step and path of the last checkpoint written
+        self._restored_path = None                # the checkpoint this process started from
         self._startup_s = None                    # process start -> first trained step of this process
         self._count_nonfinite, self._nonfinite = False, 0
         self._exchange_logged = False
@@ -59,19 +60,19 @@ class Engine:
                                    step_in_epoch=self.step_in_epoch,
                                    **{f"optimizer_{n}": o for n, o, _ in self.groups})
         self.checkpointer = None
-        if args.checkpoint_dir:
+        if config.checkpoint_dir:
             # Replicated weights: rank 0 writes; model-parallel tables: every rank its shard.
             from recsys.sharded_checkpoint import make_checkpointer
             self.checkpointer = make_checkpointer(
-                args, ckpt, self.model, dist, dict(global_step=self.global_step, epoch=self.epoch,
-                                                   step_in_epoch=self.step_in_epoch),
+                config, ckpt, self.model, dist, dict(global_step=self.global_step, epoch=self.epoch,
+                                                     step_in_epoch=self.step_in_epoch),
                 optimizers=[o.inner_optimizer if isinstance(o, tf.keras.mixed_precision.LossScaleOptimizer) else o
                             for _, o, _ in self.groups], log=logger)
         # Without XLA the gradient code is traced inline into the step (one graph, no nested call).
         self._grad_fn = (tf.function(self._gradients, jit_compile=True, reduce_retracing=True)
-                         if args.xla else self._gradients)
+                         if config.xla else self._gradients)
         self._train_step = tf.function(self._train_step_impl, reduce_retracing=True)
-        self._predict = tf.function(self._predict_impl, jit_compile=bool(args.xla), reduce_retracing=True)
+        self._predict = tf.function(self._predict_impl, jit_compile=bool(config.xla), reduce_retracing=True)
 
     # --- building ----------------------------------------------------------
     def _build(self):
@@ -143,7 +144,7 @@ class Engine:
         # alltoall and belong to this rank only: only the other gradients are averaged.
         # The loss and the stop flag ride along in the same allreduce (no extra collective).
         reduced, (loss, stop) = self.dist.allreduce_gradients(
-            [grads[k] for k in shared], sparse_as_dense=self.args.sparse_as_dense,
+            [grads[k] for k in shared], sparse_as_dense=self.config.sparse_as_dense,
             extras=[tf.cast(loss, tf.float32), tf.identity(self._stop_flag)])
         for k, g in zip(shared, reduced):
             grads[k] = g
@@ -163,7 +164,7 @@ class Engine:
         self.log.record("gradient_exchange", allgathered_indexed_slices=len(sparse), allreduced_dense=len(dense),
                         allreduced_dense_bytes=sum(int(variables[k].shape.num_elements()) * variables[k].dtype.size
                                                    for k in dense),
-                        local=len(variables) - len(shared), sparse_as_dense=bool(self.args.sparse_as_dense))
+                        local=len(variables) - len(shared), sparse_as_dense=bool(self.config.sparse_as_dense))
 
     def _train_step_impl(self, inputs, labels):
         """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
@@ -210,9 +211,11 @@ class Engine:
         meta = self.checkpointer.restore(path)
         self.broadcast_initial_state()
         step, epoch = int(self.global_step.numpy()), int(self.epoch.numpy())
-        # Steps after this one that an earlier attempt logged are trained (and logged) again.
-        self.log.info(f"restored {meta['path']} at step {step} epoch {epoch}; training continues at step "
-                      f"{step + 1}", checkpoint=meta["path"], restored_step=step, restored_epoch=epoch)
+        self._restored_path = meta["path"]
+        # Training: steps after this one that an earlier attempt logged are trained (and logged) again.
+        then = f"; training continues at step {step + 1}" if self.config.mode == "train" else ""
+        self.log.info(f"restored {meta['path']} at step {step} epoch {epoch}{then}", checkpoint=meta["path"],
+                      restored_step=step, restored_epoch=epoch)
         return meta
 
     def save(self, reason):
@@ -225,7 +228,7 @@ class Engine:
         self._saved_step, self._saved_path = int(self.global_step.numpy()), path
         if self.dist.is_chief:
             self.log.record("checkpoint", path=path, step=int(self.global_step.numpy()), reason=reason)
-            note_attempt(self.args.checkpoint_dir, startup_s=self._startup_s, checkpoint_s=round(time.time() - t0, 3),
+            note_attempt(self.config.checkpoint_dir, startup_s=self._startup_s, checkpoint_s=round(time.time() - t0, 3),
                          step=self._saved_step, reason=reason)
         return path
 
@@ -237,11 +240,11 @@ class Engine:
         trained step. The summary reports the evaluation and the checkpoint of the last step.
         A non-finite loss stops the run (:class:`DivergedError`) without writing a checkpoint.
         """
-        a, dist = self.args, self.dist
+        c, dist = self.config, self.dist
         stop = StopRequest()
-        max_steps = a.max_steps or None
+        max_steps = c.max_steps or None
         steps_per_epoch = self.task.steps_per_epoch()
-        total = min(max_steps or steps_per_epoch * a.epochs, steps_per_epoch * a.epochs)
+        total = min(max_steps or steps_per_epoch * c.epochs, steps_per_epoch * c.epochs)
         global_batch = self.task.global_batch
         self.broadcast_initial_state()
         self._warn_schedule(total)
@@ -250,7 +253,7 @@ class Engine:
         interrupted = False
         nonfinite_in_a_row = 0
         try:
-            while int(self.epoch.numpy()) < a.epochs:
+            while int(self.epoch.numpy()) < c.epochs:
                 if max_steps and int(self.global_step.numpy()) >= max_steps:
                     break
                 epoch = int(self.epoch.numpy())
@@ -275,16 +278,16 @@ class Engine:
                         nonfinite_in_a_row = 0
                     else:
                         nonfinite_in_a_row += 1
-                        if not a.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
+                        if not c.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
                             self._diverged(step, f"the training loss is {loss_v}")
                     losses[1:] = [(step, loss_v)]    # keeps the first, replaces the last
                     n_last += 1
-                    if step % a.log_every == 0 or (max_steps and step >= max_steps):
+                    if step % c.log_every == 0 or (max_steps and step >= max_steps):
                         now = time.perf_counter()
                         self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
                                       total_steps=total, lr=self._current_lr())
                         t_last, n_last = now, 0
-                    if step > a.benchmark_warmup_steps:
+                    if step > c.benchmark_warmup_steps:
                         timed_steps += 1
                         timed_seconds += time.perf_counter() - t0
                     if float(stop_any.numpy()) > 0:      # every rank sees the same reduced flag
@@ -383,12 +386,19 @@ class Engine:
             self.log.record("eval_time", seconds=time.perf_counter() - t0)
         return metrics
 
+    def evaluate_checkpoint(self):
+        """``--run-mode evaluate``: the metrics of the restored checkpoint, as a ``summary`` record
+        (``evaluated_checkpoint`` names it; ``checkpoint``, the one written, stays null)."""
+        metrics = self.evaluate(log=True)
+        return self._summary("evaluate", 0, 0.0, metrics, [], False, batch=self.task.global_eval_batch,
+                             evaluated=self._restored_path)
+
     def benchmark(self):
         """Warm-up steps, then timed training steps on a repeating dataset (warm-up excluded)."""
-        a = self.args
+        c = self.config
         self.broadcast_initial_state()
         it = iter(self.task.benchmark_dataset())
-        warm, steps = a.benchmark_warmup_steps, a.benchmark_steps
+        warm, steps = c.benchmark_warmup_steps, c.benchmark_steps
         times = []
         losses = []
         for i in range(warm + steps):
@@ -399,12 +409,12 @@ class Engine:
             loss, _ = self._train_step(inputs, labels)
             loss_v = float(loss.numpy())      # step boundary: wait for the device
             elapsed = time.perf_counter() - t0
-            if not math.isfinite(loss_v) and not a.amp:
+            if not math.isfinite(loss_v) and not c.amp:
                 self._diverged(i + 1, f"the training loss is {loss_v}")
             losses[1:] = [(i + 1, loss_v)]            # keeps the first, replaces the last
             if i >= warm:
                 times.append(elapsed)
-            if (i + 1) % a.log_every == 0:
+            if (i + 1) % c.log_every == 0:
                 # this step's own rate (warm-up included), not a division by a placeholder time
                 self.log.step(i + 1, 0, loss_v, self.task.global_batch / max(elapsed, 1e-9),
                               total_steps=warm + steps)
@@ -412,15 +422,15 @@ class Engine:
 
     def inference(self):
         """Timed forward passes over the test data (warm-up batches excluded)."""
-        a = self.args
+        c = self.config
         times, n = [], 0
         for i, (inputs, _) in enumerate(self.task.eval_dataset()):
             t0 = time.perf_counter()
             self.predict(inputs).numpy()
-            if i >= a.benchmark_warmup_steps:
+            if i >= c.benchmark_warmup_steps:
                 times.append(time.perf_counter() - t0)
                 n += 1
-            if a.benchmark_steps and n >= a.benchmark_steps:
+            if c.benchmark_steps and n >= c.benchmark_steps:
                 break
         batch = self.task.global_eval_batch
         summary = self._summary("inference", len(times), float(np.sum(times)), {}, [], False,
@@ -428,19 +438,21 @@ class Engine:
         return summary
 
     def _summary(self, mode, timed_steps, timed_seconds, metrics, losses, interrupted, step_times=None,
-                 batch=None):
+                 batch=None, checkpoint=None, evaluated=None):
         batch = batch or self.task.global_batch
         # Per-rank times differ a little; report the slowest rank (what the job experiences).
         timed_seconds = float(self.dist.allreduce_sum(np.array([timed_seconds]))[0]) / self.dist.size \
             if self.dist.size > 1 else timed_seconds
-        out = dict(mode=mode, model=self.args.model, world_size=self.dist.size, global_batch_size=batch,
+        out = dict(mode=mode, model=self.config.model, world_size=self.dist.size, global_batch_size=batch,
                    step=int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
-                   timed_steps=timed_steps, excluded_warmup_steps=self.args.benchmark_warmup_steps,
+                   timed_steps=timed_steps, excluded_warmup_steps=self.config.benchmark_warmup_steps,
                    throughput_samples_per_s=(timed_steps * batch / timed_seconds) if timed_seconds > 0 else None,
                    mean_step_time_ms=(1000.0 * timed_seconds / timed_steps) if timed_steps else None,
                    interrupted=interrupted, summary_version=SUMMARY_VERSION,
                    eval_step=self._eval_step if metrics else None,
-                   checkpoint=self._saved_path)
+                   checkpoint=checkpoint or self._saved_path)
+        if mode == "evaluate":
+            out["evaluated_checkpoint"] = evaluated
         if sum(int(np.prod(v.shape)) for v in self.model.weights) <= DIGEST_MAX_PARAMS:
             out["weights_digest"] = self.weights_digest()
             if self.dist.size > 1:

@@ -55,7 +55,8 @@ def is_sharded(path):
 
 
 def signature(model, tables):
-    """What must match for a checkpoint to be restored: the model and its tables ``[(name, rows, dim)]``."""
+    """What must match for a checkpoint to be restored: the model and its tables ``[(name, rows, dim)]``
+    (the config's ``embedding_tables``, from recsys.models.embedding_tables)."""
     return {"model": model, "tables": [[str(n), int(r), int(d)] for n, r, d in tables]}
 
 
@@ -90,7 +91,7 @@ def validate(path, expected_signature=None):
 
 
 def _groups(model):
-    from recsys.models.embeddings import EmbeddingGroup
+    from recsys.embeddings.group import EmbeddingGroup
     return [m for m in model.submodules if isinstance(m, EmbeddingGroup)]
 
 
@@ -316,16 +317,16 @@ def _write_json(path, obj):
     os.rename(tmp, path)
 
 
-def make_checkpointer(args, checkpoint, model, dist, counters, optimizers=(), log=None):
+def make_checkpointer(config, checkpoint, model, dist, counters, optimizers=(), log=None):
     """The checkpointer of a run: sharded when tables are spread over ranks or the newest checkpoint is
     sharded (e.g. evaluation on one rank), else the replicated AtomicCheckpointer (rank 0 writes)."""
-    latest = AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest()
+    latest = AtomicCheckpointer(config.checkpoint_dir, None, writer=False).latest()
     if has_local_tables(model) or (latest is not None and is_sharded(latest)):
-        tables = getattr(args, "embedding_tables", None)
-        return ShardedCheckpointer(args.checkpoint_dir, checkpoint, model, dist, counters, optimizers,
-                                   keep=args.keep_checkpoints,
-                                   signature=signature(args.model, tables) if tables else None, log=log)
-    return AtomicCheckpointer(args.checkpoint_dir, checkpoint, keep=args.keep_checkpoints, writer=dist.is_chief)
+        tables = config.embedding_tables
+        return ShardedCheckpointer(config.checkpoint_dir, checkpoint, model, dist, counters, optimizers,
+                                   keep=config.keep_checkpoints,
+                                   signature=signature(config.model, tables) if tables else None, log=log)
+    return AtomicCheckpointer(config.checkpoint_dir, checkpoint, keep=config.keep_checkpoints, writer=dist.is_chief)
 
 
 def checkpoint_weights(path):

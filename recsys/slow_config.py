@@ -20,13 +20,7 @@ SLOW_STEP_S = 2.0              # warn when one step is estimated to take longer 
 
 def estimated_cpu_step_s(cfg, cores: int) -> float:
     """Seconds of one training step of ``cfg`` on ``cores`` CPU cores (dense work only)."""
-    from recsys.models.defaults import dense_param_count
-    tables = cfg.embedding_tables or []
-    n_tables = len([t for t in tables if not str(t[0]).endswith("/wide")])
-    dim = cfg.factors if cfg.model == "ncf" else cfg.embedding_dim
-    overrides = {k: getattr(cfg, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers")
-                 if getattr(cfg, k, None) is not None}
-    dense = dense_param_count(cfg.model, n_tables=max(1, n_tables), embedding_dim=dim, **overrides)
+    dense = cfg.dense_parameters
     samples = cfg.batch_size // max(1, cfg.world_size)
     seconds = 6.0 * dense * samples / (CPU_FLOPS_PER_CORE * max(1, cores))
     return seconds * (AMP_CPU_SLOWDOWN if cfg.amp else 1.0)

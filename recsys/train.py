@@ -17,6 +17,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -32,6 +33,7 @@ MODELS = ("dlrm", "wide_deep", "ncf")
 MODES = ("train", "evaluate", "benchmark", "inference")
 AFFINITY = ("off", "all", "exclusive", "unique_contiguous", "unique_interleaved", "numa")
 PROG = "recsys-train"
+MAX_LOGGED_RANKS = 8      # the placement log lines show this many ranks of each group
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,7 +150,7 @@ def build_parser(parser_class=_Parser):
                     help="steps excluded from throughput figures (benchmark/inference, and train summaries)")
     pf.add_argument("--benchmark-steps", type=int, default=100, help="timed steps in benchmark/inference mode")
     pf.add_argument("--embedding-placement", choices=("auto", "replicated", "model_parallel"), default="auto",
-                    help="model_parallel: each rank holds its share of the tables (recsys.placement), ids and "
+                    help="model_parallel: each rank holds its share of the tables (recsys.embeddings), ids and "
                          "vectors exchanged with alltoall (NVIDIA distributed-embeddings when importable, else "
                          "Horovod); auto: model parallel when replicated tables do not fit --embedding-memory-gb")
     pf.add_argument("--embedding-memory-gb", type=float, default=None,
@@ -192,107 +194,42 @@ def check_submission(argv, world_size, check_data=True, check_existence=True, pr
                                       check_existence=check_existence, produced=produced)
 
 
-def resolve(args) -> TrainConfig:
-    """The checked :class:`~recsys.config.TrainConfig` of a parsed command line, with the embedding
-    placement decided and a checkpoint to restore checked (all before TensorFlow starts)."""
-    cfg = TrainConfig.from_args(args)
-    choice = _resolve_placement(cfg, cfg.world_size)
-    cfg.placement_mode, cfg.placement_reason = choice.mode, choice.reason
-    _check_sharded_checkpoint(cfg)
-    return cfg
+def resolve(namespace) -> TrainConfig:
+    """The checked :class:`~recsys.config.TrainConfig` of a parsed command line (the embedding
+    placement decided in it) and a checkpoint to restore checked: all before TensorFlow starts."""
+    config = TrainConfig.from_args(namespace)
+    _check_sharded_checkpoint(config)
+    return config
 
 
-def _refuse(message):
-    raise EngineError(message)
-
-
-def _check_sharded_checkpoint(args):
+def _check_sharded_checkpoint(config):
     """A sharded checkpoint to restore must be complete and of this model: checked before anything runs."""
-    if not args.checkpoint_dir or not (args.restore or args.mode in ("evaluate", "inference")):
+    if not config.checkpoint_dir or not (config.restore or config.mode in ("evaluate", "inference")):
         return
     from recsys.checkpoint import AtomicCheckpointer, CheckpointError
     from recsys.sharded_checkpoint import signature, validate
-    latest = AtomicCheckpointer(args.checkpoint_dir, None, writer=False).latest()
+    latest = AtomicCheckpointer(config.checkpoint_dir, None, writer=False).latest()
     if latest is not None:
         try:
-            validate(latest, signature(args.model, args.embedding_tables))
+            validate(latest, signature(config.model, config.embedding_tables))
         except CheckpointError as e:
-            _refuse(str(e))
+            raise EngineError(str(e)) from None
 
 
-def _memory_budget_gb(args):
-    """--embedding-memory-gb, else the profile's value exported by the job, else memory / local ranks."""
-    if args.embedding_memory_gb is not None:
-        if args.embedding_memory_gb <= 0:
-            _refuse(f"--embedding-memory-gb must be > 0, got {args.embedding_memory_gb}")
-        return args.embedding_memory_gb
-    env = os.environ.get("RECSYS_EMBEDDING_MEMORY_GB")
-    if env:
-        try:
-            return float(env)
-        except ValueError:
-            _refuse(f"RECSYS_EMBEDDING_MEMORY_GB={env!r} is not a number")
-    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1")
-                .split("(")[0] or 1)
-    if os.environ.get("SLURM_MEM_PER_NODE", "").isdigit():
-        return int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20 / 1e9 / max(1, local)
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / max(1, local)
-    except (ValueError, OSError):
-        return None
+def _synthetic_dir(config):
+    if config.checkpoint_dir:
+        return os.path.join(config.checkpoint_dir, "synthetic-data")
+    if config.log_path:
+        return os.path.join(os.path.dirname(os.path.abspath(config.log_path)), f"synthetic-{config.model}")
+    return tempfile.mkdtemp(prefix=f"recsys-synthetic-{config.model}-")
 
 
-def _resolve_placement(args, world):
-    """Where the embedding tables go, decided (and checked against the budget) before TensorFlow starts."""
-    from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count, embedding_dims
-    from recsys.placement import OPTIMIZER_SLOTS, PlacementError, choose_placement
-    if args.embedding_placement == "model_parallel" and args.xla:
-        _refuse("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
-    for flag in ("column_slice_threshold", "data_parallel_threshold"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            _refuse(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.feature_spec:
-        from recsys.feature_spec import FeatureSpec
-        spec = FeatureSpec.from_yaml(args.feature_spec)
-    else:
-        from recsys.data.synthetic import default_spec
-        spec = default_spec(args.model)
-    dim = args.factors if args.model == "ncf" else args.embedding_dim
-    cards = [(f, spec.cardinality(f)) for ch in CATEGORICAL_CHANNELS[args.model] if ch in spec.channel_spec
-             for f in spec.features(ch)]
-    dims = embedding_dims(args.model, [f for f, _ in cards], dim)
-    tables = [(f, c, d) for (f, c), d in zip(cards, dims)]
-    if args.model == "wide_deep":          # the wide part: one 1-wide table per feature
-        tables += [(f"{f}/wide", c, 1) for f, c in cards]
-    args.embedding_tables = tables
-    optimizer = {"dlrm": args.optimizer, "wide_deep": args.optimizer, "ncf": "adam"}[args.model]
-    overrides = {k: getattr(args, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers")
-                 if getattr(args, k, None) is not None}
-    dense = dense_param_count(args.model, n_tables=len(cards), embedding_dim=dim, total_embedding_dim=sum(dims),
-                              **overrides)
-    budget = _memory_budget_gb(args)
-    try:
-        return choose_placement(args.embedding_placement, world, tables, dense_params=dense,
-                                optimizer_slots=OPTIMIZER_SLOTS.get(optimizer, 2),
-                                budget_bytes=None if budget is None else int(budget * 1e9),
-                                column_slice_threshold=args.column_slice_threshold,
-                                data_parallel_threshold=args.data_parallel_threshold, model=args.model)
-    except PlacementError as e:
-        _refuse(str(e))
+def prepare_synthetic(config, dist, log):
+    """Rank 0 writes the dataset (atomically, spec last); every rank then reads it.
 
-
-def _synthetic_dir(args):
-    if args.checkpoint_dir:
-        return os.path.join(args.checkpoint_dir, "synthetic-data")
-    if args.log_path:
-        return os.path.join(os.path.dirname(os.path.abspath(args.log_path)), f"synthetic-{args.model}")
-    return tempfile.mkdtemp(prefix=f"recsys-synthetic-{args.model}-")
-
-
-def prepare_synthetic(args, dist, log):
-    """Rank 0 writes the dataset (atomically, spec last); every rank then reads it."""
+    Returns (the config reading it, a directory to remove when the run ends or None)."""
     from recsys.data import synthetic
-    node_local = dist.size > 1 and not (args.checkpoint_dir or args.log_path)
+    node_local = dist.size > 1 and not (config.checkpoint_dir or config.log_path)
     if node_local:
         # No shared directory given: each node's local rank 0 writes a node-local copy
         # (the data is deterministic by seed), named by job step and node so that
@@ -300,22 +237,21 @@ def prepare_synthetic(args, dist, log):
         job = (f"{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}"
                if "SLURM_JOB_ID" in os.environ else str(os.getppid()))
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        out = os.path.join(tempfile.gettempdir(), f"recsys-synthetic-{args.model}-{args.seed}-{job}-{node}")
+        out = os.path.join(tempfile.gettempdir(), f"recsys-synthetic-{config.model}-{config.seed}-{job}-{node}")
     else:
-        out = _synthetic_dir(args)
+        out = _synthetic_dir(config)
     spec_path = os.path.join(out, "feature_spec.yaml")
     writer = dist.local_rank == 0 if node_local else dist.is_chief
     if writer and not os.path.isfile(spec_path):
-        rows = args.synthetic_rows
-        spec = synthetic.default_spec(args.model, num_files=max(2, dist.size))
-        test_rows = max(rows // 4, args.eval_batch_size)
-        synthetic.generate(spec, out, {"train": rows, "test": test_rows}, seed=args.seed)
-        log.info(f"synthetic {args.model} dataset: {spec_path} ({rows} train rows)")
+        rows = config.synthetic_rows
+        spec = synthetic.default_spec(config.model, num_files=max(2, dist.size))
+        test_rows = max(rows // 4, config.eval_batch_size)
+        synthetic.generate(spec, out, {"train": rows, "test": test_rows}, seed=config.seed)
+        log.info(f"synthetic {config.model} dataset: {spec_path} ({rows} train rows)")
     dist.barrier()
-    args.feature_spec = spec_path
-    args.data_path = out
     # A dataset in a fresh temporary directory is removed when the run ends.
-    return out if (dist.size == 1 and not (args.checkpoint_dir or args.log_path)) else None
+    temporary = out if (dist.size == 1 and not (config.checkpoint_dir or config.log_path)) else None
+    return dataclasses.replace(config, feature_spec=spec_path, data_path=out), temporary
 
 
 def apply_affinity(mode, local_rank, local_size):
@@ -342,60 +278,58 @@ def apply_affinity(mode, local_rank, local_size):
     return mine
 
 
-def run(args):
+def run(config):
     """Everything after argument checks: TF set-up, Horovod, data, model, the chosen mode."""
     from recsys.distributed import Distributed
     from recsys.logger import RunLogger
     cpus = None
-    if args.affinity != "off":
+    if config.affinity != "off":
         local_rank = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
         local_size = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)) or 1)
-        cpus = apply_affinity(args.affinity, local_rank, local_size)
+        cpus = apply_affinity(config.affinity, local_rank, local_size)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
-    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
-    tf.config.experimental.enable_tensor_float_32_execution(not args.no_tf32)
-    dist = Distributed(use_horovod=args.world_size > 1)
+    tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    tf.config.experimental.enable_tensor_float_32_execution(not config.no_tf32)
+    dist = Distributed(use_horovod=config.world_size > 1)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
-    log = RunLogger(args.log_path, enabled=dist.is_chief, progress_every=args.log_every)
+    log = RunLogger(config.log_path, enabled=dist.is_chief, progress_every=config.log_every)
     log.startup("horovod_init", world_size=dist.size)
-    _log_notes(args, len(gpus), log)
+    _log_notes(config, len(gpus), log)
     temporary = None
     try:
-        if args.amp:
+        if config.amp:
             tf.keras.mixed_precision.set_global_policy("mixed_float16")
-        tf.keras.utils.set_random_seed(args.seed)
-        if not args.feature_spec:
-            temporary = prepare_synthetic(args, dist, log)
+        tf.keras.utils.set_random_seed(config.seed)
+        if not config.feature_spec:
+            config, temporary = prepare_synthetic(config, dist, log)
         log.startup("data")
         from recsys.feature_spec import FeatureSpec
-        spec = FeatureSpec.from_yaml(args.feature_spec)
-        params = args.as_dict()
-        log.record("params", **params, horovod=dist.hvd is not None, gpus=len(gpus), affinity_cpus=cpus)
+        spec = FeatureSpec.from_yaml(config.feature_spec)
+        log.record("params", **config.as_dict(), horovod=dist.hvd is not None, gpus=len(gpus), affinity_cpus=cpus)
         from recsys.engine import Engine
         from recsys.models.tasks import TASKS
-        task = TASKS[args.model](args, spec, dist, log)
-        if args.mode in ("train", "evaluate"):
+        task = TASKS[config.model](config, spec, dist, log)
+        if config.mode in ("train", "evaluate"):
             task.check_data()
-        _log_placement(args, spec, task, dist, log)
-        engine = Engine(args, task, dist, log)
+        _log_placement(config, dist, log)
+        engine = Engine(config, task, dist, log)
         log.startup("model")
-        if args.restore or args.mode in ("evaluate", "inference"):
+        if config.restore or config.mode in ("evaluate", "inference"):
             if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
                 engine.restore()
-            elif args.restore:
-                log.info(f"--restore: no checkpoint in {args.checkpoint_dir}, starting from scratch")
-        if args.mode == "train":
+            elif config.restore:
+                log.info(f"--restore: no checkpoint in {config.checkpoint_dir}, starting from scratch")
+        if config.mode == "train":
             engine.train()
-        elif args.mode == "evaluate":
-            metrics = engine.evaluate(log=True)
-            log.summary(mode="evaluate", model=args.model, step=int(engine.global_step.numpy()), **metrics)
-        elif args.mode == "benchmark":
+        elif config.mode == "evaluate":
+            engine.evaluate_checkpoint()
+        elif config.mode == "benchmark":
             engine.benchmark()
         else:
             engine.inference()
@@ -407,7 +341,7 @@ def run(args):
     return 0
 
 
-def _log_notes(args, gpus, log):
+def _log_notes(config, gpus, log):
     """The configuration's warnings (a short run, a configuration too slow for this hardware):
     one line each on stderr and in the JSON log, before the first step."""
     from recsys.slow_config import slow_warning
@@ -415,27 +349,29 @@ def _log_notes(args, gpus, log):
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    slow = slow_warning(args, gpus, args.intra_op_threads or cores)
-    for kind, line in list(args.notes) + ([("slow_on_this_hardware", slow)] if slow else []):
+    slow = slow_warning(config, gpus, config.intra_op_threads or cores)
+    for kind, line in list(config.notes) + ([("slow_on_this_hardware", slow)] if slow else []):
         log.info(line, warning=kind)
 
 
-def _log_placement(args, spec, task, dist, log):
-    from recsys.models.defaults import CATEGORICAL_CHANNELS
-    from recsys.placement import format_plan, plan_placement
-    dim = args.factors if args.model == "ncf" else args.embedding_dim
-    tables = [(f, spec.cardinality(f), dim) for ch in CATEGORICAL_CHANNELS[args.model]
-              if ch in spec.channel_spec for f in spec.features(ch)]
-    th = lambda v: v and v * 4  # noqa: E731  (elements -> fp32 bytes)
-    plan = plan_placement(tables, dist.size, bytes_per_param=4, model_parallel=bool(task.model_parallel),
-                          dense_params=0, column_slice_threshold=th(args.column_slice_threshold),
-                          data_parallel_threshold=th(args.data_parallel_threshold), auto_slice=True)
-    if dist.is_chief:
-        from recsys.models.embeddings import model_parallel_implementation
-        impl = model_parallel_implementation() if task.model_parallel else "replicated"
-        log.record("placement", **plan.as_dict(), implementation=impl)
-        for line in format_plan(plan).splitlines()[:1 + min(dist.size, 8)]:
-            log.info(line)
+def _log_placement(config, dist, log):
+    """The placement decided before TensorFlow started, as the layers use it: one line saying
+    which and why, the ``placement`` record and the plan of every group (rank 0)."""
+    if not dist.is_chief:
+        return
+    placement = config.placement
+    if placement.model_parallel:
+        from recsys.embeddings.group import model_parallel_implementation
+        implementation = model_parallel_implementation()
+        log.info(f"embedding tables model parallel on {dist.size} ranks ({placement.reason}); "
+                 f"implementation: {implementation}")
+    else:
+        implementation = "replicated"
+        if dist.size > 1:
+            log.info(f"embedding tables replicated on every rank ({placement.reason}; gradients allreduced)")
+    log.record("placement", **placement.as_record(), implementation=implementation)
+    for line in placement.describe(max_ranks=MAX_LOGGED_RANKS):
+        log.info(line)
 
 
 def _fail(message, code=2):
@@ -446,8 +382,7 @@ def _fail(message, code=2):
 def main(argv=None):
     from recsys.feature_spec import FeatureSpecError
     try:
-        cfg = resolve(build_parser().parse_args(argv))
-        return run(cfg)
+        return run(resolve(build_parser().parse_args(argv)))
     except EngineError as err:     # bad flags or data, divergence: one line, not a traceback
         _fail(str(err), err.exit_code)
     except FeatureSpecError as err:  # bad or too small dataset

@@ -1,4 +1,7 @@
-"""Keras models of the engine. Submodules import TensorFlow; this package does not.
+"""The engine's models: Keras models and the Tasks that train them.
 
-``recsys.models.registry.get(name)`` returns the model's :class:`~recsys.models.registry.ModelTask`.
+``tasks.TASKS[name]`` is a model's Task (its model, optimizers, data and metric); ``dlrm``,
+``wide_deep`` and ``ncf`` are the Keras models and import TensorFlow. ``defaults`` (reference
+sizes) and ``embedding_tables`` (the one builder of a model's table list) are pure Python, read
+before TensorFlow starts; this package imports nothing itself.
 """

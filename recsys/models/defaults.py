@@ -34,7 +34,7 @@ MODEL_DEFAULTS = {
 }
 
 # Deep embedding widths of NVIDIA's W&D recipe per feature of the reference Outbrain feature set
-# (preproc.outbrain_features): 128 for the four largest id spaces, 19 for platform, 64 for the rest.
+# (preproc.outbrain.features): 128 for the four largest id spaces, 19 for platform, 64 for the rest.
 # With the reference dataset they give the recipe's model: total embedding width 1235, ~92M
 # parameters. They apply to a dataset with exactly these 16 categorical features while the run's
 # --embedding-dim is the reference 64; any other dataset or value gets --embedding-dim for every table.
@@ -74,22 +74,6 @@ def resolved(model: str, synthetic: bool) -> dict:
     if synthetic:
         out.update(SYNTHETIC_DEFAULTS[model])
     return out
-
-
-def embedding_tables(model: str, feature_spec_path: str):
-    """``[(feature name, cardinality)]`` of the embedding tables a model builds from a spec."""
-    from recsys.feature_spec import FeatureSpec
-    spec = FeatureSpec.from_yaml(feature_spec_path)
-    tables = []
-    for channel in CATEGORICAL_CHANNELS[model]:
-        if channel not in spec.channel_spec:
-            continue
-        for name in spec.features(channel):
-            tables.append((name, spec.cardinality(name)))
-    if not tables:
-        raise ValueError(f"{feature_spec_path}: no categorical channel of model {model} "
-                         f"({', '.join(CATEGORICAL_CHANNELS[model])})")
-    return tables
 
 
 def _mlp_params(sizes):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from recsys.models.embeddings import EmbeddingGroup
+from recsys.embeddings.group import EmbeddingGroup
 from recsys.models.mlp import mlp
 
 
@@ -23,19 +23,22 @@ class DotInteraction(tf.keras.layers.Layer):
 
 
 class DLRM(tf.keras.Model):
-    """inputs: {'numerical': [B, n_num] f32, 'categorical': [B, n_cat] int}; returns logits [B, 1] f32."""
+    """inputs: {'numerical': [B, n_num] f32, 'categorical': [B, n_cat] int}; returns logits [B, 1] f32.
 
-    def __init__(self, cardinalities, embedding_dim=128, bottom_mlp=(512, 256, 128),
-                 top_mlp=(1024, 1024, 512, 256, 1), interaction="dot", model_parallel=False,
-                 column_slice_threshold=None, name="dlrm"):
+    ``groups``: its one table group (recsys.models.embedding_tables.dlrm_groups); ``placement``: the
+    run's embedding placement (None: replicated)."""
+
+    def __init__(self, groups, bottom_mlp=(512, 256, 128), top_mlp=(1024, 1024, 512, 256, 1), interaction="dot",
+                 placement=None, name="dlrm"):
         super().__init__(name=name)
-        if interaction == "dot" and bottom_mlp[-1] != embedding_dim:
+        (group,) = groups
+        width = group.widths[0]
+        if interaction == "dot" and bottom_mlp[-1] != width:
             raise ValueError(f"the last bottom MLP width ({bottom_mlp[-1]}) must equal --embedding-dim "
-                             f"({embedding_dim}) for the dot interaction")
-        self.n_cat = len(cardinalities)
+                             f"({width}) for the dot interaction")
+        self.n_cat = len(group.tables)
         self.bottom = mlp(list(bottom_mlp), "bottom_mlp")
-        self.embeddings = EmbeddingGroup(cardinalities, embedding_dim, model_parallel=model_parallel,
-                                         column_slice_threshold=column_slice_threshold)
+        self.embeddings = EmbeddingGroup(group, placement)
         self.interaction = interaction
         self.dot = DotInteraction()
         self.top = mlp(list(top_mlp), "top_mlp", last_linear=True, last_dtype="float32")

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recsys.models.embeddings import EmbeddingGroup
+from recsys.embeddings.group import EmbeddingGroup
 from recsys.models.dropout import ResumableDropout
 from recsys.models.mlp import mlp
 
 
 class NeuMF(tf.keras.Model):
-    """inputs: {'user': [B] int, 'item': [B] int}; returns logits [B, 1] f32."""
+    """inputs: {'user': [B] int, 'item': [B] int}; returns logits [B, 1] f32.
 
-    def __init__(self, num_users, num_items, factors=64, layers=(256, 256, 128, 64), dropout=0.5,
-                 seed=0, name="neumf"):
+    ``groups``: its one group of GMF user/item and MLP user/item tables
+    (recsys.models.embedding_tables.ncf_groups); ``layers``: the MLP tower, whose first width is the
+    two MLP tables' widths together. Always replicated (small tables)."""
+
+    def __init__(self, groups, layers=(256, 256, 128, 64), dropout=0.5, seed=0, name="neumf"):
         super().__init__(name=name)
-        if layers[0] % 2:
-            raise ValueError(f"the first NCF MLP layer ({layers[0]}) must be even (user+item halves)")
-        half = layers[0] // 2
-        self.embeddings = EmbeddingGroup([num_users, num_items, num_users, num_items],
-                                         [factors, factors, half, half])
+        (group,) = groups
+        if layers[0] != sum(group.widths[2:]):
+            raise ValueError(f"the first NCF MLP layer ({layers[0]}) must be the user+item MLP embedding widths "
+                             f"({group.widths[2:]})")
+        self.embeddings = EmbeddingGroup(group)
         self.mlp = (mlp(list(layers[1:]), "mlp_tower", dropout=dropout, seed=seed * 100 + 1)
                     if len(layers) > 1 else None)
         self.drop = ResumableDropout(dropout, seed=seed * 100, name="input_dropout")

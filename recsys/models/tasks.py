@@ -4,7 +4,8 @@ A Task gives the engine: the model, optimizer groups ``[(name, optimizer,
 variables_fn)]``, this rank's training dataset for an epoch (per-rank batch =
 global batch / world size), and ``evaluate(engine)`` returning metrics that
 are the same whatever the number of ranks (sums from recsys.metrics,
-allreduced).
+allreduced). It builds the model from its ``config`` (a checked
+recsys.config.TrainConfig): the embedding groups and the placement in it.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 from recsys import metrics as M
-from recsys.config import TrainConfig
 from recsys.data import make_dataset, make_reader
 from recsys.errors import EngineError
+from recsys.models.embedding_tables import WIDE_OPTIMIZER
 from recsys.optim import WarmupPolyDecay, make_optimizer
 
 
@@ -22,26 +23,33 @@ class Task:
     """Raises :class:`recsys.errors.EngineError` for a configuration it cannot run."""
     name = None
 
-    def __init__(self, args: TrainConfig, spec, dist, logger):
-        self.args, self.spec, self.dist, self.log = args, spec, dist, logger
-        self.global_batch = args.batch_size
-        self.local_batch = args.batch_size // dist.size
-        self.global_eval_batch = args.eval_batch_size
-        self.local_eval_batch = max(1, args.eval_batch_size // dist.size)
-        self.model_parallel = self._choose_placement()
+    def __init__(self, config, spec, dist, logger):
+        self.config, self.spec, self.dist, self.log = config, spec, dist, logger
+        self.global_batch = config.batch_size
+        self.local_batch = config.batch_size // dist.size
+        self.global_eval_batch = config.eval_batch_size
+        self.local_eval_batch = max(1, config.eval_batch_size // dist.size)
+        self.groups = config.embedding_groups
+        self.placement = self._model_parallel_placement()
         self._steps = None
 
     # --- embeddings placement ------------------------------------------------
-    def _choose_placement(self):
-        """False (replicated) or the PlacementChoice resolved by recsys.train before TensorFlow started."""
-        from recsys.models.model_parallel import placement_for_task
-        return placement_for_task(self.args, self.dist, self.log, self.name)
+    def _model_parallel_placement(self):
+        """The run's placement when its tables are spread over ranks (decided, and logged, by
+        recsys.train before TensorFlow started), else None (replicated)."""
+        placement = self.config.placement
+        if placement is None or not placement.model_parallel:
+            return None
+        if placement.world_size != self.dist.size:
+            raise EngineError(f"the embedding placement was planned for {placement.world_size} ranks, "
+                              f"this job has {self.dist.size}")
+        return placement
 
     def local_variable_ids(self, model):
         """ids of the variables that live on this rank only (model-parallel embedding shards);
         they are neither broadcast nor allreduced."""
-        from recsys.models.embeddings import EmbeddingGroup
-        if not self.model_parallel:
+        from recsys.embeddings.group import EmbeddingGroup
+        if self.placement is None:
             return set()
         return {id(v) for layer in model.submodules if isinstance(layer, EmbeddingGroup)
                 for v in layer.local_variables()}
@@ -49,24 +57,24 @@ class Task:
     def seeded_tables(self, model):
         """(ids of the tables every rank initialises identically from its group's seed, the seeds of
         the groups in model order); the engine does not broadcast these tables when the seeds agree."""
-        from recsys.models.embeddings import EmbeddingGroup
+        from recsys.embeddings.group import EmbeddingGroup
         groups = [layer for layer in model.submodules if isinstance(layer, EmbeddingGroup)]
         return {id(v) for g in groups for v in g.seeded_variables()}, [g.seed for g in groups]
 
     # --- data -------------------------------------------------------------------
     def train_dataset(self, epoch):
         return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
-                            shuffle=True, seed=self.args.seed * 1000 + epoch, reader=self.args.reader)
+                            shuffle=True, seed=self.config.seed * 1000 + epoch, reader=self.config.reader)
 
     def benchmark_dataset(self):
         return make_dataset(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
-                            shuffle=False, repeat=True, reader=self.args.reader)
+                            shuffle=False, repeat=True, reader=self.config.reader)
 
     def eval_dataset(self):
         ds = make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
-                          drop_remainder=False, reader=self.args.reader)
-        if self.model_parallel:      # every batch is an alltoall: ranks step together
-            from recsys.models.model_parallel import lockstep
+                          drop_remainder=False, reader=self.config.reader)
+        if self.placement is not None:      # every batch is an alltoall: ranks step together
+            from recsys.embeddings.lockstep import lockstep
             return lockstep(ds, self.dist)
         return ds
 
@@ -103,15 +111,14 @@ class DLRMTask(Task):
 
     def build_model(self):
         from recsys.models.dlrm import DLRM
-        a = self.args
-        return DLRM(self.spec.cardinalities("categorical"), embedding_dim=a.embedding_dim,
-                    bottom_mlp=a.bottom_mlp, top_mlp=a.top_mlp, interaction=a.interaction,
-                    model_parallel=self.model_parallel, column_slice_threshold=a.column_slice_threshold)
+        c = self.config
+        return DLRM(self.groups, bottom_mlp=c.bottom_mlp, top_mlp=c.top_mlp, interaction=c.interaction,
+                    placement=self.placement)
 
     def optimizer_groups(self, model):
-        a = self.args
-        schedule = WarmupPolyDecay(a.lr, a.warmup_steps, a.decay_start_step, a.decay_steps, a.decay_power)
-        opt = make_optimizer(a.optimizer, schedule)
+        c = self.config
+        schedule = WarmupPolyDecay(c.lr, c.warmup_steps, c.decay_start_step, c.decay_steps, c.decay_power)
+        opt = make_optimizer(c.optimizer, schedule)
         return [("main", opt, lambda: model.trainable_variables)]
 
     def evaluate(self, engine):
@@ -133,27 +140,17 @@ class DLRMTask(Task):
 class WideDeepTask(Task):
     name = "wide_deep"
 
-    def _tables(self, channel):
-        if channel not in self.spec.channel_spec:
-            return []
-        return [(f, self.spec.cardinality(f)) for f in self.spec.features(channel)]
-
     def build_model(self):
-        from recsys.models.defaults import embedding_dims
         from recsys.models.wide_deep import WideDeep
-        a = self.args
-        onehot, multihot = self._tables("onehot_categorical"), self._tables("multihot_categorical")
-        dims = embedding_dims(self.name, [f for f, _ in onehot + multihot], a.embedding_dim)
-        return WideDeep(onehot, multihot, embedding_dim=dims, deep_hidden_units=a.deep_hidden_units,
-                        deep_dropout=a.deep_dropout, combiner=a.combiner,
-                        model_parallel=self.model_parallel, column_slice_threshold=a.column_slice_threshold,
-                        seed=a.seed)
+        c = self.config
+        return WideDeep(groups=self.groups, deep_hidden_units=c.deep_hidden_units, deep_dropout=c.deep_dropout,
+                        placement=self.placement, seed=c.seed)
 
     def optimizer_groups(self, model):
-        a = self.args
-        warmup = a.warmup_steps if a.warmup_steps is not None else int(a.deep_warmup_epochs * self.steps_per_epoch())
-        deep = make_optimizer(a.optimizer, WarmupPolyDecay(a.lr, warmup))
-        wide = make_optimizer("ftrl", a.linear_lr)
+        c = self.config
+        warmup = c.warmup_steps if c.warmup_steps is not None else int(c.deep_warmup_epochs * self.steps_per_epoch())
+        deep = make_optimizer(c.optimizer, WarmupPolyDecay(c.lr, warmup))
+        wide = make_optimizer(WIDE_OPTIMIZER, c.linear_lr)
         return [("deep", deep, lambda: model.deep_variables), ("wide", wide, lambda: model.wide_variables)]
 
     def evaluate(self, engine):
@@ -179,28 +176,27 @@ class NCFTask(Task):
     """NeuMF on positives-only data: 4 negatives per positive resampled each epoch; eval vs 100 negatives."""
     name = "ncf"
 
-    def __init__(self, args, spec, dist, logger):
-        super().__init__(args, spec, dist, logger)
+    def __init__(self, config, spec, dist, logger):
+        super().__init__(config, spec, dist, logger)
         from recsys.data import ncf
         self.ncf = ncf
         self.num_users = spec.cardinality(spec.features("user_ch")[0])
         self.num_items = spec.cardinality(spec.features("item_ch")[0])
         users, items = ncf.load_pairs(spec, "train")
         # Every rank knows every positive (to reject false negatives), trains on its slice.
-        self.sampler = ncf.TrainSampler(users, items, self.num_items, args.negative_samples, seed=args.seed)
+        self.sampler = ncf.TrainSampler(users, items, self.num_items, config.negative_samples, seed=config.seed)
         self._train_users, self._train_items = users, items
         self._eval = None
 
     def build_model(self):
         from recsys.models.ncf import NeuMF
-        a = self.args
-        return NeuMF(self.num_users, self.num_items, factors=a.factors, layers=a.layers, dropout=a.dropout,
-                     seed=a.seed)
+        c = self.config
+        return NeuMF(self.groups, layers=c.layers, dropout=c.dropout, seed=c.seed)
 
     def optimizer_groups(self, model):
-        a = self.args
-        opt = make_optimizer(a.optimizer, WarmupPolyDecay(a.lr, a.warmup_steps or 0), beta1=a.beta1,
-                             beta2=a.beta2, eps=a.adam_eps)
+        c = self.config
+        opt = make_optimizer(c.optimizer, WarmupPolyDecay(c.lr, c.warmup_steps or 0), beta1=c.beta1,
+                             beta2=c.beta2, eps=c.adam_eps)
         return [("main", opt, lambda: model.trainable_variables)]
 
     def _epoch_batches(self, epoch):
@@ -245,7 +241,7 @@ class NCFTask(Task):
                 tu, ti = self.ncf.load_pairs(self.spec, "test")
                 try:
                     users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items,
-                                                        self.num_items, self.args.valid_negative, seed=self.args.seed)
+                                                        self.num_items, self.config.valid_negative, seed=self.config.seed)
                 except ValueError as e:
                     raise EngineError(f"{self.spec.origin}: {e}") from None
             # Uneven shards are fine: only sums are reduced.
@@ -264,11 +260,11 @@ class NCFTask(Task):
         users, items = self._eval_arrays()
         scores = [engine.predict(x).numpy().reshape(-1) for x, _ in self.eval_dataset()]
         scores = np.concatenate(scores).reshape(items.shape) if scores else np.zeros(items.shape)
-        hits, ndcg, n = M.hit_rate_and_ndcg_sums(scores[:, 0], scores[:, 1:], k=self.args.topk)
+        hits, ndcg, n = M.hit_rate_and_ndcg_sums(scores[:, 0], scores[:, 1:], k=self.config.topk)
         labels = np.zeros(scores.shape, np.float32)
         labels[:, 0] = 1.0
         hits, ndcg, n = self._sum([hits, ndcg, n])
-        return {f"hr_at_{self.args.topk}": hits / max(n, 1), f"ndcg_at_{self.args.topk}": ndcg / max(n, 1),
+        return {f"hr_at_{self.config.topk}": hits / max(n, 1), f"ndcg_at_{self.config.topk}": ndcg / max(n, 1),
                 "bce": self._bce(labels, scores)}
 
 

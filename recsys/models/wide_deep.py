@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recsys.models.embeddings import EmbeddingGroup
+from recsys.embeddings.group import EmbeddingGroup
+from recsys.models.embedding_tables import wide_deep_groups
 from recsys.models.mlp import mlp
 
 
@@ -12,33 +13,29 @@ class WideDeep(tf.keras.Model):
     """inputs: {'numerical': [B, n], 'onehot_categorical': {name: [B]},
     'multihot_categorical': {name: [B, hot] padded with -1}}; returns logits [B, 1] f32.
 
-    ``embedding_dim``: one deep embedding width, or one per feature (one-hot then multi-hot, see
-    recsys.models.defaults.embedding_dims). ``wide_variables`` / ``deep_variables`` split the
+    ``groups``: the (deep, wide) table groups of recsys.models.embedding_tables.wide_deep_groups; without
+    them the model calls that builder with ``onehot``, ``multihot`` (``[(feature, rows)]``),
+    ``embedding_dim`` (one width or one per feature) and ``combiner``. ``placement``: the run's
+    embedding placement (None: replicated). ``wide_variables`` / ``deep_variables`` split the
     weights for the two optimizers.
     """
 
-    def __init__(self, onehot, multihot, embedding_dim=64, deep_hidden_units=(1024,) * 5,
-                 deep_dropout=0.1, combiner="sum", model_parallel=False, column_slice_threshold=None,
-                 seed=0, name="wide_deep"):
+    def __init__(self, onehot=(), multihot=(), embedding_dim=64, deep_hidden_units=(1024,) * 5,
+                 deep_dropout=0.1, combiner="sum", placement=None, seed=0, groups=None, name="wide_deep"):
         super().__init__(name=name)
-        self.onehot_names = [n for n, _ in onehot]
-        self.multihot_names = [n for n, _ in multihot]
-        cards = [c for _, c in onehot] + [c for _, c in multihot]
-        combiners = [None] * len(onehot) + [combiner] * len(multihot)
-        self.wide_embeddings = EmbeddingGroup(cards, 1, combiners=["sum"] * len(cards), model_parallel=model_parallel,
-                                              name="wide_embeddings")
+        deep, wide = groups or wide_deep_groups(onehot, multihot, embedding_dim, combiner)
+        # The wide group's tables follow the deep group's features in order: one id list feeds both.
+        self.inputs_of = [(t.channel, t.feature) for t in deep.tables]
+        self.wide_embeddings = EmbeddingGroup(wide, placement)
         self.wide_numerical = tf.keras.layers.Dense(1, use_bias=True, name="wide_numerical", dtype="float32")
-        self.deep_embeddings = EmbeddingGroup(cards, embedding_dim, combiners=combiners,
-                                              model_parallel=model_parallel,
-                                              column_slice_threshold=column_slice_threshold,
-                                              name="deep_embeddings")
+        self.deep_embeddings = EmbeddingGroup(deep, placement)
         self.deep = mlp(list(deep_hidden_units) + [1], "deep_mlp", dropout=deep_dropout,
                         last_linear=True, last_dtype="float32", seed=seed * 100)
 
     def _ids(self, inputs):
-        ids = [inputs["onehot_categorical"][n] for n in self.onehot_names]
-        for n in self.multihot_names:
-            t = inputs["multihot_categorical"][n]
+        ids = []
+        for channel, feature in self.inputs_of:
+            t = inputs[channel][feature]
             if isinstance(t, tf.RaggedTensor):
                 t = t.to_tensor(default_value=-1)
             ids.append(t)

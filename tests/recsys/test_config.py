@@ -7,6 +7,8 @@ from recsys.config import TrainConfig
 from recsys.errors import EngineError
 from recsys.train import build_parser
 
+pytestmark = pytest.mark.fast
+
 
 def test_every_flag_has_a_typed_field():
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

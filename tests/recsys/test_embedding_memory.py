@@ -41,7 +41,7 @@ def test_seeded_tables_are_the_same_whichever_slice_or_block_holds_a_column():
     (seed, table, column, block), so a column slice, the whole table and the one-tensor
     initializer that distributed-embeddings gets all agree bitwise."""
     import tensorflow as tf
-    from recsys.models.model_parallel import SEED_BLOCK_ROWS, ColumnSeededUniform, fill_seeded
+    from recsys.embeddings.seeding import SEED_BLOCK_ROWS, ColumnSeededUniform, fill_seeded
     rows = SEED_BLOCK_ROWS + 123                                   # two blocks, the second short
     full = tf.Variable(tf.zeros([rows, 8]))
     fill_seeded(full, seed=11, table=3)
@@ -63,7 +63,7 @@ import sys
 def rss():
     return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) * 1024
 import tensorflow as tf
-from recsys.models.model_parallel import SeededEmbedding
+from recsys.embeddings.seeding import SeededEmbedding
 tf.keras.layers.Embedding(10, 4)(tf.constant([1]))       # TF's own one-off costs, before measuring
 before = rss()
 layers = [SeededEmbedding(2**20, 32, seed=5, table=t) for t in range(2)]

@@ -10,6 +10,8 @@ import yaml
 
 from recsys.feature_spec import FeatureSpec, FeatureSpecError, categorical_dtype, parse_transform
 
+pytestmark = pytest.mark.fast
+
 
 def write_dlrm(tmp_path, rows=10, cards=(5, 300, 70000)):
     """A tiny hand-made DLRM split-binary dataset: label, 2 numericals, 3 categoricals."""

@@ -7,6 +7,8 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from recsys import metrics as M
 
+pytestmark = pytest.mark.fast
+
 
 # ------------------------------------------------------------------ AUC
 @pytest.mark.parametrize("seed", range(5))

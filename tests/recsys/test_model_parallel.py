@@ -64,7 +64,7 @@ def _assert_same_training(mp, rep):
 
 
 def _assert_each_rank_holds_its_plan_share(ck, world, column_slice_threshold=None, data_parallel_threshold=None):
-    from recsys.placement import plan_for_group
+    from recsys.embeddings.placement import plan_for_group
     path = _latest(ck)
     meta = json.loads((path / "meta.json").read_text())
     assert meta["world_size"] == world and meta["writers"] == list(range(world))

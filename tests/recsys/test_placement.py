@@ -4,7 +4,9 @@ import sys
 
 import pytest
 
-from recsys.placement import PlacementError, format_plan, plan_placement
+from recsys.embeddings.planner import PlacementError, format_plan, plan_placement
+
+pytestmark = pytest.mark.fast
 
 
 def test_single_rank_holds_everything():
@@ -142,7 +144,7 @@ def test_placement_errors_are_one_line_before_tensorflow(argv, env, message, tmp
 
 
 def test_auto_picks_model_parallel_when_replicated_does_not_fit():
-    from recsys.placement import choose_placement
+    from recsys.embeddings.placement import choose_placement
     tables = [(f"t{i}", 1000, 16) for i in range(8)]                   # 64 kB each, 512 kB in all
     choice = choose_placement("auto", 4, tables, budget_bytes=200_000)
     assert choice.model_parallel and "do not fit" in choice.reason

@@ -1,17 +1,19 @@
-"""Embedding tables: replicated Keras layers, or model parallel (tables spread over ranks).
+"""The EmbeddingGroup layer: one group's tables, replicated or model parallel as the run's placement says.
 
 Model parallel uses NVIDIA distributed-embeddings when it is importable (GPU
 nodes with its CUDA op; not on PyPI, shipped in NVIDIA's Merlin TensorFlow
-containers), else :class:`recsys.models.model_parallel.ModelParallelEmbedding`
-on Horovod alltoall, which runs on CPU and GPU ranks. Both take the placement
-thresholds of ``recsys.placement``.
+containers), else :class:`recsys.embeddings.alltoall.ModelParallelEmbedding`
+on Horovod alltoall, which runs on CPU and GPU ranks. The alltoall layer takes
+the group's plan from the placement; distributed-embeddings plans by itself
+from the same thresholds.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from recsys.models.model_parallel import (ColumnSeededUniform, ModelParallelEmbedding, SeededEmbedding, combine,
-                                          new_table_seed)
+from recsys.embeddings.alltoall import ModelParallelEmbedding
+from recsys.embeddings.combine import combine
+from recsys.embeddings.seeding import ColumnSeededUniform, SeededEmbedding, new_table_seed
 
 
 def distributed_embeddings_module():
@@ -29,39 +31,34 @@ def model_parallel_implementation():
 
 
 class EmbeddingGroup(tf.keras.layers.Layer):
-    """All embedding tables of a model; call(list of [B] or [B, hot] id tensors) -> list of [B, d].
+    """The tables of one :class:`recsys.embeddings.tables.TableGroup`; call(list of [B] or [B, hot]
+    id tensors, in table order) -> list of [B, width].
 
-    ``model_parallel``: False (every rank holds every table), or a
-    :class:`recsys.placement.PlacementChoice` / True to spread the tables over
-    the Horovod ranks (distributed-embeddings' ``DistributedEmbedding`` when
-    importable, else our alltoall layer).
+    ``placement``: the run's :class:`recsys.embeddings.placement.Placement`; None or a replicated
+    one keeps every table on every rank. ``hvd``: the Horovod module (tests give a stand-in).
     """
 
-    def __init__(self, cardinalities, dims, combiners=None, model_parallel=False,
-                 column_slice_threshold=None, name="embeddings", **kw):
-        super().__init__(name=name, **kw)
-        self.cardinalities = [int(c) for c in cardinalities]
-        self.dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims] * len(cardinalities))]
-        self.combiners = combiners or [None] * len(self.cardinalities)
+    def __init__(self, group, placement=None, hvd=None, **kw):
+        super().__init__(name=group.name, **kw)
+        self.group = group
+        self.cardinalities, self.dims, self.combiners = group.cardinalities, group.widths, group.combiners
         self.seed = new_table_seed()
-        self.model_parallel = bool(model_parallel)
-        data_parallel_threshold = getattr(model_parallel, "data_parallel_threshold", None)
-        column_slice_threshold = getattr(model_parallel, "column_slice_threshold", None) or column_slice_threshold
+        self.model_parallel = placement is not None and placement.model_parallel
         self._dist = self._mp = None
         self.tables = []
         if self.model_parallel and distributed_embeddings_module() is None:
             self._mp = ModelParallelEmbedding(self.cardinalities, self.dims, self.combiners, self.seed,
-                                              column_slice_threshold=column_slice_threshold,
-                                              data_parallel_threshold=data_parallel_threshold, name="mp")
+                                              placement.plan(group.name), hvd=hvd, name="mp")
             return
         if self.model_parallel:     # distributed-embeddings builds the tables itself, from their initializer
             self.tables = [tf.keras.layers.Embedding(c, d, embeddings_initializer=ColumnSeededUniform(self.seed, i),
                                                      name=f"table_{i}")
                            for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
             dmp = distributed_embeddings_module()
-            kw = {} if data_parallel_threshold is None else {"data_parallel_threshold": data_parallel_threshold}
-            self._dist = dmp.DistributedEmbedding(
-                self.tables, strategy="memory_balanced", column_slice_threshold=column_slice_threshold, **kw)
+            kw = ({} if placement.data_parallel_threshold is None
+                  else {"data_parallel_threshold": placement.data_parallel_threshold})
+            self._dist = dmp.DistributedEmbedding(self.tables, strategy="memory_balanced",
+                                                  column_slice_threshold=placement.column_slice_threshold, **kw)
         else:
             self.tables = [SeededEmbedding(c, d, self.seed, i, name=f"table_{i}")
                            for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
@@ -92,9 +89,4 @@ class EmbeddingGroup(tf.keras.layers.Layer):
             outs = self._dist([tf.maximum(i, 0) for i in ids])
         else:
             outs = [t(tf.maximum(i, 0)) for t, i in zip(self.tables, ids)]
-        return [self._combine(o, i, c) for o, i, c in zip(outs, ids, self.combiners)]
-
-    @staticmethod
-    def _combine(vectors, ids, combiner):
-        """Multi-hot: sum or mean over the valid (>= 0) ids of each row; padding is -1."""
-        return combine(vectors, ids, combiner)
+        return [combine(o, i, c) for o, i, c in zip(outs, ids, self.combiners)]

@@ -1,0 +1,170 @@
+"""The run's one embedding placement, decided before TensorFlow starts and carried in the TrainConfig.
+
+:func:`choose_placement` resolves ``--embedding-placement`` for a model's table groups
+(:mod:`recsys.models.embedding_tables`): per group the plan of :func:`plan_for_group`, which the
+EmbeddingGroup layer then uses as it is (it never plans), and the memory check made on those
+same plans (every group's weights and optimizer slots, plus the dense part with its slots).
+Thresholds are in elements (rows x width), as distributed-embeddings counts them, so the
+optimizer changes the memory estimate, never the cut. ``python -m recsys.placement`` shows it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from recsys.embeddings.planner import OPTIMIZER_SLOTS, Plan, PlacementError, plan_placement, rank_lines
+from recsys.embeddings.tables import Table, TableGroup
+
+BYTES_PER_PARAM = 4      # fp32 tables: mixed precision keeps float32 variables
+
+
+def slots(optimizer):
+    """Optimizer state per parameter, in copies of the weights (2 for an optimizer not listed)."""
+    return 0 if optimizer is None else OPTIMIZER_SLOTS.get(optimizer, 2)
+
+
+def plan_for_group(cardinalities, dims, world_size, column_slice_threshold=None, data_parallel_threshold=None, *,
+                   names=None, optimizer_slots=0, model_parallel=True):
+    """The plan of one group's tables on ``world_size`` ranks (thresholds in elements; the
+    slots count in the memory, not in the cut)."""
+    names = names or [f"table_{i}" for i in range(len(cardinalities))]
+    return plan_placement(list(zip(names, cardinalities, dims)), world_size, bytes_per_param=BYTES_PER_PARAM,
+                          optimizer_slots=optimizer_slots, model_parallel=model_parallel, auto_slice=True,
+                          column_slice_threshold=column_slice_threshold and column_slice_threshold * BYTES_PER_PARAM,
+                          data_parallel_threshold=data_parallel_threshold and data_parallel_threshold * BYTES_PER_PARAM)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every group's tables live, and what a rank then holds."""
+    mode: str                                   # "replicated" or "model_parallel"
+    reason: str
+    world_size: int
+    groups: Tuple[Tuple[TableGroup, Plan], ...]  # in the model's group order
+    dense_bytes: int = 0                        # the replicated dense part with its optimizer slots
+    capacity_bytes: Optional[int] = None
+    column_slice_threshold: Optional[int] = None     # elements
+    data_parallel_threshold: Optional[int] = None    # elements
+
+    @property
+    def model_parallel(self):
+        return self.mode == "model_parallel"
+
+    def plan(self, group_name) -> Plan:
+        for group, plan in self.groups:
+            if group.name == group_name:
+                return plan
+        raise KeyError(f"no embedding group {group_name!r} in the placement ({[g.name for g, _ in self.groups]})")
+
+    @property
+    def embedding_bytes(self):
+        """Per rank: tables (weights + slots) of every group."""
+        return [sum(p.embedding_bytes[r] for _, p in self.groups) for r in range(self.world_size)]
+
+    @property
+    def rank_bytes(self):
+        return [e + self.dense_bytes for e in self.embedding_bytes]
+
+    @property
+    def fits(self):
+        return self.capacity_bytes is None or max(self.rank_bytes) <= self.capacity_bytes
+
+    def need(self):
+        r = max(range(self.world_size), key=lambda i: self.rank_bytes[i])
+        budget = "" if self.capacity_bytes is None else f" of --embedding-memory-gb {self.capacity_bytes / 1e9:g}"
+        return f"rank {r} needs {self.rank_bytes[r] / 1e9:.3f} GB{budget}"
+
+    def as_record(self):
+        """The ``placement`` log record (docs/engine-log.md): every group with its tables and plan."""
+        return {
+            "mode": self.mode, "reason": self.reason, "world_size": self.world_size,
+            "model_parallel": self.model_parallel, "fits": self.fits, "capacity_bytes": self.capacity_bytes,
+            "rank_bytes": self.rank_bytes, "embedding_bytes": self.embedding_bytes, "dense_bytes": self.dense_bytes,
+            "column_slice_threshold": self.column_slice_threshold,
+            "data_parallel_threshold": self.data_parallel_threshold,
+            "groups": [{"name": g.name, "optimizer": g.optimizer,
+                        "tables": [[t.name, t.rows, t.width, t.combiner] for t in g.tables],
+                        "embedding_bytes": p.embedding_bytes,
+                        "slices": [[s.name, s.rank, s.col_start, s.col_end, s.rows, s.nbytes] for s in p.slices],
+                        "replicated_tables": sorted({s.name for s in p.slices if s.replicated})}
+                       for g, p in self.groups],
+        }
+
+    def describe(self, max_ranks=None):
+        """Lines for humans: every group's ranks (at most ``max_ranks`` each), then the totals."""
+        shown = min(self.world_size, max_ranks or self.world_size)
+        lines = [f"embedding placement: {self.mode.replace('_', ' ')} on {self.world_size} rank(s) ({self.reason})"]
+        for group, plan in self.groups:
+            lines.append(f"  {group.name}: {len(group.tables)} tables, optimizer {group.optimizer or '-'}")
+            lines += [f"    {line}" for line in rank_lines(plan)[:shown]]
+        lines.append(f"  per rank with the dense part ({_gib(self.dense_bytes)}): "
+                     + ", ".join(f"rank {r} {_gib(b)}" for r, b in enumerate(self.rank_bytes[:shown]))
+                     + (f", ... (+{self.world_size - shown})" if shown < self.world_size else ""))
+        if self.model_parallel and min(self.rank_bytes) > 0:
+            lines.append(f"  max/min per-rank memory {max(self.rank_bytes) / min(self.rank_bytes):.2f}")
+        if self.capacity_bytes is not None:
+            verdict = "fits" if self.fits else "DOES NOT FIT"
+            lines.append(f"  max per rank {_gib(max(self.rank_bytes))} of {_gib(self.capacity_bytes)}: {verdict}")
+        return lines
+
+
+def _gib(n):
+    return f"{n / 2**30:.3f} GiB"
+
+
+def place(mode, reason, world_size, groups, *, dense_params=0, dense_slots=0, budget_bytes=None,
+          column_slice_threshold=None, data_parallel_threshold=None):
+    """The :class:`Placement` of ``groups`` in ``mode`` (no decision, nothing refused)."""
+    model_parallel = mode == "model_parallel"
+    if not model_parallel:
+        column_slice_threshold = data_parallel_threshold = None
+    plans = tuple((g, plan_for_group(g.cardinalities, g.widths, world_size, column_slice_threshold,
+                                     data_parallel_threshold, names=[t.name for t in g.tables],
+                                     optimizer_slots=slots(g.optimizer), model_parallel=model_parallel))
+                  for g in groups)
+    return Placement(mode, reason, world_size, plans,
+                     dense_bytes=int(dense_params) * BYTES_PER_PARAM * (1 + dense_slots), capacity_bytes=budget_bytes,
+                     column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold)
+
+
+def choose_placement(requested, world_size, groups, *, dense_params=0, dense_slots=0, budget_bytes=None,
+                     column_slice_threshold=None, data_parallel_threshold=None, model="dlrm") -> Placement:
+    """Resolve ``--embedding-placement`` (auto | replicated | model_parallel) for a run.
+
+    ``groups``: the model's TableGroups (a plain ``[(name, rows, width)]`` list is one group
+    without optimizer slots). Raises PlacementError with a one-line message naming the flag when
+    the request cannot run."""
+    groups = _as_groups(groups)
+    kw = dict(dense_params=dense_params, dense_slots=dense_slots, budget_bytes=budget_bytes,
+              column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold)
+    if requested == "model_parallel":
+        if world_size < 2:
+            raise PlacementError("--embedding-placement model_parallel needs at least 2 ranks, this run has 1")
+        if model == "ncf":
+            raise PlacementError("--embedding-placement model_parallel is not available for --model ncf "
+                                 "(two small tables: use replicated)")
+        mp = place("model_parallel", "requested", world_size, groups, **kw)
+        if not mp.fits:
+            raise PlacementError(f"--embedding-placement model_parallel does not fit: {mp.need()}")
+        return mp
+    why = ("requested" if requested == "replicated" else "one rank" if world_size == 1 else
+           "NCF tables are small" if model == "ncf" else "replicated tables fit the memory budget")
+    replicated = place("replicated", why, world_size, groups, **kw)
+    if requested == "replicated" or world_size == 1 or model == "ncf":
+        if not replicated.fits:
+            raise PlacementError(f"--embedding-placement replicated does not fit: {replicated.need()}")
+        return replicated
+    if replicated.fits:
+        return replicated
+    mp = place("model_parallel", f"replicated tables do not fit ({replicated.need()})", world_size, groups, **kw)
+    if mp.fits:
+        return mp
+    raise PlacementError(f"--embedding-placement auto: neither placement fits: replicated {replicated.need()}, "
+                         f"model parallel {mp.need()}")
+
+
+def _as_groups(groups):
+    groups = list(groups)
+    if groups and not isinstance(groups[0], TableGroup):
+        return [TableGroup("embeddings", tuple(Table(str(n), str(n), "", int(r), int(w)) for n, r, w in groups))]
+    return groups

@@ -1,0 +1,206 @@
+"""The memory-balanced planner: which table (or column slice) of one table list lives on which rank.
+
+Pure Python, so the argument layer and ``python -m recsys.placement`` run it
+before TensorFlow starts; :mod:`recsys.embeddings.placement` applies it to a run's groups.
+
+Strategy (the memory-balanced one NVIDIA's distributed-embeddings uses):
+tables whose weights are smaller than ``data_parallel_threshold`` bytes stay
+replicated on every rank; tables larger than ``column_slice_threshold`` bytes are
+split by columns into at most ``world_size`` slices, then slices are placed largest
+first on the least-loaded rank that does not already hold a slice of the same table.
+With ``auto_slice`` the planner keeps doubling the column slices of the table
+with the largest piece until the most loaded rank holds at most ``balance``
+times the least loaded one (or nothing can be split further): a user does not
+have to guess a threshold to get a balanced plan.
+The thresholds compare the weights only, so the optimizer never changes the cut;
+memory per rank counts the weights, their optimizer slots and the replicated
+dense part (MLPs) with its slots.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# Optimizer state kept per parameter, in copies of the weights.
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "rmsprop": 1, "ftrl": 2, "adam": 2, "lazy_adam": 2}
+
+
+class PlacementError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TableSlice:
+    table: int          # index in the input table list
+    name: str
+    rank: int
+    col_start: int
+    col_end: int        # exclusive
+    rows: int
+    nbytes: int         # weights + optimizer slots of this slice
+    replicated: bool = False   # a small table kept data-parallel (one copy on every rank)
+
+
+@dataclass
+class Plan:
+    world_size: int
+    model_parallel: bool
+    slices: list = field(default_factory=list)
+    embedding_bytes: list = field(default_factory=list)   # per rank
+    dense_bytes: int = 0                                   # replicated on every rank
+    capacity_bytes: int | None = None
+
+    @property
+    def rank_bytes(self):
+        return [e + self.dense_bytes for e in self.embedding_bytes]
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes is None or max(self.rank_bytes) <= self.capacity_bytes
+
+    @property
+    def imbalance(self) -> float:
+        """max / min per-rank memory (inf when a rank holds nothing)."""
+        lo, hi = min(self.rank_bytes), max(self.rank_bytes)
+        return hi / lo if lo > 0 else (1.0 if hi == 0 else math.inf)
+
+    def tables_on(self, rank):
+        return [s for s in self.slices if s.rank == rank]
+
+    def as_dict(self):
+        return {
+            "world_size": self.world_size,
+            "model_parallel": self.model_parallel,
+            "fits": self.fits,
+            "capacity_bytes": self.capacity_bytes,
+            "rank_bytes": self.rank_bytes,
+            "dense_bytes": self.dense_bytes,
+            "slices": [[s.name, s.rank, s.col_start, s.col_end, s.rows, s.nbytes] for s in self.slices],
+            "replicated_tables": sorted({s.name for s in self.slices if s.replicated}),
+        }
+
+
+def _split_columns(dim, parts):
+    base, extra = divmod(dim, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        width = base + (1 if i < extra else 0)
+        bounds.append((start, start + width))
+        start += width
+    return bounds
+
+
+def plan_placement(tables, world_size, *, bytes_per_param=4, optimizer_slots=0,
+                   dense_params=0, column_slice_threshold=None, capacity_bytes=None,
+                   model_parallel=True, data_parallel_threshold=None, auto_slice=False, balance=1.25):
+    """Place embedding tables on ``world_size`` ranks.
+
+    tables: sequence of ``(name, rows, dim)``. ``model_parallel=False`` gives the
+    replicated plan (every rank holds every table). Thresholds are in bytes of the
+    weights (``rows x dim x bytes_per_param``, slots not counted); ``nbytes`` and the
+    per-rank memory count weights + slots. The result is deterministic: every rank
+    computes the same plan.
+    """
+    if world_size < 1:
+        raise PlacementError(f"world size must be >= 1, got {world_size}")
+    per_param = bytes_per_param * (1 + optimizer_slots)
+    tables = [(str(n), int(r), int(d)) for n, r, d in tables]
+    for name, rows, dim in tables:
+        if rows < 1 or dim < 1:
+            raise PlacementError(f"table {name}: rows and dim must be positive, got {rows}x{dim}")
+    plan = Plan(world_size=world_size, model_parallel=model_parallel and world_size > 1,
+                dense_bytes=int(dense_params) * per_param, capacity_bytes=capacity_bytes)
+    if not plan.model_parallel:
+        total = 0
+        for i, (name, rows, dim) in enumerate(tables):
+            nbytes = rows * dim * per_param
+            total += nbytes
+            for r in range(world_size):
+                plan.slices.append(TableSlice(i, name, r, 0, dim, rows, nbytes))
+        plan.embedding_bytes = [total] * world_size
+        return plan
+
+    replicated, sharded, parts = 0, [], {}
+    for i, (name, rows, dim) in enumerate(tables):
+        nbytes, weights = rows * dim * per_param, rows * dim * bytes_per_param
+        if data_parallel_threshold and weights < data_parallel_threshold:
+            replicated += nbytes
+            plan.slices += [TableSlice(i, name, r, 0, dim, rows, nbytes, True) for r in range(world_size)]
+            continue
+        sharded.append(i)
+        parts[i] = 1
+        if column_slice_threshold and weights > column_slice_threshold:
+            parts[i] = min(world_size, dim, math.ceil(weights / column_slice_threshold))
+    placed, load = _place(tables, sharded, parts, world_size, per_param)
+    while auto_slice:
+        total = [x + replicated + plan.dense_bytes for x in load]
+        if min(total) > 0 and max(total) <= balance * min(total):
+            break
+        # Split further the table whose pieces are the largest, while it can be split.
+        cands = [i for i in sharded if parts[i] < min(world_size, tables[i][2])]
+        if not cands:
+            break
+        i = max(cands, key=lambda i: (tables[i][1] * tables[i][2] / parts[i], -i))
+        parts[i] = min(parts[i] * 2, world_size, tables[i][2])
+        placed, load = _place(tables, sharded, parts, world_size, per_param)
+    plan.slices += placed
+    plan.slices.sort(key=lambda s: (s.table, s.col_start, s.rank))
+    plan.embedding_bytes = [x + replicated for x in load]
+    return plan
+
+
+def _place(tables, indices, parts, world_size, per_param):
+    """Greedy largest-first placement of the column slices; returns (slices, load per rank)."""
+    pieces = []
+    for i in indices:
+        name, rows, dim = tables[i]
+        for c0, c1 in _split_columns(dim, parts[i]):
+            pieces.append((i, name, rows, c0, c1, rows * (c1 - c0) * per_param))
+    # Largest first; ties broken by table order so the plan is deterministic.
+    pieces.sort(key=lambda p: (-p[5], p[0], p[3]))
+    load = [0] * world_size
+    holds = [set() for _ in range(world_size)]
+    out = []
+    for i, name, rows, c0, c1, nbytes in pieces:
+        candidates = [r for r in range(world_size) if i not in holds[r]] or list(range(world_size))
+        rank = min(candidates, key=lambda r: (load[r], r))
+        load[rank] += nbytes
+        holds[rank].add(i)
+        out.append(TableSlice(i, name, rank, c0, c1, rows, nbytes))
+    return out, load
+
+
+def _gib(n):
+    return f"{n / 2**30:.3f} GiB"
+
+
+def rank_lines(plan: Plan):
+    """One line per rank: its memory and the tables (``[c0:c1]`` column slices) it holds."""
+    lines = []
+    for r in range(plan.world_size):
+        parts = []
+        for s in plan.tables_on(r):
+            cols = "" if (s.col_start == 0 and not _is_sliced(plan, s)) else f"[{s.col_start}:{s.col_end}]"
+            parts.append(f"{s.name}{cols}" + (" (replicated)" if s.replicated else ""))
+        shown = ", ".join(parts[:12]) + (f", ... (+{len(parts) - 12})" if len(parts) > 12 else "")
+        embeddings = f" (embeddings {_gib(plan.embedding_bytes[r])})" if plan.dense_bytes else ""
+        lines.append(f"rank {r}: {_gib(plan.rank_bytes[r])}{embeddings} tables: {shown or '-'}")
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """Human-readable plan: one line per rank, then the verdict."""
+    mode = "model-parallel" if plan.model_parallel else "replicated"
+    lines = [f"embedding placement ({mode}) on {plan.world_size} rank(s):"]
+    lines += [f"  {line}" for line in rank_lines(plan)]
+    if plan.model_parallel:
+        lines.append(f"  max/min per-rank memory {plan.imbalance:.2f}")
+    if plan.capacity_bytes is not None:
+        verdict = "fits" if plan.fits else "DOES NOT FIT"
+        lines.append(f"  max per rank {_gib(max(plan.rank_bytes))} of {_gib(plan.capacity_bytes)}: {verdict}")
+    return "\n".join(lines)
+
+
+def _is_sliced(plan, s):
+    return (not s.replicated and plan.model_parallel
+            and sum(1 for t in plan.slices if t.table == s.table and t.rank != s.rank) > 0)
