@@ -9,16 +9,11 @@
     report, paths = report_study(record.study_dir)                  # scaling.{md,csv,json,png}
 """
 
-from .schedulers import backend_class, capabilities
 from .errors import RequestError, SlurmCommandError, SubmitError
 from .planning.request import JobRequest, build_chain
 from .profiles import ProfileError, list_profiles
-from .runs.rundir import find_run, load_run
-from .status import log_files, poll, run_failed, summary_line, watch
+from .schedulers import backend_class, capabilities
 from .submit import dry_run, load, render_plan, render_text, submit
-
-# The study modules are imported by the study operations only: a job command (render, submit)
-# does not pay for them.
 
 __all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "ProfileError",
            "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
@@ -26,10 +21,56 @@ __all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCom
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
            "study_progress_line", "report_study"]
 
+# Following a run (jobs.status, jobs.runs) and the studies are loaded by the operations that use
+# them: a job command (render, submit) does not pay for them at start-up.
+
 
 def load_profile(name_or_path):
     """A validated jobs.profiles.Profile by name (search path) or file."""
     return load(name_or_path)
+
+
+def find_run(run=None, runs_dir=None):
+    """A run directory from a path, a name under the runs dir, or (None) the newest run."""
+    from .runs.rundir import find_run as find
+
+    return find(run, runs_dir)
+
+
+def status(run_dir):
+    """One poll (jobs.runs.records.StatusResult): result["jobs"][i]["state"], ["done"], ["calls"]."""
+    from .status import poll
+
+    return poll(run_dir)
+
+
+def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None, outage=None):
+    """Poll a run until every job has ended (jobs.status.watch); the last StatusResult."""
+    from . import status as status_mod
+
+    return status_mod.watch(run_dir, on_poll=on_poll, first=first, factor=factor, ceiling=ceiling,
+                            timeout=timeout, outage=outage)
+
+
+def run_failed(result):
+    """Whether any job of a polled run did not complete."""
+    from .status import run_failed as failed
+
+    return failed(result)
+
+
+def summary_line(summary):
+    """A finished job's engine summary as one line (what `recsys-submit status` prints)."""
+    from .status import summary_line as line
+
+    return line(summary)
+
+
+def log_files(run_dir, key=None, rank=None):
+    """The run's batch logs, or one rank's logs (which files those are is the backend's)."""
+    from .status import log_files as files
+
+    return files(run_dir, key=key, rank=rank)
 
 
 def load_spec(path):
@@ -58,11 +99,6 @@ def render(requests, profile, runs_dir=None):
     return render_text(requests, profile, runs_dir=runs_dir)
 
 
-def status(run_dir):
-    """One poll (jobs.runs.records.StatusResult): result["jobs"][i]["state"], ["done"], ["calls"]."""
-    return poll(run_dir)
-
-
 def logs(run_dir, rank=None, key=None):
     """Concatenated text of the run's batch logs (or one rank's logs)."""
     chunks = []
@@ -73,7 +109,9 @@ def logs(run_dir, rank=None, key=None):
 
 
 def _backend(run_dir):
-    record = load_run(run_dir)
+    from .runs.records import RunRecord
+
+    record = RunRecord.load(run_dir)
     return backend_class(record.scheduler)(), record
 
 

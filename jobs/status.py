@@ -14,7 +14,7 @@ from .schedulers import backend_class
 from .errors import SlurmCommandError
 from .polling import poll_until
 from .runs import enginelog
-from .runs.rundir import load_run
+from .runs.records import RunRecord
 
 
 def poll(run_dir, source=None):
@@ -26,7 +26,7 @@ def poll(run_dir, source=None):
 def poll_many(run_dirs, source=None):
     """One poll of several runs (a study's points): runs of one backend are asked together,
     so a Slurm poll is one Slurm call however many runs there are. [StatusResult] in order."""
-    records = [load_run(run_dir) for run_dir in run_dirs]
+    records = [RunRecord.load(run_dir) for run_dir in run_dirs]
     results = [None] * len(records)
     by_scheduler = {}
     for index, record in enumerate(records):
@@ -89,7 +89,7 @@ def run_failed(result):
 def log_files(run_dir, key=None, rank=None):
     """Log files of a run: batch outputs, or per-rank outputs when `rank` is given (which
     files those are is the run's backend's)."""
-    return backend_class(load_run(run_dir).scheduler)().log_files(run_dir, key=key, rank=rank)
+    return backend_class(RunRecord.load(run_dir).scheduler)().log_files(run_dir, key=key, rank=rank)
 
 
 _METRIC = re.compile(r"^(auc|bce|map_at_\d+|hr_at_\d+|ndcg_at_\d+)$")

@@ -12,14 +12,13 @@ became of them. How one job is submitted, polled or cancelled is the backend's (
 import os
 import sys
 
-from .schedulers import backend_for
 from .errors import RequestError, SlurmCommandError, SubmitError
 from .planning.plan import plan, run_name
 from .planning.requeue import lead_time_warning
 from .profiles import Profile, load_profile
 from .runs import rundir
 from .runs.atomic import write_text
-from .runs.records import CANCEL_FAILED, CANCELLED_PARTIAL, PARTIAL, SUBMITTED, RequestRecord, RunRecord
+from .schedulers import backend_for
 
 
 def _log(message):
@@ -82,6 +81,8 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
     never wait), False for a local run in the background (`wait_local` is its older name).
     Raises RequestError/ProfileError before anything exists, SubmitError after a failed
     submission (saying what was submitted and what became of it)."""
+    from .runs.records import SUBMITTED, RequestRecord, RunRecord   # not needed to render: loaded here
+
     if wait is None and wait_local is not None:
         wait = wait_local
     profile = load(profile)
@@ -125,6 +126,8 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
 
 def _fail(backend, record, spec, exc, keep_partial):
     """Cancel (or keep) what a broken chain submitted; record and raise what really happened."""
+    from .runs.records import CANCEL_FAILED, CANCELLED_PARTIAL, PARTIAL
+
     submitted = record.jobs
     done = ", ".join(f"{j.key}={j.job_id}" for j in submitted) or "none"
     if submitted and not keep_partial:

@@ -9,7 +9,7 @@ left unquoted: only these keep their variables expandable.
 import os
 import sys
 
-from jobs.runs.enginelog import SUFFIX as ENGINE_LOG_SUFFIX
+from jobs.runs.rundir import ENGINE_LOG_SUFFIX
 
 
 def slurm_dir():

@@ -14,7 +14,7 @@ import json
 import os
 import re
 
-SUFFIX = ".engine.jsonl"
+from .rundir import ENGINE_LOG_SUFFIX as SUFFIX
 # the `summary` record format this reader knows (docs/engine-log.md); a later one is skipped, since
 # a field may have changed meaning (a record without the field is of version 1)
 SUMMARY_VERSION = 1

@@ -2,7 +2,8 @@
 
 Layout: <runs_dir>/<name>-<YYYYmmdd-HHMMSS>/ with request.json (the requests and the profile as loaded), <key>.sbatch,
 jobs.json (rewritten atomically after every sbatch, so a crash mid-chain still says what was
-submitted) and logs/ (batch output, per-rank output, <key>-<jobid>.info records).
+submitted) and logs/ (batch output, per-rank output, <key>-<jobid>.info records, and each job's
+engine log <key>-<tag>.engine.jsonl).
 """
 
 import os
@@ -10,7 +11,7 @@ import time
 
 from jobs.errors import RequestError
 
-from .records import RunRecord
+ENGINE_LOG_SUFFIX = ".engine.jsonl"     # logs/<key>-<tag>.engine.jsonl: the engine's JSON-lines log of a job
 
 
 def default_runs_dir(profile=None):
@@ -75,8 +76,3 @@ def find_run(run=None, runs_dir=None):
         if runs:
             return os.path.abspath(max(runs, key=os.path.getmtime))
     raise RequestError(f"run: no runs under {runs_dir}; give a run directory")
-
-
-def load_run(run_dir):
-    """The run's jobs.json as a typed jobs.runs.records.RunRecord (version checked)."""
-    return RunRecord.load(run_dir)

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 PREPROC = Path(__file__).resolve().parents[2] / "preproc"
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from preproc.cli import DATASETS, build_parser, stage_list
 
+pytestmark = pytest.mark.fast
+
 
 def _preproc(*args):
     return subprocess.run([sys.executable, "-m", "preproc", *args], capture_output=True, text=True, timeout=60)

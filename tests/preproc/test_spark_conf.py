@@ -6,6 +6,8 @@ import pytest
 from preproc.errors import PreprocError
 from preproc.runtime.spark import DISCOVERY_SCRIPT, ClusterShape, spark_settings
 
+pytestmark = pytest.mark.fast
+
 JAR = "/opt/rapids/rapids-4-spark_2.12-24.02.0.jar"
 
 

@@ -1,15 +1,18 @@
 """SlurmBackend: the Backend of `scheduler: slurm`, through sbatch / squeue / sacct / scancel /
-scontrol (jobs.backends.slurm.commands)."""
+scontrol (jobs.backends.slurm.commands).
+
+Rendering needs only the script module; the client commands, queries and records are imported
+by the methods that use them, so `recsys-submit render` (a dry run without checks) loads
+nothing else of this package.
+"""
 
 import os
 from dataclasses import dataclass
 
 from jobs.errors import RequestError
 from jobs.runs.atomic import write_text
-from jobs.runs.records import JobRecord
 
 from ..base import Backend, DryRun, JobDraft
-from . import commands, poll, queries
 from .script import render
 
 
@@ -33,9 +36,13 @@ class SlurmBackend(Backend):
         default = super().max_array_size(requests)
         if not any(r.array or r.shards for r in requests):
             return default
+        from . import commands
+
         return commands.max_array_size(default)
 
     def accounting(self):
+        from . import commands
+
         return commands.accounting_enabled()
 
     def dry_run(self, specs, run_dir, wait=None, check=True, written=True, token=None):
@@ -58,9 +65,15 @@ class SlurmBackend(Backend):
 
     def missing_jobs(self, job_ids):
         """One sacct call (accounting: finished jobs too) or one squeue call for all ids."""
+        from . import queries
+
         return queries.missing_jobs(job_ids, self.accounting())
 
     def submit(self, draft, ids, wait, log=None):
+        from jobs.runs.records import JobRecord
+
+        from . import commands
+
         spec = draft.spec
         text = draft.text
         if spec.after_ok or spec.after_any:     # the job ids of the run it waits for are known now
@@ -74,12 +87,16 @@ class SlurmBackend(Backend):
                           after_any=[ids[k] for k in spec.after_any])]
 
     def poll(self, run_dir, record, source=None):
-        return poll.poll_many([(run_dir, record)], source)[0]
+        return self.poll_many([(run_dir, record)], source)[0]
 
     def poll_many(self, items, source=None):
-        return poll.poll_many(items, source)
+        from .poll import poll_many
+
+        return poll_many(items, source)
 
     def cancel(self, run_dir, jobs):
+        from . import commands
+
         ids = [j.job_id for j in jobs]
         if ids:
             proc = commands.run(["scancel"] + ids)
@@ -88,6 +105,8 @@ class SlurmBackend(Backend):
         return ids
 
     def requeue(self, run_dir, jobs):
+        from . import commands
+
         ids = [j.job_id for j in jobs]
         if ids:
             proc = commands.run(["scontrol", "requeue", ",".join(ids)])
