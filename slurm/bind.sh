@@ -9,7 +9,7 @@
 # gives the rank one GPU (CUDA_VISIBLE_DEVICES), one NIC when the job spans
 # several nodes (UCX_NET_DEVICES, OMPI_MCA_btl_openib_if_include), and execs
 # `numactl <cpu set> <memory policy> -- cmd`.  The per-node tables come from the
-# environment the batch script exports (jobs.binding.bind_env):
+# environment the batch script exports (jobs.profiles.binding.bind_env):
 #   RECSYS_BIND_GPUS=8  RECSYS_BIND_CPUS="48-55;56-63;..."  RECSYS_BIND_MEMS="3;3;1;..."
 #   RECSYS_BIND_NICS="mlx5_0;..."  RECSYS_BIND_NUMA="0-15;16-31;..." (by NUMA id)
 #   RECSYS_BIND_CORES="0-127"  RECSYS_HT_OFFSET=128
@@ -187,7 +187,7 @@ if [[ $mode != off ]]; then
         uint home RECSYS_BIND_MEMS "${t_mems[gpu]}"
     else  # no GPUs: an even, contiguous share of the cores per local rank
         expand_list "${RECSYS_BIND_CORES:-}"; all=("${EXPANDED[@]}")
-        ((${#all[@]} > 0)) || die "no binding tables in the environment (RECSYS_BIND_GPUS/CPUS/CORES are empty): export jobs.binding.bind_env(node), or use --mode off"
+        ((${#all[@]} > 0)) || die "no binding tables in the environment (RECSYS_BIND_GPUS/CPUS/CORES are empty): export jobs.profiles.binding.bind_env(node), or use --mode off"
         ((local_rank < local_world)) ||
             die "local rank $local_rank is not below the $local_world ranks of the node (LOCAL_WORLD_SIZE)"
         n=${#all[@]}
