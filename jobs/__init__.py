@@ -6,7 +6,9 @@ JobRequest, build_chain, the study operations); it is re-exported here lazily so
 one-way layers: docs/architecture.md.
 """
 
-_API = ("JobRequest", "build_chain", "submit", "render", "render_plan", "status", "watch", "logs", "cancel",
+# `jobs.submit` and `jobs.status` are modules (the orchestrator, status polling), never these
+# re-exports: their functions are jobs.api.submit and jobs.api.status.
+_API = ("JobRequest", "build_chain", "render", "render_plan", "watch", "logs", "cancel",
         "requeue", "find_run", "load_profile", "RequestError", "SubmitError", "SlurmCommandError",
         "load_spec", "run_study", "study_status", "report_study")
 
