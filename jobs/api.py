@@ -46,10 +46,10 @@ def status(run_dir):
 
 def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None, outage=None):
     """Poll a run until every job has ended (jobs.status.watch); the last StatusResult."""
-    from . import status as status_mod
+    from .status import watch as watch_run
 
-    return status_mod.watch(run_dir, on_poll=on_poll, first=first, factor=factor, ceiling=ceiling,
-                            timeout=timeout, outage=outage)
+    return watch_run(run_dir, on_poll=on_poll, first=first, factor=factor, ceiling=ceiling, timeout=timeout,
+                     outage=outage)
 
 
 def run_failed(result):

@@ -149,7 +149,10 @@ class RunRecord(Record):
     @classmethod
     def load(cls, run_dir):
         path = os.path.join(run_dir, "jobs.json")
-        return cls.from_dict(read_record(path), path)
+        try:
+            return cls.from_dict(read_record(path), path)
+        except OSError as exc:
+            raise RequestError(f"run: {run_dir!r} is not a run directory ({path}: {exc.strerror})") from None
 
 
 @dataclass
