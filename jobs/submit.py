@@ -50,16 +50,15 @@ def dry_run(requests, profile, run_dir=None, max_array_size=None, runs_dir=None,
     run_dir = run_dir or _run_dir(resolved, profile, runs_dir)
     dry = backend.dry_run(specs, run_dir, check=False, written=write, token=None if write else "<token>")
     if write:
-        scripts = [getattr(draft, "script", None) for draft in dry.drafts]
-        if not all(scripts):
+        if any(draft.script is None for draft in dry.drafts):
             raise RequestError(f"-o: a {dry.scheduler} profile writes no batch scripts; "
                                "--dry-run shows what it would run")
         try:
             os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         except OSError as exc:
             raise RequestError(f"-o: cannot create {run_dir!r}: {exc.strerror}") from None
-        for draft, script in zip(dry.drafts, scripts):
-            write_text(script, draft.text)
+        for draft in dry.drafts:
+            write_text(draft.script, draft.text)
     return dry
 
 

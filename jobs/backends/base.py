@@ -14,7 +14,7 @@ import abc
 import glob
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from jobs.schedulers import capabilities
 from jobs.errors import RequestError
@@ -24,11 +24,13 @@ from jobs.planning.plan import JobSpec
 @dataclass(frozen=True)
 class JobDraft:
     """One planned job as its backend will submit it. `text` says what will run (a Slurm draft:
-    the sbatch script; a local one: the commands and environment of its ranks)."""
+    the sbatch script; a local one: the commands and environment of its ranks); `script` is the
+    file it is written to, None for a backend that writes none (local)."""
 
     spec: JobSpec
     run_dir: str
     text: str
+    script: Optional[str] = None
 
     @property
     def key(self):
@@ -37,8 +39,7 @@ class JobDraft:
     @property
     def file_note(self):
         """` (<file>)` when the draft is a script file of its own, else empty."""
-        script = getattr(self, "script", None)
-        return f" ({os.path.basename(script)})" if script else ""
+        return f" ({os.path.basename(self.script)})" if self.script else ""
 
 
 @dataclass(frozen=True)

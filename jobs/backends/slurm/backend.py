@@ -18,10 +18,9 @@ from .script import render
 
 @dataclass(frozen=True)
 class SlurmDraft(JobDraft):
-    """A job's sbatch script as checked: `script` is where it is written, `token` its unique
+    """A job's sbatch script as checked (its `text`, written to `script`) and its unique token,
     `--comment=recsys:<token>` (how a retried sbatch finds out whether it went in)."""
 
-    script: str = ""
     token: str = ""
 
 
