@@ -37,7 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_submit import REPO, counting_env, pending_cluster, timed  # noqa: E402  (the shared shim and timer)
 
 POINTS = 12
-SWEEP = ["--profile", "ci", "--model", "dlrm", "--gpus", "1,2,4,8", "--variant", "precision=tf32,fp32,amp",
+# the ci profile's nodes, declared unshared: every point goes in at once, as on a real cluster
+# (on `ci` itself a study waits for each point to end, and these points stay pending)
+PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles", "ci-unshared.yaml")
+SWEEP = ["--profile", PROFILE, "--model", "dlrm", "--gpus", "1,2,4,8", "--variant", "precision=tf32,fp32,amp",
          "--batch-size", "4096", "--warmup-steps", "2", "--steps", "5", "--time", "5"]
 
 
@@ -93,7 +96,7 @@ def bench_submit(env, rounds):
     def api_run(name):
         spec = spec_from_flags("dlrm", "1,2,4,8", batch_size=4096, variants=["precision=tf32,fp32,amp"],
                                warmup_steps=2, steps=5, time="5", name=name)
-        record, submitted = run_study(spec, "ci")
+        record, submitted = run_study(spec, PROFILE)
         assert len(submitted) == POINTS, submitted
         return record.study_dir
 

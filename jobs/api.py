@@ -129,7 +129,9 @@ def requeue(run_dir):
 
 
 def run_study(spec, profile, runs_dir=None, max_concurrent=None):
-    """Submit the missing or failed points of a study: (StudyRecord, [point ids submitted])."""
+    """Submit the missing or failed points of a study, in rounds of repeats, at most
+    `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap):
+    (StudyRecord, [point ids submitted])."""
     from .study import run as study_run
 
     return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent)

@@ -213,7 +213,9 @@ def _study_parser(sub):
     run.add_argument("spec", nargs="?", help="study spec YAML (docs/studies.md); or give --model and --gpus")
     run.add_argument("--profile", default=os.environ.get("RECSYS_PROFILE", "local"),
                      help="cluster profile name or YAML file (default $RECSYS_PROFILE or 'local')")
-    run.add_argument("--max-concurrent", type=int, help="keep at most K points queued or running at once")
+    run.add_argument("--max-concurrent", type=int,
+                     help="keep at most K points queued or running at once, waiting with a progress line "
+                          "(default: 1 on a profile with shared_nodes, so points are measured alone; else no cap)")
     run.add_argument("--runs-dir", help="parent of the study dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     quick = run.add_argument_group("a quick sweep without a spec file")
     quick.add_argument("--model", help=" | ".join(MODELS))
@@ -306,7 +308,10 @@ def _cmd_study(api, args, engine_args):
     if "plot" not in paths and args.plot is None:
         print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
               file=sys.stderr)
-    return 1 if report["failures"] else 0
+    for line in report["warnings"]:     # spread, baseline and provenance problems the table carries
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    # a failed point or a baseline without throughput (failed, pending, unknown) is not a finished table
+    return 1 if report["failures"] or report["baseline_problems"] else 0
 
 
 def _split_engine_args(argv):

@@ -49,7 +49,7 @@ def attach_summaries(result):
         if len(task_states) == 1:
             job.summary = enginelog.summary(enginelog.job_logs(result.run_dir, job.key))
         bad = sorted({s for s in task_states if s != states.COMPLETED})
-        if bad:
+        if bad and not job.reason:      # the backend's own reason (a job Slurm forgot) stands
             job.reason = enginelog.failure_reason(result.run_dir, job.key, "/".join(bad))
     return result
 
@@ -82,8 +82,12 @@ def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=N
 
 
 def run_failed(result):
-    """Whether any job of a polled run did not complete."""
-    return any(s != states.COMPLETED for j in result["jobs"] for s in j["tasks"].values())
+    """Whether any job of a polled run ended badly (or can never start). A job whose state is
+    not known yet has not failed."""
+    task_states = [s for j in result["jobs"] for s in j["tasks"].values()]
+    ended_badly = any(s in states.TERMINAL and s != states.COMPLETED for s in task_states)
+    never_starts = result["done"] and any(s not in states.TERMINAL for s in task_states)
+    return ended_badly or never_starts
 
 
 def log_files(run_dir, key=None, rank=None):

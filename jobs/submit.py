@@ -142,7 +142,7 @@ def _fail(backend, record, spec, exc, keep_partial):
         outcome, record.state = "kept", PARTIAL
     for job in submitted:
         job.outcome = outcome
-    uncertain = getattr(exc, "uncertain", False)
+    uncertain = record.uncertain = bool(getattr(exc, "uncertain", False))
     what = "may or may not have been submitted" if uncertain else "not submitted"
     record.error = (f"job {spec.key!r} {what}: {exc}; submitted before it: {done}; {fate}; "
                     f"run dir {record.run_dir}")

@@ -114,6 +114,13 @@ class Distributed:
 
     def allreduce_sum(self, value):
         """Sum a tensor/ndarray across ranks (returns numpy when given numpy)."""
+        return self._allreduce(value, "Sum")
+
+    def allreduce_max(self, value):
+        """Elementwise maximum across ranks, e.g. the slowest rank's time (numpy when given numpy)."""
+        return self._allreduce(value, "Max")
+
+    def _allreduce(self, value, op):
         if self.hvd is None:
             return value
         import numpy as np
@@ -123,7 +130,7 @@ class Distributed:
         dtype = t.dtype
         if dtype in (tf.float16, tf.bfloat16):
             t = tf.cast(t, tf.float32)
-        r = self.hvd.allreduce(t, op=self.hvd.Sum)
+        r = self.hvd.allreduce(t, op=getattr(self.hvd, op))
         r = tf.cast(r, dtype)
         return r.numpy() if as_numpy else r
 
@@ -135,6 +142,12 @@ class Distributed:
         as_numpy = isinstance(value, np.ndarray)
         r = self.hvd.allgather(tf.convert_to_tensor(value))
         return r.numpy() if as_numpy else r
+
+    def allgather_object(self, obj):
+        """Every rank's picklable ``obj``, in rank order (``[obj]`` for one rank)."""
+        if self.hvd is None:
+            return [obj]
+        return list(self.hvd.allgather_object(obj))
 
     def broadcast_variables(self, variables, root_rank: int = 0):
         if self.hvd is not None and variables:

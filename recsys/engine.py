@@ -18,6 +18,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from recsys import provenance
 from recsys.checkpoint import StopRequest, note_attempt
 from recsys.config import TrainConfig
 from recsys.errors import DataError, DivergedError, data_error_message
@@ -28,8 +29,9 @@ from recsys.logger import process_start
 DIGEST_MAX_PARAMS = 50_000_000
 # Under --amp a non-finite loss is a step the loss scaler skips; this many in a row is divergence.
 AMP_MAX_SKIPPED_STEPS = 50
-# Version of the `summary` log record (docs/engine-log.md).
-SUMMARY_VERSION = 1
+# Version of the `summary` log record (docs/engine-log.md); 2: throughput from the slowest
+# rank's timed seconds (1: their mean), and `provenance`.
+SUMMARY_VERSION = 2
 
 
 class StopTraining(Exception):
@@ -440,9 +442,10 @@ class Engine:
     def _summary(self, mode, timed_steps, timed_seconds, metrics, losses, interrupted, step_times=None,
                  batch=None, checkpoint=None, evaluated=None):
         batch = batch or self.task.global_batch
-        # Per-rank times differ a little; report the slowest rank (what the job experiences).
-        timed_seconds = float(self.dist.allreduce_sum(np.array([timed_seconds]))[0]) / self.dist.size \
-            if self.dist.size > 1 else timed_seconds
+        # Per-rank times differ a little; report the slowest rank (a synchronous data-parallel
+        # job goes at the pace of its slowest rank).
+        timed_seconds = float(self.dist.allreduce_max(np.array([timed_seconds], np.float64))[0])
+        nodes = provenance.nodes(self.dist.allgather_object)       # a collective: every rank
         out = dict(mode=mode, model=self.config.model, world_size=self.dist.size, global_batch_size=batch,
                    step=int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
                    timed_steps=timed_steps, excluded_warmup_steps=self.config.benchmark_warmup_steps,
@@ -457,13 +460,15 @@ class Engine:
             out["weights_digest"] = self.weights_digest()
             if self.dist.size > 1:
                 # Data parallelism must keep replicas identical: record every rank's digest.
-                out["replica_weight_digests"] = self.dist.hvd.allgather_object(out["weights_digest"])
+                out["replica_weight_digests"] = self.dist.allgather_object(out["weights_digest"])
         if step_times:
             out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
         if losses:
             out["first_loss_step"], out["first_loss"] = losses[0]
             out["final_loss_step"], out["final_loss"] = losses[-1]
         out.update(metrics)
+        if self.dist.is_chief:          # only rank 0 writes the record: the others skip git and scontrol
+            out["provenance"] = provenance.collect(nodes)
         self.log.summary(**out)
         return out
 

@@ -79,13 +79,14 @@ class SlurmCluster:
                        env=self.env, capture_output=True, text=True, timeout=120)
 
 
-def _start_cluster(directory: Path, accounting: bool) -> SlurmCluster:
+def _start_cluster(directory: Path, accounting: bool, extra=()) -> SlurmCluster:
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("Slurm is not installed here: run `bash tests/install.sh` (apt: slurm-wlm, munge)")
     directory.mkdir(parents=True, exist_ok=True)
     args = ["bash", str(CLUSTER_SCRIPT), "up", "--dir", str(directory)]
     if accounting:
         args.append("--accounting")
+    args += list(extra)
     res = subprocess.run(args, capture_output=True, text=True, timeout=180)
     if res.returncode != 0:
         raise RuntimeError(f"local Slurm cluster failed to start:\n{res.stderr[-3000:]}")
@@ -106,10 +107,17 @@ def slurm_cluster(tmp_path_factory):
     cluster.down()
 
 
-@pytest.fixture(scope="module")
+# the accounting cluster forgets finished jobs soon (MinJobAge), so the studies' tests can see
+# what a poll does once Slurm no longer knows a job
+ACCT_MIN_JOB_AGE = 10
+
+
+@pytest.fixture(scope="session")
 def slurm_cluster_acct(tmp_path_factory):
-    """The local Slurm cluster with MariaDB + slurmdbd, so `sacct` works."""
-    cluster = _start_cluster(tmp_path_factory.mktemp("slurm-acct"), accounting=True)
+    """The local Slurm cluster with MariaDB + slurmdbd, so `sacct` works; one per test session
+    (its bring-up is the slow one), forgetting finished jobs after ACCT_MIN_JOB_AGE s."""
+    cluster = _start_cluster(tmp_path_factory.mktemp("slurm-acct"), accounting=True,
+                             extra=["--min-job-age", str(ACCT_MIN_JOB_AGE)])
     yield cluster
     cluster.down()
 

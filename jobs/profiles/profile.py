@@ -3,6 +3,8 @@ cluster-level Slurm settings (partition, account, container, environment, MPI ty
 the submission layer needs to know about a cluster. Plain frozen data."""
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -43,6 +45,9 @@ class Profile:
     switches: Optional[str] = None
     python: Optional[str] = None
     defaults: Dict[str, Any] = field(default_factory=dict)
+    # the nodes share hardware (emulated nodes on one host): points of a study run one at a
+    # time, and MPI ranks yield their core when idle (SHARED_NODES_ENV)
+    shared_nodes: bool = False
 
     def as_dict(self) -> Dict[str, Any]:
         """Plain data in the profile-file format (CPU sets as cpulists), plus ``path``.
@@ -55,6 +60,15 @@ class Profile:
         node["numa_cpus"] = {n: format_cpulist(c) for n, c in node["numa_cpus"].items()}
         node["gpu_cores"] = [format_cpulist(c) for c in node["gpu_cores"]]
         return data
+
+    def content_sha256(self) -> str:
+        """SHA-256 of the resolved, validated content (``extends`` and node references applied),
+        as canonical JSON without ``path``: the same profile hashes alike wherever it was loaded
+        from, and a run's summary can name the exact profile it ran under."""
+        data = self.as_dict()
+        data.pop("path", None)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

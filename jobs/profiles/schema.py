@@ -149,7 +149,8 @@ NODE_KEYS = {"name", "gpus", "gpu_model", "gpu_memory_gb", "sockets", "cores_per
              "ht_offset", "nics"}
 PROFILE_KEYS = {"name", "description", "extends", "scheduler", "node", "max_nodes",
                 "partition", "account", "qos", "default_time", "max_array_size", "mpi",
-                "container", "setup", "env", "sbatch_extra", "switches", "python", "defaults"}
+                "container", "setup", "env", "sbatch_extra", "switches", "python", "defaults",
+                "shared_nodes"}
 CONTAINER_KEYS = {"image", "mounts", "workdir"}
 # defaults: key -> (type, check or choices)
 DEFAULT_KEYS: Dict[str, Any] = {
@@ -349,11 +350,18 @@ def _check_time(ck: Checker, value: str, key: str) -> None:
         raise ck.fail(key, f"{value!r}: give a finite time limit (the checkpoint signal needs one)")
 
 
-def _env_from_raw(ck: Checker, raw: Any) -> Dict[str, str]:
+# what ranks on nodes that share cores need: Open MPI spins on its progress engine while it
+# waits unless told to yield, so on oversubscribed cores a waiting rank steals the time of the
+# rank it waits for (`ompi_info --all`: mpi_yield_when_idle; `mpirun --oversubscribe` sets it)
+SHARED_NODES_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def _env_from_raw(ck: Checker, raw: Any, shared_nodes: bool = False) -> Dict[str, str]:
+    """The profile's env; a shared-nodes profile gets SHARED_NODES_ENV unless it sets those."""
+    out = dict(SHARED_NODES_ENV) if shared_nodes else {}
     if raw is None:
-        return {}
+        return out
     data = ck.mapping(raw, "env")
-    out = {}
     for k, v in data.items():
         if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
             ck.problems.append(ck.fail(f"env.{k}", "not a valid environment variable name"))
@@ -405,6 +413,7 @@ def check_profile(ck: Checker, data: Dict[str, Any], name: str,
     node_limit = capabilities(scheduler).max_nodes if scheduler else None
     if max_nodes is not None and node_limit is not None and max_nodes > node_limit:
         ck.problems.append(ck.fail("max_nodes", f"a {scheduler} profile has at most {node_limit} node(s)"))
+    shared = get(lambda: ck.typed(data, "shared_nodes", bool, "shared_nodes", False, False), False)
     default_time = get(lambda: ck.string(data, "default_time", "default_time", default="01:00:00"))
     if default_time is not None:
         get(lambda: _check_time(ck, default_time, "default_time"))
@@ -419,11 +428,12 @@ def check_profile(ck: Checker, data: Dict[str, Any], name: str,
         mpi=get(lambda: ck.string(data, "mpi", "mpi", default="pmix", choices=MPI_TYPES)),
         container=get(lambda: _container_from_raw(ck, data.get("container"))),
         setup=get(lambda: ck.str_list(data, "setup", "setup"), []),
-        env=get(lambda: _env_from_raw(ck, data.get("env")), {}),
+        env=get(lambda: _env_from_raw(ck, data.get("env"), shared), {}),
         sbatch_extra=get(lambda: _sbatch_extra(ck, data), []),
         switches=get(lambda: _switches(ck, data)),
         python=get(lambda: ck.string(data, "python", "python")),
         defaults=get(lambda: _defaults_from_raw(ck, data.get("defaults")), {}),
+        shared_nodes=shared,
     )
     ck.raise_problems()
     return fields

@@ -133,6 +133,7 @@ class RunRecord(Record):
     jobs: List[JobRecord] = field(default_factory=list)
     error: Optional[str] = None
     foreground: bool = False                 # the jobs ran to their end before submit returned
+    uncertain: bool = False                  # a failed sbatch may or may not have gone in (`error` says which job)
     version: int = RECORD_VERSION
 
     def save(self):

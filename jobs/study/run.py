@@ -2,16 +2,22 @@
 
 Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json (a typed,
 versioned StudyRecord: every point and the run directories of its attempts, rewritten
-atomically as submissions land, once for all that landed since the last write), points/ (one ordinary run directory per attempt, made by the
-orchestrator, jobs.submit) and results.json (every point's state, summary and failure reason,
-rewritten whenever the study is polled). All points are submitted from one process; a poll of
-the whole study is one jobs.status.poll_many call (one Slurm call). A requeued job keeps its job
-id and run, so it counts once; a failed point stays in the results with its reason and is the
-only kind of point (with never-submitted ones) that `run` submits again.
+atomically as submissions land, once for all that landed since the last write), points/ (one
+ordinary run directory per attempt, made by the orchestrator, jobs.submit), results.json (every
+point's state, summary and failure reason, rewritten whenever the study is polled) and run.lock
+(held by the one `run` that may submit at a time). A poll of the whole study is one
+jobs.status.poll_many call (one Slurm call). A requeued job keeps its job id and run, so it
+counts once. A point is resubmitted only when Slurm reported its latest job in a terminal state
+other than COMPLETED, or its submission was refused (it never reached Slurm); a job Slurm has
+not reported yet is UNKNOWN, never failed, never resubmitted. Points go in by rounds of repeats,
+one at a time on a profile whose nodes share hardware.
 """
 
+import contextlib
+import fcntl
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -24,15 +30,22 @@ from jobs.errors import RequestError, SlurmCommandError, SubmitError
 from jobs.polling import poll_until
 from jobs.runs import rundir
 from jobs.runs.atomic import write_json, write_text
-from jobs.runs.records import Record, known_fields, read_record
+from jobs.runs.records import SUBMITTING, Record, RunRecord, known_fields, read_record
 from jobs.status import poll_many
 from jobs.submit import load, submit
 
 from .spec import StudyError, expand, is_study_dir, spec_yaml
 
 STUDY_VERSION = 1
-# what a point is, from its latest attempt
-DONE, RUNNING, PENDING, FAILED, MISSING = "done", "running", "pending", "failed", "missing"
+# what a point is, from its latest attempt; UNKNOWN: Slurm has not reported its job yet (or its
+# submission may or may not have gone in): neither active nor failed, and never resubmitted
+DONE, RUNNING, PENDING, FAILED, MISSING, UNKNOWN = "done", "running", "pending", "failed", "missing", "unknown"
+POINT_STATES = (DONE, RUNNING, PENDING, UNKNOWN, FAILED, MISSING)
+# spec keys that a study may change between runs: they add points (or set a limit), never
+# change what an existing point measures
+EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description")
+# seconds between two identical progress lines while `run` waits for a free slot
+WAITING_LINE_S = 30
 
 
 def _log(message):
@@ -95,7 +108,7 @@ class PointStatus(Record):
     """A point's state from its latest attempt."""
 
     id: str
-    state: str                      # done | running | pending | failed | missing
+    state: str                      # done | running | pending | unknown | failed | missing
     job_state: Optional[str]        # the scheduler's word (COMPLETED, CANCELLED, ...)
     run_dir: Optional[str]
     job_id: Optional[str]
@@ -111,7 +124,7 @@ class StudyStatus(Record):
     study_dir: str
     points: List[PointStatus]
     counts: Dict[str, int]
-    done: bool                      # nothing pending or running (failed and missing points may remain)
+    done: bool                      # nothing pending, running or unknown (failed and missing points may remain)
     calls: int                      # Slurm commands this poll issued
     elapsed_s: float                # since the study was created
 
@@ -137,16 +150,36 @@ def find_study(study=None, runs_dir=None):
 
 
 def _classify(job_status):
+    """(point state, reason) of a point's latest job. Only a state Slurm reported as terminal
+    fails a point; a job Slurm has not reported yet is UNKNOWN."""
     state = job_status.state
     if state == states.COMPLETED:
         if job_status.summary is None:
             return FAILED, "COMPLETED but its engine log has no summary record"
         return DONE, None
-    if state in states.TERMINAL or state == states.UNKNOWN:
+    if state in states.TERMINAL:
         return FAILED, job_status.reason or state
     if state in (states.PENDING, states.REQUEUED, states.SUSPENDED):
         return PENDING, None
-    return RUNNING, None
+    if state == states.RUNNING:
+        return RUNNING, None
+    return UNKNOWN, f"{state}: Slurm has not reported job {job_status.job_id} yet"
+
+
+def _without_job(run_dir):
+    """(point state, reason) of an attempt whose run holds no job: FAILED only when its
+    submission provably never reached Slurm (sbatch refused it); an interrupted or uncertain
+    submission is UNKNOWN, so it is never submitted twice."""
+    try:
+        run = RunRecord.load(run_dir)
+    except RequestError as exc:
+        return UNKNOWN, f"its run record cannot be read ({exc})"
+    if run.state == SUBMITTING:
+        return UNKNOWN, (f"its submission was interrupted before sbatch answered; `squeue --me` shows "
+                         f"whether it went in; remove {run_dir} to submit the point again")
+    if run.uncertain:
+        return UNKNOWN, f"{run.error}; remove {run_dir} to submit the point again once you know"
+    return FAILED, f"not submitted: {run.error or 'its run has no job'}"
 
 
 def poll(record):
@@ -164,18 +197,23 @@ def poll(record):
             continue
         job = result.jobs[0] if result.jobs else None
         if job is None:
-            state, reason, job_state = FAILED, "its run has no job (submission failed)", None
+            (state, reason), job_state = _without_job(result.run_dir), None
         else:
             (state, reason), job_state = _classify(job), job.state
         out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,
                                job_id=job.job_id if job else None, attempts=len(point.runs),
                                summary=job.summary if job else None, reason=reason))
-    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    counts = {k: sum(1 for p in out if p.state == k) for k in POINT_STATES}
     status = StudyStatus(study_dir=record.study_dir, points=out, counts=counts,
-                         done=counts[RUNNING] == 0 and counts[PENDING] == 0, calls=calls,
+                         done=active(counts) == 0, calls=calls,
                          elapsed_s=round(time.time() - record.created, 1))
     write_results(record, status)
     return status
+
+
+def active(counts):
+    """Points that may still be queued or running (UNKNOWN included: not known to be gone)."""
+    return counts[RUNNING] + counts[PENDING] + counts[UNKNOWN]
 
 
 def write_results(record, status):
@@ -187,21 +225,22 @@ def write_results(record, status):
                                     for p, pr in zip(status.points, record.points)]})
 
 
-def open_study(spec, profile, study_dir):
+def open_study(spec, profile, study_dir, points=None):
     """The StudyRecord of `study_dir`: created for a new study, loaded (and checked to be the
     same spec and profile) for an existing one, with the spec's points merged in."""
-    points = expand(spec, profile)          # every check before anything exists
+    points = points if points is not None else expand(spec, profile)    # every check before anything exists
     if is_study_dir(study_dir):
         record = StudyRecord.load(study_dir)
-        if record.spec != spec.to_dict():
-            raise StudyError(f"study: {study_dir} was made from a different spec; give the study "
-                             "another name (name: in the spec) or remove that directory")
         if record.profile != profile.name:
             raise StudyError(f"--profile: study {study_dir} runs on profile {record.profile!r}, not "
                              f"{profile.name!r}")
+        _check_extension(record.spec, spec, study_dir)
+        if record.spec != spec.to_dict():       # points, variants or repeats added: the spec grows
+            record.spec = spec.to_dict()
+            write_text(os.path.join(study_dir, "study.yaml"), spec_yaml(spec))
     else:
         try:
-            os.makedirs(os.path.join(study_dir, "points"))
+            os.makedirs(os.path.join(study_dir, "points"), exist_ok=True)
         except OSError as exc:
             raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
         write_text(os.path.join(study_dir, "study.yaml"), spec_yaml(spec))
@@ -214,14 +253,38 @@ def open_study(spec, profile, study_dir):
     return record, {p.id: p for p in points}
 
 
+def _check_extension(recorded, spec, study_dir):
+    """A spec may add points, variant values or repeats to an existing study; a change to
+    anything a point measures is refused, naming the key."""
+    new = spec.to_dict()
+    for key in sorted(set(recorded) | set(new)):
+        if key in EXTENDABLE or recorded.get(key) == new.get(key):
+            continue
+        raise StudyError(f"{spec.source}: {key}: study {study_dir} was run with {key} {recorded.get(key)!r}, "
+                         f"not {new.get(key)!r}; a study can only gain points, variant values or repeats "
+                         "(give the study another name to measure something else)")
+    old_keys, new_keys = set(recorded.get("variants") or {}), set(new.get("variants") or {})
+    if old_keys != new_keys:
+        key = sorted(old_keys ^ new_keys)[0]
+        raise StudyError(f"{spec.source}: variants.{key}: study {study_dir} was run with variants "
+                         f"{sorted(old_keys) or 'none'}, not {sorted(new_keys) or 'none'}: a new variant "
+                         "key changes every point; add values to the existing keys, or give the study "
+                         "another name")
+
+
 def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_log,
         poll_first=None, poll_max=None):
-    """Submit every point of `spec` that is missing or failed (all of them for a new study),
-    keeping at most `max_concurrent` points queued or running. Returns (StudyRecord, [ids of the
-    points submitted now]). Bad input raises StudyError/RequestError before anything exists."""
+    """Submit every point of `spec` that is missing or failed (all of them for a new study), in
+    rounds (every point's first repeat, then every point's second ...), keeping at most
+    `max_concurrent` points queued or running: by default one on a profile whose nodes share
+    hardware (points measured alone), else no cap. Returns (StudyRecord, [ids of the points
+    submitted now]). Bad input raises StudyError/RequestError before anything exists; a second
+    `run` of a study while one is submitting is refused (nothing is ever submitted twice)."""
     profile = load(profile)
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):
         raise StudyError(f"--max-concurrent: must be at least 1, got {max_concurrent}")
+    if max_concurrent is None and profile.shared_nodes:
+        max_concurrent = 1
     if study_dir is None:
         rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
         study_dir = default_study_dir(spec, runs_dir, profile)
@@ -229,13 +292,20 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     # a new study submits every point: ask the cluster's configuration (one Slurm call) while
     # the points are checked, not after
     config = None if is_study_dir(study_dir) else _ask_config(backend)
-    record, points = open_study(spec, profile, study_dir)
-    if config is not None:
-        config.join()
+    expanded = expand(spec, profile)    # every check before anything exists
+    with _submitting(study_dir):
+        record, points = open_study(spec, profile, study_dir, expanded)
+        if config is not None:
+            config.join()
+        return _run_points(spec, profile, backend, record, points, max_concurrent, log, poll_first, poll_max)
+
+
+def _run_points(spec, profile, backend, record, points, max_concurrent, log, poll_first, poll_max):
     status = poll(record) if any(p.runs for p in record.points) else None
     point_states = {p.id: p.state for p in status.points} if status else {}
     todo = [p for p in record.points if p.id in points and point_states.get(p.id, MISSING) in (MISSING, FAILED)]
-    active = sum(1 for s in point_states.values() if s in (RUNNING, PENDING))
+    todo.sort(key=lambda p: p.repeat)       # rounds: drift between rounds shows as spread, not bias
+    busy = active(status.counts) if status else 0
     submitted = []
     points_dir = os.path.join(record.study_dir, "points")
 
@@ -244,19 +314,28 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     def submit_point(point):
         return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log)
 
+    said = {"counts": None, "at": 0.0}
+
+    def waiting(status):
+        """A progress line while the cap holds: when a point changes state, else every 30 s."""
+        if status.counts == said["counts"] and time.monotonic() - said["at"] < WAITING_LINE_S:
+            return
+        said.update(counts=dict(status.counts), at=time.monotonic())
+        log(f"waiting for a free slot (at most {max_concurrent} point(s) queued or running; "
+            f"{len(todo) - len(submitted)} to submit): {progress_line(status)}")
+
     foreground = backend.capabilities.foreground
     if max_concurrent or foreground:
         for point in todo:      # one at a time: a cap on queued points, or local points in the foreground
-            if max_concurrent and active >= max_concurrent:
-                status = poll_until(lambda: poll(record),
-                                    lambda s: s.counts[RUNNING] + s.counts[PENDING] < max_concurrent,
-                                    first=poll_first, ceiling=poll_max)
-                active = status.counts[RUNNING] + status.counts[PENDING]
+            if max_concurrent and busy >= max_concurrent:
+                status = poll_until(lambda: poll(record), lambda s: active(s.counts) < max_concurrent,
+                                    on_poll=waiting, first=poll_first, ceiling=poll_max)
+                busy = active(status.counts)
             runs[point.id] = submit_point(point)
             point.runs.append(runs[point.id].run_dir)
             record.save()
             submitted.append(point.id)
-            active += 1
+            busy += 1
     elif todo:
         backend.accounting()    # asked (and cached) once, before the threads
         _submit_parallel(record, todo, submit_point, submitted, runs)
@@ -265,6 +344,35 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
         write_results(record, _after_submission(record, status, submitted, runs))
     return record, submitted
+
+
+@contextlib.contextmanager
+def _submitting(study_dir):
+    """Hold the study's submission lock (study_dir/run.lock, flock): two `study run`s of one
+    study at a time would each see the other's points as missing and submit them again."""
+    try:
+        os.makedirs(study_dir, exist_ok=True)
+        handle = open(os.path.join(study_dir, "run.lock"), "a+")
+    except OSError as exc:
+        raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise StudyError(f"study: {study_dir} is being submitted by {holder}; nothing submitted "
+                             "(`recsys-submit study status --watch` follows it)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"`recsys-submit study run` pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ask_config(backend):
@@ -367,7 +475,7 @@ def _after_submission(record, status, submitted, runs):
         else:
             out.append(before.get(point.id) or PointStatus(id=point.id, state=MISSING, job_state=None,
                                                            run_dir=None, job_id=None, attempts=0))
-    counts = {k: sum(1 for p in out if p.state == k) for k in (DONE, RUNNING, PENDING, FAILED, MISSING)}
+    counts = {k: sum(1 for p in out if p.state == k) for k in POINT_STATES}
     return StudyStatus(study_dir=record.study_dir, points=out, counts=counts, done=False, calls=0,
                        elapsed_s=round(time.time() - record.created, 1))
 
@@ -386,8 +494,8 @@ def progress_line(status, width=30):
     filled = int(width * finished / total)
     elapsed = int(status.elapsed_s)
     parts = [f"[{'#' * filled}{'-' * (width - filled)}]", f"{status.counts[DONE]}/{total} done"]
-    for key in (RUNNING, PENDING, FAILED, MISSING):
-        if status.counts[key]:
+    for key in (RUNNING, PENDING, UNKNOWN, FAILED, MISSING):
+        if status.counts.get(key):
             parts.append(f"{status.counts[key]} {key}")
     parts.append(f"elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
     return "  ".join(parts)

@@ -21,7 +21,9 @@
 # Options for `up`: --dir DIR (default /tmp/recsys-slurm), --nodes N (4),
 # --gpus G per node (2), --cpus C per node (2), --mem MB per node (4000),
 # --port-base P|auto (a block of 20 ports; auto, the default, picks a free one
-# below the ephemeral range and records it in DIR/port-base), --accounting.
+# below the ephemeral range and records it in DIR/port-base), --accounting,
+# --min-job-age S (300: seconds Slurm keeps a finished job before it forgets it;
+# slurmctld purges once a minute, so a job is forgotten S to S+60 s after it ends).
 #
 # Known quirks handled here (Debian Slurm 22.05): TmpFS per node or pmix fails
 # ("Cannot create directory ...spmix_appdir..."); File-less GRES is dropped, so
@@ -38,7 +40,7 @@ shift
 EXTRA_PKGS=()
 if [ "$cmd" = install ]; then EXTRA_PKGS=("$@"); set --; fi
 
-DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0 DOWN_FOR=0
+DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0 DOWN_FOR=0 MIN_JOB_AGE=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
@@ -49,10 +51,11 @@ while [ $# -gt 0 ]; do
     --port-base) PORT_BASE=$2; shift 2 ;;
     --accounting) ACCOUNTING=1; shift ;;
     --down-for) DOWN_FOR=$2; shift 2 ;;
+    --min-job-age) MIN_JOB_AGE=$2; shift 2 ;;
     *) die "unknown option: $1" ;;
   esac
 done
-for v in NODES GPUS CPUS MEM DOWN_FOR; do
+for v in NODES GPUS CPUS MEM DOWN_FOR MIN_JOB_AGE; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "--$(tr _ - <<< "${v,,}") must be a whole number, got '${!v}'"
 done
 [ "$NODES" -ge 1 ] || die "--nodes must be at least 1"
@@ -151,7 +154,7 @@ ReturnToService=2
 SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
-MinJobAge=300
+MinJobAge=$MIN_JOB_AGE
 MaxArraySize=1001
 MaxJobCount=20000
 JobCompType=jobcomp/none

@@ -127,6 +127,8 @@ def record_cluster(accounting, manifest):
         record(cluster, f"{tag}-scontrol-job-completed", ["scontrol", "show", "job", jobs["ok"]], outputs)
         record(cluster, f"{tag}-scontrol-job-array-task", ["scontrol", "show", "job", f"{jobs['array']}_2"], outputs)
         record(cluster, f"{tag}-scontrol-config", ["scontrol", "show", "config"], outputs)
+        # what scontrol says of a job it has no record of (never existed, or purged after MinJobAge)
+        record(cluster, f"{tag}-scontrol-job-unknown", ["scontrol", "show", "job", UNKNOWN_ID], outputs)
         if accounting:
             record(cluster, "acct-sacct-states", SACCT_STATES + ["-j", ids], outputs)
             record(cluster, "acct-sacct-ids", SACCT_IDS + ["-j", f"{ids},{UNKNOWN_ID}"], outputs)

@@ -21,7 +21,7 @@ def _log(path, *records, torn=False):
 
 def test_the_last_summary_of_a_known_version_counts(tmp_path):
     first = {"type": "summary", "summary_version": 1, "step": 10, "throughput_samples_per_s": 100.0}
-    requeued = {"type": "summary", "summary_version": 1, "step": 20, "throughput_samples_per_s": 120.0}
+    requeued = {"type": "summary", "summary_version": 2, "step": 20, "throughput_samples_per_s": 120.0}
     log = _log(tmp_path / "a.engine.jsonl", {"type": "params"}, first, {"type": "step", "step": 15}, requeued,
                torn=True)
     assert enginelog.summary([log]) == requeued
@@ -37,6 +37,14 @@ def test_a_later_summary_version_is_skipped_never_misread(tmp_path):
     assert enginelog.summary([_log(tmp_path / "b.jsonl", newer)]) is None
     for bad in ("1", None, True, 0):
         assert enginelog.summary([_log(tmp_path / "c.jsonl", dict(known, summary_version=bad))]) is None
+
+
+def test_the_reader_knows_versions_1_and_2(tmp_path):
+    """2: the throughput of the slowest rank, and `provenance` (docs/engine-log.md)."""
+    assert enginelog.SUMMARY_VERSION == 2
+    for version in (1, 2):
+        record = {"type": "summary", "summary_version": version, "step": 5, "throughput_samples_per_s": 7.0}
+        assert enginelog.summary([_log(tmp_path / f"v{version}.jsonl", record)]) == record
 
 
 def test_a_summary_without_a_version_reads_as_version_1(tmp_path):

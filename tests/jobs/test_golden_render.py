@@ -3,7 +3,8 @@ DGX A100 pod (container) scripts, so that any change to rendering shows up as a 
 
 The files are tests/jobs/golden/<case>.sbatch.  Volatile parts are normalised before the
 comparison: the run directory -> <run_dir>, the checkout -> <repo>, this interpreter -> <python>,
-a submission token -> <token>.  After an intended rendering change, regenerate them with
+a submission token -> <token>, the profile's content hash -> <profile_sha256> (checked apart: it
+changes with the profile file, not with the rendering).  After an intended rendering change, regenerate them with
 
     RECSYS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/jobs/test_golden_render.py -q
 
@@ -47,6 +48,7 @@ def normalise(text, run_dir):
     text = text.replace(os.path.abspath(run_dir), "<run_dir>")
     text = re.sub(r"(?<![\w/.-])" + re.escape(sys.executable) + r"(?![\w/.-])", "<python>", text)
     text = text.replace(REPO, "<repo>")
+    text = re.sub(r"\b[0-9a-f]{64}\b", "<profile_sha256>", text)
     return re.sub(r"\b[0-9a-f]{16}\b", "<token>", text)
 
 
@@ -55,6 +57,8 @@ def test_rendered_script_matches_golden_file(case, tmp_path):
     request, profile = CASES[case]
     run_dir = str(tmp_path / "runs" / "golden-run")
     [(spec, text)] = render_plan([request], profile, run_dir=run_dir)
+    exports = f"export RECSYS_JOB_PROFILE={profile}\nexport RECSYS_JOB_PROFILE_SHA256={spec.profile.content_sha256()}\n"
+    assert f"\n{exports}" in text
     got = normalise(text, run_dir)
     path = GOLDEN / f"{case}.sbatch"
     if UPDATE:

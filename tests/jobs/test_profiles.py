@@ -105,8 +105,10 @@ def test_ci_profile_describes_the_emulated_cluster():
     assert (node.gpus, node.sockets, node.cores_per_socket, node.threads_per_core) == (2, 1, 2, 1)
     assert node.numa_cpus == {0: [0, 1]} and node.gpu_cores == [[0], [1]] and node.gpu_numa == [0, 0]
     assert node.nics == []
+    # its 4 nodes share this host's 2 cores: Open MPI ranks must yield when idle (issue 21)
+    assert ci.shared_nodes is True
     assert ci.env == {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-                      "OMPI_MCA_oob_tcp_if_include": "lo"}
+                      "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def test_local_profile_detects_this_machine():
@@ -362,6 +364,23 @@ def test_as_dict_loads_back_as_the_same_profile(tmp_path, name):
     assert again.node == profile.node and again.env == profile.env
     assert {k: v for k, v in vars(again).items() if k != "path"} == \
         {k: v for k, v in vars(profile).items() if k != "path"}
+
+
+def test_content_sha256_is_stable_and_follows_the_content(tmp_path):
+    """The hash a job exports as RECSYS_JOB_PROFILE_SHA256: equal for the same content, loaded again, in
+    another process or from another file; different when a value changes."""
+    digest = load_profile("ci").content_sha256()
+    assert len(digest) == 64 and load_profile("ci").content_sha256() == digest
+    (tmp_path / "copy").mkdir()
+    assert load_profile(str(write(tmp_path / "copy", ci_raw(), "ci.yaml"))).content_sha256() == digest
+    proc = subprocess.run(
+        [sys.executable, "-c", "from jobs.profiles import load_profile\nprint(load_profile('ci').content_sha256())"],
+        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.stdout.strip() == digest, proc.stderr
+    changed = dict(ci_raw(), default_time="00:20:00")
+    assert load_profile(str(write(tmp_path, changed, "ci.yaml"))).content_sha256() != digest
+    env = dict(ci_raw(), env=dict(ci_raw()["env"], OMPI_MCA_btl="self,vader"))
+    assert load_profile(str(write(tmp_path, env, "ci.yaml"))).content_sha256() != digest
 
 
 def test_profile_that_is_not_utf8_is_one_line_exit_2_for_every_use(tmp_path):

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slurm
 
 
 def test_two_nodes_two_ranks_pmix_hello(cli, slurm_cluster):
+    # the binding tables under test: ci's own default is off (its nodes share 2 cores)
     run_dir, record = cli.submit("benchmark", "--profile", "ci", "--model", "hello", "--nodes", "2",
-                                 "--time", "5", "--name", "hello 2x2")
+                                 "--time", "5", "--name", "hello 2x2", "--bind", "exclusive")
     assert len(record["jobs"]) == 1
     assert slurm_cluster.wait_job(record["jobs"][0]["job_id"]) == "COMPLETED"
     ranks = hello_lines(run_dir)

@@ -131,9 +131,116 @@ def test_one_poll_reads_the_recorded_squeue_once_for_every_run(tmp_path, monkeyp
     assert [j.state for j in first.jobs] == ["COMPLETED", "FAILED", "PENDING"]
     assert first.done and "DependencyNeverSatisfied" in first.jobs[2].reason
     assert [j.state for j in second.jobs] == ["RUNNING", "3 PENDING, 1 RUNNING"] and not second.done
-    assert json.loads((tmp_path / "a" / "status.json").read_text()) == {jobs["ok"]: "COMPLETED", jobs["bad"]: "FAILED"}
+    cached = json.loads((tmp_path / "a" / "status.json").read_text())
+    assert cached["version"] == poll.CACHE_VERSION
+    assert {t: seen["state"] for t, seen in cached["tasks"].items()} == \
+        {jobs["ok"]: "COMPLETED", jobs["bad"]: "FAILED", jobs["never"]: "PENDING"}
     poll.poll_many(runs)
     assert set(calls[1][-1].split(",")) == {jobs[k] for k in ("never", "running", "array")}
+
+
+# scontrol's answer about a job it has no record of, as recorded from the test cluster
+INVALID_JOB = MANIFEST["noacct"]["outputs"]["noacct-scontrol-job-unknown"]["stderr"] + "\n"
+
+
+def _one_job_run(tmp_path, name="r", accounting=False, job_id="7"):
+    run_dir = tmp_path / name
+    (run_dir / "logs").mkdir(parents=True)
+    return str(run_dir), RunRecord(run_dir=str(run_dir), profile="ci", profile_path=None, scheduler="slurm",
+                                   accounting=accounting, jobs=[JobRecord(key="main", name="m", job_id=job_id)])
+
+
+def _answers(monkeypatch, table):
+    """Feed queries._call from {command name: CompletedProcess or callable(args)}; log the calls."""
+    calls = []
+
+    def call(args):
+        calls.append(args[0])
+        queries.CALLS["count"] += 1
+        answer = table[args[0]]
+        return answer(args) if callable(answer) else answer
+
+    monkeypatch.setattr(queries, "_call", call)
+    return calls
+
+
+def _proc(stdout="", returncode=0, stderr=""):
+    return subprocess.CompletedProcess([], returncode, stdout, stderr)
+
+
+def test_a_job_sacct_has_not_heard_of_is_asked_of_the_queue(tmp_path, monkeypatch):
+    """sacct learns of a job seconds after sbatch: the job is then absent from its answer (the
+    recorded header alone), so the same poll asks squeue, which has it PENDING. Once sacct knows,
+    a poll is one call again."""
+    header = _text("acct-sacct-states").splitlines()[0] + "\n"
+    calls = _answers(monkeypatch, {"sacct": _proc(header), "squeue": _proc("7|PENDING|Priority\n")})
+    result, = poll.poll_many([_one_job_run(tmp_path, accounting=True)])
+    assert calls == ["sacct", "squeue"] and result.calls == 2 and result.source == "sacct+squeue"
+    assert result.jobs[0].state == states.PENDING and not result.done
+    calls = _answers(monkeypatch, {"sacct": _proc(header + "7|RUNNING|0:0|node1\n")})
+    result, = poll.poll_many([_one_job_run(tmp_path, name="r2", accounting=True)])
+    assert calls == ["sacct"] and result.jobs[0].state == states.RUNNING
+
+
+def test_a_job_no_source_knows_yet_is_unknown_not_failed(tmp_path, monkeypatch):
+    """Nothing answers for it (sacct lag, squeue and scontrol silent): UNKNOWN, not done."""
+    _answers(monkeypatch, {"sacct": _proc(""), "squeue": _proc(""), "scontrol": _proc("")})
+    result, = poll.poll_many([_one_job_run(tmp_path, accounting=True)])
+    assert result.jobs[0].state == states.UNKNOWN and not result.done
+
+
+def test_a_forgotten_job_keeps_the_state_a_poll_saw_and_is_not_asked_again(tmp_path, monkeypatch):
+    """No accounting: a job seen CANCELLED, then purged by Slurm (MinJobAge), keeps CANCELLED;
+    the next polls ask nothing about it."""
+    item = _one_job_run(tmp_path)
+    calls = _answers(monkeypatch, {"squeue": _proc("7|CANCELLED|None\n")})
+    assert poll.poll_many([item])[0].jobs[0].state == states.CANCELLED
+    calls = _answers(monkeypatch, {"squeue": _proc("", 1, INVALID_JOB), "scontrol": _proc("", 1, INVALID_JOB)})
+    for _ in range(3):
+        result, = poll.poll_many([item])
+        assert result.jobs[0].state == states.CANCELLED and result.done and result.calls == 0
+    assert calls == []
+
+
+def test_a_job_that_ended_unseen_and_was_forgotten_is_settled_once(tmp_path, monkeypatch):
+    """Last seen PENDING, then gone from Slurm with no exit record: failed with that reason, asked
+    once (squeue + scontrol), never again."""
+    item = _one_job_run(tmp_path)
+    _answers(monkeypatch, {"squeue": _proc("7|PENDING|Priority\n")})
+    assert poll.poll_many([item])[0].jobs[0].state == states.PENDING
+    calls = _answers(monkeypatch, {"squeue": _proc("", 1, INVALID_JOB), "scontrol": _proc("", 1, INVALID_JOB)})
+    result, = poll.poll_many([item])
+    assert calls == ["squeue", "scontrol"]
+    assert result.jobs[0].state == states.FAILED and result.done
+    assert "no longer knows job 7" in result.jobs[0].reason and "logs/main-7.info" in result.jobs[0].reason
+    assert poll.poll_many([item])[0].calls == 0 and calls == ["squeue", "scontrol"]
+
+
+def test_an_exit_record_settles_a_job_the_queue_forgot(tmp_path, monkeypatch):
+    run_dir, record = item = _one_job_run(tmp_path)
+    Path(run_dir, "logs", "main-7.info").write_text("start=1\nexit_code=0\n")
+    calls = _answers(monkeypatch, {"squeue": _proc("", 1, INVALID_JOB)})
+    assert poll.poll_many([item])[0].jobs[0].state == states.COMPLETED and calls == ["squeue"]
+
+
+def test_an_unreachable_controller_is_an_error_not_a_forgotten_job(tmp_path, monkeypatch):
+    from jobs.errors import SlurmCommandError
+
+    item = _one_job_run(tmp_path)
+    _answers(monkeypatch, {"squeue": _proc("", 1, INVALID_JOB),
+                           "scontrol": _proc("", 1, "slurm_load_jobs error: Unable to contact slurm controller "
+                                                    "(connect failure)\n")})
+    with pytest.raises(SlurmCommandError) as caught:
+        poll.poll_many([item])
+    assert caught.value.transient
+    assert not Path(item[0], "status.json").exists()
+
+
+def test_a_cache_of_the_first_format_is_read(tmp_path, monkeypatch):
+    run_dir, _ = item = _one_job_run(tmp_path)
+    Path(run_dir, "status.json").write_text(json.dumps({"7": "TIMEOUT"}))
+    calls = _answers(monkeypatch, {})
+    assert poll.poll_many([item])[0].jobs[0].state == states.TIMEOUT and calls == []
 
 
 def test_recorded_outputs_are_of_the_commands_the_backend_runs():
@@ -145,3 +252,14 @@ def test_recorded_outputs_are_of_the_commands_the_backend_runs():
         assert outputs[f"{tag}-squeue-token"]["argv"] == commands.SQUEUE_TOKENS
     assert MANIFEST["acct"]["outputs"]["acct-sacct-states"]["argv"][:len(queries.SACCT_STATES)] == queries.SACCT_STATES
     assert MANIFEST["acct"]["outputs"]["acct-sacct-ids"]["argv"][:len(queries.SACCT_IDS)] == queries.SACCT_IDS
+
+
+def test_with_accounting_a_purged_job_sacct_has_not_recorded_yet_stays_unknown(tmp_path, monkeypatch):
+    """The controller forgot it before sacct recorded it: sacct will, so it is not settled."""
+    header = _text("acct-sacct-states").splitlines()[0] + "\n"
+    _answers(monkeypatch, {"sacct": _proc(header), "squeue": _proc("", 1, INVALID_JOB),
+                           "scontrol": _proc("", 1, INVALID_JOB)})
+    run_dir, _ = item = _one_job_run(tmp_path, accounting=True)
+    result, = poll.poll_many([item])
+    assert result.jobs[0].state == states.UNKNOWN and not result.done
+    assert not Path(run_dir, "status.json").exists()

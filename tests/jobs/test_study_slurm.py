@@ -1,55 +1,32 @@
 """Scaling studies on the local Slurm cluster: real benchmark jobs of the engine under
 srun --mpi=pmix with Horovod (ranks = fake GPUs), one CLI call per study, the report read back.
 
-Two studies, each shared by the assertions of its module-scoped fixture:
+Three studies, each shared by the assertions of its module-scoped fixture, run the ci profile's
+default way (its nodes share this host: one point at a time):
 - DLRM strong scaling at 1 rank, 1x2, 2x2 and 4x2;
 - NCF on 1 and 2 nodes x 2 variants (sparse_as_dense: false/true), with one point scancelled
-  right after submission, reported failed, and resubmitted alone by a second `study run`.
+  right after submission, reported failed, and resubmitted alone by a second `study run`;
+- NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat slowed down on purpose.
+The same on a cluster with accounting: test_study_acct.py.
 """
 
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from submit_helpers import Cli
+from study_helpers import TINY_DLRM, TINY_NCF, info, queued, record, study_dir as _study_dir, \
+    submitted as _submitted, watch as _watch, report as _report, write_spec as _write_spec
+from submit_helpers import REPO, Cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod, pytest.mark.slow]
 
-TINY_DLRM = ["--embedding-dim", "4", "--bottom-mlp", "8,4", "--top-mlp", "8,1", "--synthetic-rows", "4096"]
-TINY_NCF = ["--factors", "4", "--layers", "16,8,4"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _study_dir(proc):
-    match = re.search(r"^study dir (.+)$", proc.stdout, re.M)
-    assert match, proc.stdout + proc.stderr
-    return match.group(1).strip()
-
-
-def _submitted(proc):
-    match = re.search(r"^submitted (\d+) of (\d+) point", proc.stdout, re.M)
-    assert match, proc.stdout + proc.stderr
-    return int(match.group(1)), int(match.group(2))
-
-
-def _write_spec(path, **spec):
-    import yaml
-
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def _watch(cli, study_dir):
-    proc = cli("study", "status", study_dir, "--watch", "--json", timeout=1200)
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def _report(cli, study_dir):
-    proc = cli("study", "report", study_dir, timeout=300)
-    with open(os.path.join(study_dir, "report", "scaling.json")) as handle:
-        return proc, json.load(handle)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +88,9 @@ def test_dlrm_report_table_comes_from_the_summaries(dlrm_study, study_cli):
         cell = row["variants"]["default"]
         pid = next(p for p in summaries if p.startswith(f"g{gpus}-"))
         assert cell["throughput"] == summaries[pid]["throughput_samples_per_s"]
-        assert cell["step_time_ms"] == summaries[pid]["mean_step_time_ms"]
+        # every column from the one throughput figure: its step time is the batch over it
+        assert cell["step_time_ms"] == pytest.approx(512 * 1000 / cell["throughput"])
+        assert cell["step_time_ms"] == pytest.approx(summaries[pid]["mean_step_time_ms"])
         assert cell["speedup"] == pytest.approx(cell["throughput"] / base)
         assert cell["efficiency"] == pytest.approx(cell["speedup"] / gpus)
         assert row["batch_per_gpu"] * gpus == row["global_batch"] == 512
@@ -218,7 +197,7 @@ def test_requeued_point_counts_once(ncf_study, study_cli, slurm_cluster):
     assert again["summary"]["time"] == summaries[-1]["time"]  # the last one counts
     proc, report = _report(study_cli, ncf_study["dir"])
     cell = next(r for r in report["rows"] if r["gpus"] == 1)["variants"]["sparse_as_dense=false"]
-    assert cell["repeats"] == 1 and cell["throughput"] == summaries[-1]["throughput_samples_per_s"]
+    assert cell["n"] == 1 and cell["throughput"] == summaries[-1]["throughput_samples_per_s"]
 
 
 def test_max_concurrent_keeps_one_point_queued(study_cli, tmp_path):
@@ -227,9 +206,103 @@ def test_max_concurrent_keeps_one_point_queued(study_cli, tmp_path):
                      "--name", "ncf-one-at-a-time", "--max-concurrent", "1", "--", *TINY_NCF, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _submitted(proc) == (2, 2)
+    assert "waiting for a free slot (at most 1 point(s) queued or running; 1 to submit)" in proc.stderr
     record = json.load(open(os.path.join(_study_dir(proc), "study.json")))
     first, second = (p["runs"][0] for p in record["points"])
     info = [f for f in os.listdir(os.path.join(first, "logs")) if f.endswith(".info")]
     ended = int(re.search(r"^end=(\d+)$", open(os.path.join(first, "logs", info[0])).read(), re.M).group(1))
     # the second point went in only after the first had left the queue
     assert os.stat(os.path.join(second, "request.json")).st_mtime >= ended
+
+
+def _wait_for(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
+    """NCF at 1 and 2 ranks, 3 repeats each, run the ci profile's default way (its nodes share
+    this host: one point at a time, in rounds). While the 1-rank point's second repeat runs,
+    busy processes on this host slow it down on purpose (300 timed steps: about a second of
+    work, long enough for the slow-down to show)."""
+    spec = _write_spec(tmp_path_factory.mktemp("spec") / "repeats.yaml", name="ncf-repeats", model="ncf",
+                       batch_size=4096, gpus=[1, 2], repeats=3, warmup_steps=5, steps=300, time="00:10:00",
+                       engine_args=TINY_NCF)
+    run = subprocess.Popen([sys.executable, "-m", "jobs.cli", "study", "run", str(spec), "--profile", "ci"],
+                           cwd=REPO, env=study_cli.env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    slow = "ncf-repeats-g1-n1x1-r1"
+
+    def slow_state():
+        return [state for name, state in queued(slurm_cluster, slow).values() if name == slow]
+
+    _wait_for(lambda: slow_state() == ["RUNNING"] or run.poll() is not None, 900, f"{slow} never ran")
+    hogs_from = time.time()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8)]
+    try:
+        _wait_for(lambda: not slow_state(), 600, f"{slow} did not end")
+    finally:
+        for hog in hogs:
+            hog.send_signal(signal.SIGKILL)
+            hog.wait()
+    hogs_until = time.time()
+    stdout, stderr = run.communicate(timeout=1200)
+    directory = _study_dir(subprocess.CompletedProcess([], run.returncode, stdout, stderr))
+    rc, status = _watch(study_cli, directory)
+    proc, report = _report(study_cli, directory)
+    return {"run": (run.returncode, stdout, stderr), "dir": directory, "rc": rc, "status": status,
+            "report": (proc, report), "slow": slow, "hogs": (hogs_from, hogs_until)}
+
+
+def test_repeats_run_one_point_at_a_time_in_rounds(repeats_study):
+    rc, stdout, stderr = repeats_study["run"]
+    assert rc == 0, stdout + stderr
+    assert repeats_study["rc"] == 0
+    spans = []
+    for point in record(repeats_study["dir"])["points"]:
+        values = info(point["runs"][0])
+        spans.append((int(values["start"]), int(values["end"]), point["repeat"], point["id"]))
+    spans.sort()
+    # rounds: every point's repeat r before any point's repeat r+1
+    assert [repeat for _, _, repeat, _ in spans] == [0, 0, 1, 1, 2, 2], spans
+    # measured alone: no job started before the one before it had ended
+    for (_, end, _, _), (start, _, _, _) in zip(spans, spans[1:]):
+        assert start >= end, spans
+
+
+def test_repeat_statistics_come_from_the_summaries(repeats_study):
+    import statistics
+
+    proc, report = repeats_study["report"]
+    by_id = {p["id"]: p for p in repeats_study["status"]["points"]}
+    for row in report["rows"]:
+        cell = row["variants"]["default"]
+        values = [by_id[f"g{row['gpus']}-n1x{row['gpus']}-r{r}"]["summary"]["throughput_samples_per_s"]
+                  for r in range(3)]
+        assert cell["throughputs"] == values and cell["n"] == 3
+        assert cell["throughput"] == statistics.median(values)
+        assert (cell["throughput_min"], cell["throughput_max"]) == (min(values), max(values))
+        assert cell["cv"] == pytest.approx(statistics.stdev(values) / statistics.mean(values))
+        assert cell["step_time_ms"] == pytest.approx(4096 * 1000 / cell["throughput"])
+    assert report["rows"][1]["variants"]["default"]["speedup"] == pytest.approx(
+        report["rows"][1]["variants"]["default"]["throughput"] / report["rows"][0]["variants"]["default"]["throughput"])
+
+
+def test_a_repeat_slowed_on_purpose_is_flagged(repeats_study):
+    proc, report = repeats_study["report"]
+    cell = report["rows"][0]["variants"]["default"]
+    slowed = next(p for p in repeats_study["status"]["points"] if p["id"] == "g1-n1x1-r1")
+    # the busy processes ran while that repeat's job did (its batch script's start and end)
+    ran = info(slowed["run_dir"])
+    hogs_from, hogs_until = repeats_study["hogs"]
+    assert int(ran["start"]) <= hogs_from < int(ran["end"]) <= hogs_until, (ran, repeats_study["hogs"])
+    assert slowed["summary"]["throughput_samples_per_s"] == cell["throughput_min"]
+    assert cell["throughput_max"] / cell["throughput_min"] > 1.25, cell
+    assert cell["spread_warning"], cell
+    assert proc.returncode == 0                      # a warning, not a failure
+    assert "warning" in proc.stderr and "g1" in proc.stderr
+    text = open(os.path.join(repeats_study["dir"], "report", "scaling.md")).read()
+    assert cell["spread_warning"].split(":")[0] in text or "spread" in text.lower()

@@ -111,3 +111,56 @@ def test_bad_flags_and_missing_spec(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def _opened(tmp_path, **flags):
+    from jobs.study.run import open_study
+
+    spec = spec_from_flags("ncf", flags.pop("gpus", "1,2"), batch_size=512, name="grow", **flags)
+    return open_study(spec, load_profile("ci"), str(tmp_path / "study-grow"))[0]
+
+
+def test_a_study_gains_points_values_and_repeats_but_keeps_its_measurement(tmp_path):
+    """Extending (issue 21): sizes, variant values and repeats add points and keep the old ones;
+    what a point measures may not change, and a new variant key would rename every point."""
+    first = _opened(tmp_path, variants=["amp=false"])
+    assert [p.id for p in first.points] == ["g1-n1x1-amp-false-r0", "g2-n1x2-amp-false-r0"]
+    grown = _opened(tmp_path, gpus="1,2,4", variants=["amp=false,true"], repeats=2)
+    ids = [p.id for p in grown.points]
+    assert ids[:2] == ["g1-n1x1-amp-false-r0", "g2-n1x2-amp-false-r0"] and len(ids) == 3 * 2 * 2
+    assert grown.spec["repeats"] == 2 and grown.spec["gpus"] == [1, 2, 4]
+    with pytest.raises(StudyError, match=r"^--gpus/--variant flags: steps: .* was run with steps 100, not 20;"):
+        _opened(tmp_path, variants=["amp=false"], steps=20)
+    with pytest.raises(StudyError, match=r"^--gpus/--variant flags: variants.xla: "):
+        _opened(tmp_path, variants=["amp=false", "xla=true"])
+    with pytest.raises(StudyError, match=r"^--gpus/--variant flags: batch_size: "):
+        from jobs.study.run import open_study
+
+        open_study(spec_from_flags("ncf", "1,2", batch_size=1024, name="grow", variants=["amp=false"]),
+                   load_profile("ci"), str(tmp_path / "study-grow"))
+
+
+def test_only_a_state_slurm_reported_as_terminal_fails_a_point(tmp_path):
+    from jobs.runs.records import PARTIAL, SUBMITTED, SUBMITTING, JobStatus, RunRecord
+    from jobs.study import run
+
+    def job(state, summary=None):
+        return JobStatus(key="main", job_id="7", name="p", state=state, tasks={"7": state}, summary=summary)
+
+    assert run._classify(job("UNKNOWN"))[0] == run.UNKNOWN
+    assert run._classify(job("PENDING"))[0] == run.PENDING
+    assert run._classify(job("CANCELLED"))[0] == run.FAILED
+    assert run._classify(job("COMPLETED", {"throughput_samples_per_s": 1.0}))[0] == run.DONE
+    assert run._classify(job("COMPLETED"))[0] == run.FAILED        # no summary: the engine did not finish
+
+    def attempt(state, uncertain=False):
+        run_dir = tmp_path / f"{state}-{uncertain}"
+        run_dir.mkdir()
+        RunRecord(run_dir=str(run_dir), profile="ci", profile_path=None, scheduler="slurm", state=state,
+                  uncertain=uncertain, error="job 'main' refused").save()
+        return run._without_job(str(run_dir))
+
+    assert attempt(SUBMITTING)[0] == run.UNKNOWN            # died while sbatch was in flight
+    assert attempt(PARTIAL, uncertain=True)[0] == run.UNKNOWN
+    assert attempt(PARTIAL) == (run.FAILED, "not submitted: job 'main' refused")
+    assert attempt(SUBMITTED)[0] == run.FAILED

@@ -18,10 +18,12 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture
 def held_profile(slurm_env, tmp_path):
-    """A profile like ci whose partition `held` is DOWN: submitted jobs stay pending."""
+    """A profile like ci whose partition `held` is DOWN: submitted jobs stay pending. Its nodes
+    are declared unshared, so a study submits every point at once (as on a real cluster) instead
+    of waiting for each pending point to end."""
     slurm_env.run(["scontrol", "create", "PartitionName=held", "Nodes=ALL", "State=DOWN"], check=True)
     path = tmp_path / "held.yaml"
-    path.write_text("extends: ci\npartition: held\n")
+    path.write_text("extends: ci\npartition: held\nshared_nodes: false\n")
     try:
         yield str(path)
     finally:

@@ -1,6 +1,8 @@
 """Data parallelism with Horovod under mpirun: replicas stay identical and match a 1-rank run."""
+import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,21 @@ pytestmark = [pytest.mark.horovod,
 # Same global batch, same rows per global step (ranks take interleaved batch slices):
 # only the floating-point order of the gradient average differs.
 TOL = {"auc": 2e-3, "final_loss": 2e-3}
+
+
+def test_max_and_object_gather_across_ranks(tmp_path):
+    """The summary's timed seconds are the slowest rank's (allreduce_max), its node list every
+    rank's (allgather_object). Each rank writes its own file (mpirun interleaves their stdout)."""
+    code = ("import json, sys, numpy as np\nfrom recsys.distributed import Distributed\nd = Distributed(True)\n"
+            "m = d.allreduce_max(np.array([1.5 + d.rank, 7.0 - d.rank]))\n"
+            "with open(f'{sys.argv[1]}/rank{d.rank}.json', 'w') as f:\n"
+            "    json.dump([m.tolist(), d.allgather_object({'rank': d.rank})], f)\n")
+    res = subprocess.run(mpirun_cmd(2, [sys.executable, "-c", code, str(tmp_path)]), env=base_env(), cwd=REPO,
+                         text=True, capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got == [[2.5, 7.0], [{"rank": 0}, {"rank": 1}]], (rank, got)
 
 
 def test_two_ranks_mpirun_match_one_rank(tiny_data, dlrm_one_rank, tmp_path):

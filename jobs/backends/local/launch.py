@@ -73,7 +73,8 @@ def job_env(spec, run_dir, task_index=None):
     if spec.bind:
         env.update(bind_env(spec.profile.node))
     env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=slurm_dir(), RECSYS_JOB_KEY=spec.key,
-               RECSYS_NNODES="1")
+               RECSYS_NNODES="1", RECSYS_JOB_PROFILE=spec.profile.name,
+               RECSYS_JOB_PROFILE_SHA256=spec.profile.content_sha256())
     if task_index is not None:
         env.update(RECSYS_TASK_INDEX=str(task_index), RECSYS_TASK_COUNT=str(spec.task_count))
     return env

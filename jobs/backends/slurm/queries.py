@@ -106,8 +106,15 @@ def query_squeue(ids, never=None):
 
 
 def query_scontrol(task):
-    """The state of one job from `scontrol show job` (None when Slurm no longer knows it)."""
-    return parse_scontrol_job(_call(["scontrol", "show", "job", task]).stdout)
+    """The state of one job from `scontrol show job`: None when the controller says it has no
+    such job ("Invalid job id specified": forgotten after MinJobAge); any other failure (the
+    controller unreachable) raises, since it says nothing about the job."""
+    proc = _call(["scontrol", "show", "job", task])
+    if proc.returncode != 0:
+        if "invalid job id" in (proc.stderr or "").lower():
+            return None
+        raise commands.failed("scontrol", proc)
+    return parse_scontrol_job(proc.stdout) or states.UNKNOWN
 
 
 def missing_jobs(ids, accounting):

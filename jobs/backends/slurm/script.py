@@ -211,6 +211,8 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
         run_dir=shlex.quote(os.path.abspath(run_dir)),
         slurm_dir=shlex.quote(slurm_dir()),
         key=shlex.quote(spec.key),
+        profile=shlex.quote(profile.name),
+        profile_sha256=shlex.quote(profile.content_sha256()),
         task_env=task_env(spec),
         setup="\n".join(profile.setup or []) or "# (none)",
         env=_exports(env),
