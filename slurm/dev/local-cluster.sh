@@ -18,7 +18,8 @@
 #   local-cluster.sh restart-ctld [--dir DIR] [--down-for S]   stop-ctld, S seconds (0) without a
 #                                            controller, start-ctld: a controller outage for fault tests
 #
-# Options for `up`: --dir DIR (default /tmp/recsys-slurm), --nodes N (4),
+# Options for `up`: --dir DIR (default /tmp/recsys-slurm; at most about 70 characters, since
+# slurmstepd's Unix sockets live under it), --nodes N (4),
 # --gpus G per node (2), --cpus C per node (2), --mem MB per node (4000),
 # --port-base P|auto (a block of 20 ports; auto, the default, picks a free one
 # below the ephemeral range and records it in DIR/port-base), --accounting,
@@ -61,6 +62,12 @@ done
 [ "$NODES" -ge 1 ] || die "--nodes must be at least 1"
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
+# slurmstepd listens on DIR/spool/nodeN/nodeN_JOBID.STEPID, a Unix socket: its path (with the
+# NUL) must fit 108 bytes, or every job launch fails ("launch failed requeued held")
+sample="$DIR/spool/node$NODES/node${NODES}_9999999.4294967291"
+if [ "$cmd" = up ] && [ $(( ${#sample} + 1 )) -gt 108 ]; then
+  die "--dir $DIR is too long (${#DIR} characters): slurmstepd's sockets under it would exceed the 108-byte Unix socket path limit; use a shorter directory (at most $(( 107 - ${#sample} + ${#DIR} )) characters), e.g. \$(mktemp -d /tmp/recsys-slurm-XXXX)"
+fi
 ETC=$DIR/etc RUN=$DIR/run LOGS=$DIR/log
 CONF=$ETC/slurm.conf
 SLURM_USER=$(id -un)

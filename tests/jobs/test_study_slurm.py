@@ -6,10 +6,11 @@ default way (its nodes share this host: one point at a time):
 - DLRM strong scaling at 1 rank, 1x2, 2x2 and 4x2;
 - NCF on 1 and 2 nodes x 2 variants (sparse_as_dense: false/true), with one point scancelled
   right after submission, reported failed, and resubmitted alone by a second `study run`;
-- NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat slowed down on purpose.
+- NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat stalled on purpose (SIGSTOP, 2 s).
 The same on a cluster with accounting: test_study_acct.py.
 """
 
+import glob
 import json
 import os
 import re
@@ -225,36 +226,43 @@ def _wait_for(check, timeout, what):
 @pytest.fixture(scope="module")
 def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
     """NCF at 1 and 2 ranks, 3 repeats each, run the ci profile's default way (its nodes share
-    this host: one point at a time, in rounds). While the 1-rank point's second repeat runs,
-    busy processes on this host slow it down on purpose (300 timed steps: about a second of
-    work, long enough for the slow-down to show)."""
+    this host: one point at a time, in rounds). The 1-rank point's second repeat is slowed down
+    on purpose: once its engine log says the first step is done (the timed steps follow at
+    once: 2,000 of them, about 3 s), its rank is stopped (SIGSTOP) for 2 s, a stall the job's
+    own timing must show."""
     spec = _write_spec(tmp_path_factory.mktemp("spec") / "repeats.yaml", name="ncf-repeats", model="ncf",
-                       batch_size=4096, gpus=[1, 2], repeats=3, warmup_steps=5, steps=300, time="00:10:00",
+                       batch_size=4096, gpus=[1, 2], repeats=3, warmup_steps=5, steps=2000, time="00:10:00",
                        engine_args=TINY_NCF)
     run = subprocess.Popen([sys.executable, "-m", "jobs.cli", "study", "run", str(spec), "--profile", "ci"],
                            cwd=REPO, env=study_cli.env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     slow = "ncf-repeats-g1-n1x1-r1"
+    points = os.path.join(study_cli.runs_dir, "study-ncf-repeats", "points")
 
-    def slow_state():
-        return [state for name, state in queued(slurm_cluster, slow).values() if name == slow]
+    def first_step_logged():
+        for log in glob.glob(os.path.join(points, f"{slow}-*", "logs", "*.engine.jsonl")):
+            with open(log) as handle:
+                if '"first_step"' in handle.read():
+                    return True
+        return run.poll() is not None
 
-    _wait_for(lambda: slow_state() == ["RUNNING"] or run.poll() is not None, 900, f"{slow} never ran")
-    hogs_from = time.time()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8)]
+    _wait_for(first_step_logged, 900, f"{slow} never took its first step")
+    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"^[^ ]*python[^ ]* -m recsys.train .*/{slow}-"], capture_output=True,
+                                            text=True).stdout.split()]
+    stalled_at = time.time()
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
     try:
-        _wait_for(lambda: not slow_state(), 600, f"{slow} did not end")
+        time.sleep(2.0)             # the stall itself (the fault injected), not a wait for anything
     finally:
-        for hog in hogs:
-            hog.send_signal(signal.SIGKILL)
-            hog.wait()
-    hogs_until = time.time()
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
     stdout, stderr = run.communicate(timeout=1200)
     directory = _study_dir(subprocess.CompletedProcess([], run.returncode, stdout, stderr))
     rc, status = _watch(study_cli, directory)
     proc, report = _report(study_cli, directory)
     return {"run": (run.returncode, stdout, stderr), "dir": directory, "rc": rc, "status": status,
-            "report": (proc, report), "slow": slow, "hogs": (hogs_from, hogs_until)}
+            "report": (proc, report), "slow": slow, "ranks": ranks, "stalled_at": stalled_at}
 
 
 def test_repeats_run_one_point_at_a_time_in_rounds(repeats_study):
@@ -295,10 +303,10 @@ def test_a_repeat_slowed_on_purpose_is_flagged(repeats_study):
     proc, report = repeats_study["report"]
     cell = report["rows"][0]["variants"]["default"]
     slowed = next(p for p in repeats_study["status"]["points"] if p["id"] == "g1-n1x1-r1")
-    # the busy processes ran while that repeat's job did (its batch script's start and end)
+    # its one rank was stopped while that repeat's job ran (its batch script's start and end)
     ran = info(slowed["run_dir"])
-    hogs_from, hogs_until = repeats_study["hogs"]
-    assert int(ran["start"]) <= hogs_from < int(ran["end"]) <= hogs_until, (ran, repeats_study["hogs"])
+    assert len(repeats_study["ranks"]) == 1
+    assert int(ran["start"]) <= repeats_study["stalled_at"] < int(ran["end"]), (ran, repeats_study["stalled_at"])
     assert slowed["summary"]["throughput_samples_per_s"] == cell["throughput_min"]
     assert cell["throughput_max"] / cell["throughput_min"] > 1.25, cell
     assert cell["spread_warning"], cell
