@@ -24,7 +24,7 @@ from jobs.errors import RequestError
 from jobs.runs.atomic import write_json, write_text
 from jobs.runs.enginelog import THROUGHPUT, WORLD_SIZE, job_logs, number, startup
 
-from .run import DONE, FAILED, StudyRecord, poll
+from .run import DONE, FAILED, MISSING, UNKNOWN, StudyRecord, poll
 
 REPORT_VERSION = 2
 # a cell whose repeats spread more than this is flagged: its median hides a noisy measurement
@@ -71,9 +71,9 @@ def _not_measured(point_id, st):
         return f"{point_id} failed: {st.reason or st.job_state}"
     if st.state == DONE:
         return f"{point_id} finished but its summary has no positive {THROUGHPUT}"
-    if st.state == "unknown":
+    if st.state == UNKNOWN:
         return f"{point_id} is unknown (Slurm has not reported its job yet)"
-    if st.state == "missing":
+    if st.state == MISSING:
         return f"{point_id} was never submitted"
     return f"{point_id} is {st.state} (not finished yet)"
 

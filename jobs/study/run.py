@@ -203,12 +203,17 @@ def poll(record):
         out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,
                                job_id=job.job_id if job else None, attempts=len(point.runs),
                                summary=job.summary if job else None, reason=reason))
-    counts = {k: sum(1 for p in out if p.state == k) for k in POINT_STATES}
+    counts = _counts(out)
     status = StudyStatus(study_dir=record.study_dir, points=out, counts=counts,
                          done=active(counts) == 0, calls=calls,
                          elapsed_s=round(time.time() - record.created, 1))
     write_results(record, status)
     return status
+
+
+def _counts(points):
+    """{point state: how many} of [PointStatus], every state present."""
+    return {k: sum(1 for p in points if p.state == k) for k in POINT_STATES}
 
 
 def active(counts):
@@ -475,7 +480,7 @@ def _after_submission(record, status, submitted, runs):
         else:
             out.append(before.get(point.id) or PointStatus(id=point.id, state=MISSING, job_state=None,
                                                            run_dir=None, job_id=None, attempts=0))
-    counts = {k: sum(1 for p in out if p.state == k) for k in POINT_STATES}
+    counts = _counts(out)
     return StudyStatus(study_dir=record.study_dir, points=out, counts=counts, done=False, calls=0,
                        elapsed_s=round(time.time() - record.created, 1))
 

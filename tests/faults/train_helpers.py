@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.waiting import wait_for  # noqa: F401  (the fault tests import it from here)
+
 REPO = Path(__file__).resolve().parents[2]
 # A small DLRM (as tests/recsys): 8192 training rows, batch 256 -> 32 steps per epoch.
 DLRM = ["--model", "dlrm", "--embedding-dim", "8", "--bottom-mlp", "16,8", "--top-mlp", "32,16,1",
@@ -68,19 +70,6 @@ def read_log(path):
     except OSError:
         pass
     return out
-
-
-def wait_for(predicate, timeout=120, what="condition", delay=0.1):
-    """Poll `predicate` until it returns something true; TimeoutError naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
 
 
 def step_history(records):

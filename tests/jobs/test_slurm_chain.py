@@ -2,27 +2,17 @@
 
 import json
 import os
-import time
 
 import pytest
 
 from submit_helpers import hello_lines
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 
 HELLO = ["--profile", "ci", "--model", "hello", "--nodes", "1", "--gpus-per-node", "1", "--time", "5"]
 
 
-def _wait_for(predicate, timeout=90, what="condition"):
-    deadline = time.monotonic() + timeout
-    delay = 0.1
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def _reason(cluster, job_id):
@@ -68,8 +58,8 @@ def test_failed_first_job_never_runs_the_second_then_cancel(cli, slurm_cluster):
     second_dir, second = cli.submit("benchmark", *HELLO, "--name", "never", "--after", first_id)
     second_id = second["jobs"][0]["job_id"]
     assert slurm_cluster.wait_job(first_id) == "FAILED"
-    reason = _wait_for(lambda: "DependencyNeverSatisfied" in _reason(slurm_cluster, second_id)
-                       and _reason(slurm_cluster, second_id), what="dependency never satisfied")
+    reason = wait_for(lambda: "DependencyNeverSatisfied" in _reason(slurm_cluster, second_id)
+                       and _reason(slurm_cluster, second_id), timeout=90, what="dependency never satisfied")
     assert reason.startswith("PENDING")
     status = cli("status", second_dir, "--json", check=True)
     assert json.loads(status.stdout)["jobs"][0]["state"] == "PENDING"
@@ -95,7 +85,7 @@ def test_chain_in_one_command_train_then_evaluate(cli, slurm_cluster):
 def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
     run_dir, record = cli.submit("benchmark", *HELLO, "--", "--sleep", "60")
     job_id = record["jobs"][0]["job_id"]
-    _wait_for(lambda: hello_lines(run_dir), what="the step to start")
+    wait_for(lambda: hello_lines(run_dir), timeout=90, what="the step to start")
     slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
     info = os.path.join(run_dir, "logs", f"main-{job_id}.info")
     logs = os.path.join(run_dir, "logs")
@@ -104,8 +94,8 @@ def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
         return {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs)}
 
     try:
-        _wait_for(lambda: "requeue_requested=" in open(info).read(), what="the batch script to request a requeue")
-        _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job back in the queue with Restarts=1")
+        wait_for(lambda: "requeue_requested=" in open(info).read(), timeout=90, what="the batch script to request a requeue")
+        wait_for(lambda: _requeued(slurm_cluster, job_id), timeout=90, what="the job back in the queue with Restarts=1")
     except TimeoutError as exc:
         fields = _job_fields(slurm_cluster, job_id)
         raise AssertionError(f"{exc}: JobState={fields.get('JobState')} Reason={fields.get('Reason')} "
@@ -120,10 +110,10 @@ def test_usr2_forwards_to_step_and_requeues(cli, slurm_cluster):
 def test_requeue_command(cli, slurm_cluster):
     run_dir, record = cli.submit("benchmark", *HELLO, "--", "--sleep", "60")
     job_id = record["jobs"][0]["job_id"]
-    _wait_for(lambda: hello_lines(run_dir), what="the step to start")
+    wait_for(lambda: hello_lines(run_dir), timeout=90, what="the step to start")
     out = cli("requeue", run_dir, check=True)
     assert job_id in out.stdout
-    _wait_for(lambda: _requeued(slurm_cluster, job_id), what="the job back in the queue with Restarts=1")
+    wait_for(lambda: _requeued(slurm_cluster, job_id), timeout=90, what="the job back in the queue with Restarts=1")
     cli("cancel", run_dir, check=True)
     assert slurm_cluster.wait_job(job_id) == "CANCELLED"
 

@@ -18,6 +18,7 @@ import pytest
 from study_helpers import TINY_NCF, job_ids, queued, record, report, status, study_dir, submitted, watch, \
     write_spec
 from submit_helpers import REPO, Cli
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod, pytest.mark.slow]
 
@@ -64,10 +65,8 @@ def seen(slurm_cluster_acct, tmp_path_factory):
                              "--max-concurrent", "1"], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lock = os.path.join(directory, "run.lock")
-    deadline = time.monotonic() + 60
-    while "pid" not in (open(lock).read() if os.path.exists(lock) else "") and run4.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: "pid" in (open(lock).read() if os.path.exists(lock) else "") or run4.poll() is not None,
+             timeout=60, what="the second study run to hold the lock")
     out["run5"] = cli("study", "run", spec, "--profile", "ci")
     out["most_queued"] = _sample_while(run4, cluster, NAME)
     out["run4"] = (run4.returncode, run4.stdout.read(), run4.stderr.read())
@@ -146,9 +145,11 @@ def test_a_job_slurm_has_forgotten_keeps_its_state_and_reason(seen, slurm_cluste
     cluster, cli = slurm_cluster_acct, seen["cli"]
     job = seen["cancelled"]
     deadline = time.monotonic() + 180
-    while "invalid job id" not in cluster.run(["scontrol", "show", "job", job]).stderr.lower():
-        assert time.monotonic() < deadline, f"Slurm still knows job {job}"
-        time.sleep(1)
+
+    def forgotten(job_id):
+        return "invalid job id" in cluster.run(["scontrol", "show", "job", job_id]).stderr.lower()
+
+    wait_for(lambda: forgotten(job), timeout=180, what=f"Slurm to forget job {job}")
     env = dict(cli.env, RECSYS_STATUS_SOURCE="squeue")
     proc = cli("status", seen["cancelled_run"], "--json", env=env, check=True)
     result = json.loads(proc.stdout)
@@ -157,9 +158,8 @@ def test_a_job_slurm_has_forgotten_keeps_its_state_and_reason(seen, slurm_cluste
     # a finished point nobody polled since it ended: forget the cache, ask again
     done = next(p for p in record(seen["dir"])["points"] if p["id"] == "g2-n1x2-r0")["runs"][0]
     done_job = job_ids([done])[0]
-    while "invalid job id" not in cluster.run(["scontrol", "show", "job", done_job]).stderr.lower():
-        assert time.monotonic() < deadline, f"Slurm still knows job {done_job}"
-        time.sleep(1)
+    wait_for(lambda: forgotten(done_job), timeout=max(0.0, deadline - time.monotonic()),
+             what=f"Slurm to forget job {done_job}")
     os.remove(os.path.join(done, "status.json"))
     for expected_calls in (1, 0):
         result = json.loads(cli("status", done, "--json", env=env, check=True).stdout)

@@ -24,6 +24,7 @@ import pytest
 from study_helpers import TINY_DLRM, TINY_NCF, info, queued, record, study_dir as _study_dir, \
     submitted as _submitted, watch as _watch, report as _report, write_spec as _write_spec
 from submit_helpers import REPO, Cli
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod, pytest.mark.slow]
 
@@ -216,13 +217,6 @@ def test_max_concurrent_keeps_one_point_queued(study_cli, tmp_path):
     assert os.stat(os.path.join(second, "request.json")).st_mtime >= ended
 
 
-def _wait_for(check, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
     """NCF at 1 and 2 ranks, 3 repeats each, run the ci profile's default way (its nodes share
@@ -246,7 +240,8 @@ def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
                     return True
         return run.poll() is not None
 
-    _wait_for(first_step_logged, 900, f"{slow} never took its first step")
+    # polled every 0.1 s: the stall must land within the ~2 s of timed steps that follow
+    wait_for(first_step_logged, timeout=900, what=f"{slow} to take its first step", max_delay=0.1)
     ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"^[^ ]*python[^ ]* -m recsys.train .*/{slow}-"], capture_output=True,
                                             text=True).stdout.split()]
     stalled_at = time.time()

@@ -157,6 +157,7 @@ def poll_many(items, source=None):
     results = []
     for (run_dir, record), cache in zip(items, caches):
         own = [t for job in record.jobs for t in _expected_tasks(job)]
+        asked = any(not cache.settled(t) for t in own)     # in this poll's query (read before the update)
         fresh = {t: found[t] for t in own if t in found}
         if fresh:
             cache.tasks.update(fresh)
@@ -176,6 +177,5 @@ def poll_many(items, source=None):
         # a job that can never start has ended for a watcher (and the run has failed)
         done = all(all(s in states.TERMINAL or t in never for t, s in job.tasks.items()) for job in out)
         results.append(StatusResult(run_dir=run_dir, jobs=out, done=done, calls=calls,
-                                    source=used if fresh or any(t in own for _, _, t in pending) else "cache",
-                                    submission=record.state))
+                                    source=used if asked else "cache", submission=record.state))
     return results
