@@ -82,8 +82,12 @@ def test_node_lost_mid_training(cli, slurm_cluster, data, tmp_path):
                 return True
             return False
         wait_for(requeued, timeout=200, what="Slurm to requeue the job")
-        wait_for(lambda: any("restored_step" in r for r in read_log(log)) or slurm_cluster.job_state(job) == "PENDING"
-                 and release_requeued(slurm_cluster, job), timeout=600, what="the requeued job to restore")
+        def restored():
+            if any("restored_step" in r for r in read_log(log)):
+                return True
+            release_requeued(slurm_cluster, job)
+            return False
+        wait_for(restored, timeout=600, what="the requeued job to restore")
         recover_s = time.monotonic() - t_fault
         state = slurm_cluster.wait_job(job, timeout=600)
         ref_state = slurm_cluster.wait_job(ref_job, timeout=600)

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.faults.record import FaultResult, record
-from tests.faults.train_helpers import (ENGINE, STEPS, job_fields, read_log, release_requeued, step_history,
-                                        submit, wait_for)
+from tests.faults.train_helpers import (ENGINE, STEPS, cluster_picture, job_fields, read_log, release_requeued,
+                                        step_history, submit, wait_for)
 
 pytestmark = [pytest.mark.faults, pytest.mark.slurm, pytest.mark.horovod]
 
@@ -28,6 +28,18 @@ def _info(run_dir, tag):
 
 def _count(run_dir, tag, key):
     return sum(1 for k, _ in _info(run_dir, tag) if k == key)
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def _out(run_dir, tag):
+    """The last lines of the task's batch output (why a requeue did not happen)."""
+    try:
+        with open(os.path.join(run_dir, "logs", f"main-{tag}.out"), errors="replace") as handle:
+            return "".join(handle.readlines()[-15:])
+    except OSError:
+        return "(no batch output)"
 
 
 def test_preempted_array_task_resumes_without_lost_steps(cli, slurm_cluster, data, tmp_path):
@@ -48,9 +60,14 @@ def test_preempted_array_task_resumes_without_lost_steps(cli, slurm_cluster, dat
         def restarted():
             if _count(run_dir, task, "start") >= 2:
                 return True
-            release_requeued(slurm_cluster, task)
+            assert not _count(run_dir, task, "requeue_failed"), _out(run_dir, task)
+            state = release_requeued(slurm_cluster, task).get("JobState")
+            assert state not in ENDED, f"{task} ended {state} instead of being requeued: {_out(run_dir, task)}"
             return False
-        wait_for(restarted, timeout=200, what="the requeued task to start again")
+        try:
+            wait_for(restarted, timeout=200, what="the requeued task to start again")
+        except TimeoutError as error:
+            raise AssertionError(f"{error}: {cluster_picture(slurm_cluster, task)}") from None
         wait_for(lambda: any("restored_step" in r for r in read_log(log)), timeout=400, what="the restore")
         recover_s = time.monotonic() - t_signal
         state = slurm_cluster.wait_job(job, timeout=400)

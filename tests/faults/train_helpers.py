@@ -101,14 +101,32 @@ def step_history(records):
 
 def release_requeued(cluster, job_id):
     """Slurm holds a requeued job back (its BeginTime a while ahead): let it start now, but only
-    once it is pending and no node is still completing a job (an attempt started while the previous
-    attempt's step is being torn down on the same node can see its srun return at once)."""
-    if cluster.job_state(job_id) != "PENDING":
-        return
-    states = cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()
-    if any("comp" in s for s in states) or _stepd_alive(job_fields(cluster, job_id).get("JobId", job_id)):
-        return
+    once it is pending and its previous attempt is gone: no step of it still completing, no
+    slurmstepd of it left on this host (an attempt started while the previous attempt's step is
+    being torn down on the same node can see its srun return at once). Other jobs still completing
+    elsewhere do not matter. A requeued job Slurm holds (e.g. 'launch failed requeued held') is
+    released. Returns the job's fields as seen (for a timeout's message)."""
+    fields = job_fields(cluster, job_id)
+    if fields.get("JobState") != "PENDING":
+        return fields
+    raw = fields.get("JobId", job_id)
+    completing = cluster.run(["squeue", "-h", "-t", "CG", "-o", "%A"]).stdout.split()
+    if raw in completing or _stepd_alive(raw):
+        return fields
+    if "held" in fields.get("Reason", "").lower() or fields.get("Priority") == "0":
+        cluster.run(["scontrol", "release", str(job_id)])
     cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    return fields
+
+
+def cluster_picture(cluster, job_id):
+    """The job's scheduling fields and the nodes' states, for a timeout's message."""
+    fields = job_fields(cluster, job_id)
+    keep = ("JobState", "Reason", "Restarts", "StartTime", "Priority", "NodeList", "BatchHost")
+    nodes = cluster.run(["sinfo", "-h", "-N", "-o", "%N:%T"]).stdout.split()
+    return (f"{job_id}: " + " ".join(f"{k}={fields.get(k)}" for k in keep) + f"; nodes {' '.join(nodes)}; "
+            f"completing {cluster.run(['squeue', '-h', '-t', 'CG', '-o', '%A']).stdout.split()}; "
+            f"stepd alive {_stepd_alive(fields.get('JobId', job_id))}")
 
 
 def _stepd_alive(raw_id):
