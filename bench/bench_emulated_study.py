@@ -52,7 +52,8 @@ def study(env, spec_path, profile, out=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "studies"),
-                        help="where the study's scaling.{md,csv,json,png} go (renamed emulated-dlrm-strong.*)")
+                        help="where the study's scaling.{md,csv,json,png}, breakdown.csv and breakdown-default.png "
+                             "go (renamed emulated-dlrm-strong.*, emulated-dlrm-strong-breakdown.*)")
     parser.add_argument("--no-spin", action="store_true", help="skip the spinning-ranks comparison")
     args = parser.parse_args()
     state = tempfile.mkdtemp(prefix="recsys-bench-emulated-")
@@ -66,10 +67,12 @@ def main():
     try:
         report_dir = os.path.join(state, "report")
         report = study(env, SPEC, "ci", out=report_dir)
-        for kind in ("md", "csv", "json", "png"):
-            source = os.path.join(report_dir, f"scaling.{kind}")
+        for name, target in [(f"scaling.{kind}", f"emulated-dlrm-strong.{kind}") for kind in ("md", "csv", "json", "png")] \
+                + [("breakdown.csv", "emulated-dlrm-strong-breakdown.csv"),
+                   ("breakdown-default.png", "emulated-dlrm-strong-breakdown.png")]:
+            source = os.path.join(report_dir, name)
             if os.path.exists(source):
-                shutil.copyfile(source, os.path.join(args.out, f"emulated-dlrm-strong.{kind}"))
+                shutil.copyfile(source, os.path.join(args.out, target))
         print(open(os.path.join(report_dir, "scaling.md")).read())
         if args.no_spin:
             return

@@ -10,7 +10,7 @@ one-way layers: docs/architecture.md.
 # re-exports: their functions are jobs.api.submit and jobs.api.status.
 _API = ("JobRequest", "build_chain", "render", "render_plan", "watch", "logs", "cancel",
         "requeue", "find_run", "load_profile", "RequestError", "SubmitError", "SlurmCommandError",
-        "load_spec", "run_study", "study_status", "report_study")
+        "load_spec", "run_study", "study_status", "report_study", "compare_studies", "reference_study")
 
 
 def __getattr__(name):

@@ -7,6 +7,7 @@
     print(watch(submit(chain, "ci")["run_dir"])["jobs"])          # finished jobs carry ["summary"]
     record, submitted = run_study(load_spec("docs/studies/dlrm-strong.yaml"), "ci")
     report, paths = report_study(record.study_dir)                  # scaling.{md,csv,json,png}
+    comparison, paths = compare_studies([baseline_dir, record.study_dir])  # compare.{md,csv,json,png}
 """
 
 from .errors import RequestError, SlurmCommandError, SubmitError
@@ -19,7 +20,8 @@ __all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCom
            "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
            "log_files", "cancel", "requeue", "find_run", "load_profile", "list_profiles", "runs_in_foreground",
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
-           "study_progress_line", "report_study"]
+           "study_progress_line", "report_study", "compare_studies", "dry_run_study", "reference_study",
+           "published_results", "published_results_text"]
 
 # Following a run (jobs.status, jobs.runs) and the studies are loaded by the operations that use
 # them: a job command (render, submit) does not pay for them at start-up.
@@ -133,8 +135,33 @@ def run_study(spec, profile, runs_dir=None, max_concurrent=None):
     `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap):
     (StudyRecord, [point ids submitted])."""
     from .study import run as study_run
+    from .study.published import check_data_path
 
+    check_data_path(spec)       # a reference spec's placeholder data_path: refused before anything exists
     return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent)
+
+
+def dry_run_study(spec, profile):
+    """Every check `run_study` makes before submitting (spec, sizes against the profile, each
+    point's flags against the engine's parser), with no scheduler: ([Point], {point id: the NVIDIA
+    published row it matches: table, throughput, model_size}, a warning line or None)."""
+    from .study import published
+    from .study.spec import expand
+
+    profile = load(profile)
+    points = expand(spec, profile)
+    platform = published.platform_of(profile)
+    matches = {}
+    for point in points:
+        precision, xla = published.settings_of(spec.engine_args, point.variant, platform)
+        row = published.match(spec.model, platform, point.gpus, point.batch_per_gpu, precision, xla)
+        if row is not None:
+            matches[point.id] = {"table": row.table, "throughput": row.throughput[precision],
+                                 "model_size": row.model_size}
+    warning = None
+    if published.is_placeholder(spec.data_path):
+        warning = f"data_path: {spec.data_path} is a placeholder; set your dataset directory before `study run`"
+    return points, matches, warning
 
 
 def find_study(study=None, runs_dir=None):
@@ -170,3 +197,35 @@ def report_study(study_dir, out_dir=None, plot=None):
     from .study import report as study_report
 
     return study_report.write(study_dir, out_dir=out_dir, want_plot=plot)
+
+
+def reference_study(model, profile):
+    """The study spec that reproduces NVIDIA's published table of `model` on the platform of
+    `profile` (its node type: dgxa100, dgx1, dgx2): (StudySpec, YAML text with comments)."""
+    from .study import published
+
+    return published.reference_spec(model, load(profile))
+
+
+def published_results(model=None, profile=None):
+    """NVIDIA's published throughput rows (those studies are matched against), filtered by model and
+    by a profile's platform, each with the profiles on the search path of that platform."""
+    from .study import published
+
+    return published.listing(model, load(profile) if profile else None)
+
+
+def published_results_text(model=None, profile=None):
+    """published_results() as the table `recsys-submit study reference --list` prints."""
+    from .study import published
+
+    return published.listing_text(published_results(model, profile))
+
+
+def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
+    """Compare studies point by point with the first (median ratio, Mann-Whitney U verdict) and
+    write compare.{md,csv,json,png}; returns (comparison dict, {kind: path}). With
+    `fail_if_slower` (percent), comparison["slower"] lists the points slower by more than that."""
+    from .study import compare as study_compare
+
+    return study_compare.write(study_dirs, out_dir=out_dir, want_plot=plot, fail_if_slower=fail_if_slower)

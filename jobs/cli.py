@@ -85,8 +85,8 @@ def _job_options(parser, kind, render=False):
         what.add_argument("--shards", type=int, help="--mode array: number of transform tasks")
         what.add_argument("--engine", dest="preprocess_engine", default="spark",
                           metavar="{" + ",".join(PREPROCESS_ENGINES) + "}",
-                          help="spark (default) or nvtabular (criteo, outbrain; single or multinode: "
-                          "a dask cluster over --nodes)")
+                          help="spark (default) or nvtabular (criteo, outbrain, and tabular, whose only engine it is; "
+                          "single or multinode: a dask cluster over --nodes)")
         what.add_argument("--array-parallelism", "--parallelism", type=int, dest="array_parallelism",
                           help="--mode array: at most this many transform tasks at once")
     else:
@@ -204,7 +204,8 @@ def build_parser():
 def _study_parser(sub):
     study = _sub(sub, "study", "scaling studies: run a sweep spec, follow it, report it",
                  epilog="examples:\n  recsys-submit study run docs/studies/dlrm-strong.yaml --profile mysite\n"
-                        "  recsys-submit study status --watch\n  recsys-submit study report")
+                        "  recsys-submit study status --watch\n  recsys-submit study report\n"
+                        "  recsys-submit study compare baseline candidate --fail-if-slower 10")
     st_sub = study.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
     run = _sub(st_sub, "run", "submit every missing or failed point of a study; print its dir",
                epilog="examples:\n  recsys-submit study run docs/studies/dlrm-strong.yaml --profile mysite\n"
@@ -217,6 +218,9 @@ def _study_parser(sub):
                      help="keep at most K points queued or running at once, waiting with a progress line "
                           "(default: 1 on a profile with shared_nodes, so points are measured alone; else no cap)")
     run.add_argument("--runs-dir", help="parent of the study dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the spec and every point against the profile and the engine, print the points "
+                          "(and the NVIDIA published row each matches); submit nothing, no scheduler needed")
     quick = run.add_argument_group("a quick sweep without a spec file")
     quick.add_argument("--model", help=" | ".join(MODELS))
     quick.add_argument("--gpus", help="GPU counts, e.g. 1,2,4,8")
@@ -226,6 +230,8 @@ def _study_parser(sub):
     quick.add_argument("--repeats", type=int, help="runs of every point (the report shows their spread)")
     quick.add_argument("--warmup-steps", type=int, help="steps left out of the throughput")
     quick.add_argument("--steps", type=int, help="timed steps per point")
+    quick.add_argument("--breakdown-steps", type=int,
+                       help="split steps after the timed ones, timing each phase (default 20; 0: none)")
     quick.add_argument("--time", help="time limit of each point's job")
     quick.add_argument("--data-path", help="dataset directory (default: synthetic data)")
     quick.add_argument("--name", help="study name (its directory under the runs dir)")
@@ -243,6 +249,34 @@ def _study_parser(sub):
     plot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
     plot.add_argument("--no-plot", dest="plot", action="store_false", help="table only")
     report.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    reference = _sub(st_sub, "reference", "write the study spec that reproduces an NVIDIA published table",
+                     epilog="examples:\n  recsys-submit study reference --model wide_deep --profile dgxa100 "
+                            "--out wd.yaml\n  recsys-submit study reference --list\n\nThe spec's data_path is a "
+                            "placeholder: set it, then `study run wd.yaml --profile mysite`; `study report` shows "
+                            "measured / published per point (docs/studies.md, \"Measured vs published\").")
+    reference.add_argument("--model", choices=MODELS, help="the model whose published table to reproduce")
+    reference.add_argument("--profile", help="cluster profile name or YAML file (its node type is the platform: "
+                                             "dgxa100, dgx1, dgx2)")
+    reference.add_argument("--out", help="write the spec to this file (default: stdout)")
+    reference.add_argument("--list", action="store_true",
+                           help="print what NVIDIA published, for which profiles (filtered by --model/--profile)")
+    compare = _sub(st_sub, "compare", "compare studies with the first, point by point: ratio and a verdict",
+                   epilog="examples:\n  recsys-submit study compare baseline candidate\n"
+                          "  recsys-submit study compare baseline candidate --fail-if-slower 10   # CI gate\n"
+                          "  recsys-submit study compare A B C --out compare/ --no-plot\n\n"
+                          "Points are matched by (GPUs, nodes, variant); each later study is tested against the "
+                          "first\n(two-sided, alpha 0.05; 3 or more repeats on each side, 4 or more for a verdict).")
+    compare.add_argument("studies", nargs="+", metavar="STUDY",
+                         help="study dirs or names, at least two; the first is the reference")
+    compare.add_argument("--out", help="directory for compare.{md,csv,json,png} "
+                                       "(default FIRST_STUDY/compare/vs-<other names>)")
+    compare.add_argument("--fail-if-slower", type=float, metavar="PCT",
+                         help="exit 1 when a point is slower than the first study by more than PCT %% "
+                              "and the test says slower")
+    cplot = compare.add_mutually_exclusive_group()
+    cplot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
+    cplot.add_argument("--no-plot", dest="plot", action="store_false", help="tables only")
+    compare.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
 
 
 def _cmd_study(api, args, engine_args):
@@ -256,10 +290,12 @@ def _cmd_study(api, args, engine_args):
         elif args.model and args.gpus:
             spec = api.spec_from_flags(args.model, args.gpus, scaling=args.scaling, batch_size=args.batch_size,
                                        variants=args.variant, repeats=args.repeats, warmup_steps=args.warmup_steps,
-                                       steps=args.steps, time=args.time, data_path=args.data_path, name=args.name,
-                                       engine_args=engine_args)
+                                       steps=args.steps, breakdown_steps=args.breakdown_steps, time=args.time,
+                                       data_path=args.data_path, name=args.name, engine_args=engine_args)
         else:
             raise api.RequestError("spec: give a study spec file, or --model and --gpus for a quick sweep")
+        if args.dry_run:
+            return _study_dry_run(api, spec, args.profile)
         record, submitted = api.run_study(spec, args.profile, runs_dir=args.runs_dir,
                                           max_concurrent=args.max_concurrent)
         print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
@@ -273,6 +309,10 @@ def _cmd_study(api, args, engine_args):
                     print(f"{PROG}: point {point.id} failed: {point.reason}", file=sys.stderr)
             return 1 if status.counts["failed"] else 0
         return 0
+    if args.action == "compare":
+        return _cmd_compare(api, args)
+    if args.action == "reference":
+        return _cmd_reference(api, args)
     study_dir = api.find_study(args.study, args.runs_dir)
     if args.action == "status":
         if args.watch:
@@ -312,6 +352,64 @@ def _cmd_study(api, args, engine_args):
         print(f"{PROG}: warning: {line}", file=sys.stderr)
     # a failed point or a baseline without throughput (failed, pending, unknown) is not a finished table
     return 1 if report["failures"] or report["baseline_problems"] else 0
+
+
+def _cmd_compare(api, args):
+    dirs = [api.find_study(study, args.runs_dir) for study in args.studies]
+    comparison, paths = api.compare_studies(dirs, out_dir=args.out, plot=args.plot,
+                                            fail_if_slower=args.fail_if_slower)
+    print(open(paths["markdown"]).read(), end="")
+    for kind, path in paths.items():
+        print(f"wrote {kind} {path}")
+    if "plot" not in paths and args.plot is None:
+        print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
+              file=sys.stderr)
+    for line in comparison["warnings"]:     # failed and unfinished points: shown without a verdict
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    for line in comparison["slower"]:
+        print(f"{PROG}: slower than {comparison['reference']} by more than {args.fail_if_slower:g}%: {line}",
+              file=sys.stderr)
+    # the regression gate, or a failed point (as `study report`): not a clean comparison
+    return 1 if comparison["slower"] or comparison["failures"] else 0
+
+
+def _study_dry_run(api, spec, profile):
+    """`study run --dry-run`: every check of a run, the points printed, nothing submitted."""
+    import shlex
+
+    points, matches, placeholder = api.dry_run_study(spec, profile)
+    sizes = len({(p.nodes, p.gpus_per_node) for p in points})
+    variants = len({p.variant_label for p in points})
+    print(f"dry run: study {spec.name} on profile {profile}: {len(points)} point(s) ({sizes} size(s) x "
+          f"{variants} variant(s) x {spec.repeats} repeat(s)), {len(matches)} matching an NVIDIA published row; "
+          "nothing submitted")
+    for p in points:
+        row = matches.get(p.id)
+        pub = f"published {row['throughput']:,.0f} ({row['table']})" if row else "published -"
+        print(f"  {p.id:<40} {p.nodes} x {p.gpus_per_node}  batch/GPU {p.batch_per_gpu}  global {p.global_batch}  "
+              f"{pub}  engine: {shlex.join(p.engine_args)}")
+    if placeholder:
+        print(f"{PROG}: warning: {placeholder}", file=sys.stderr)
+    return 0
+
+
+def _cmd_reference(api, args):
+    if args.list:
+        print(api.published_results_text(model=args.model, profile=args.profile), end="")
+        return 0
+    if not args.model or not args.profile:
+        raise api.RequestError("--model/--profile: give both (or --list to see what is published)")
+    _, text = api.reference_study(args.model, args.profile)
+    if args.out:
+        try:
+            with open(args.out, "w") as handle:
+                handle.write(text)
+        except OSError as exc:
+            raise api.RequestError(f"--out: cannot write {args.out!r}: {exc.strerror}") from None
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
 
 
 def _split_engine_args(argv):

@@ -46,6 +46,42 @@ def _f32_as_bits(t, dtype):
     return tf.cast(tf.bitcast(t, tf.int32), dtype)
 
 
+def _nbytes(shape, dtype):
+    """Bytes of a tensor of static ``shape`` (a TensorShape) and ``dtype``; None when unknown."""
+    n = shape.num_elements()
+    return None if n is None else n * dtype.size
+
+
+def gradient_payload_bytes(grads, sparse_as_dense=False, extras=(), variables=None):
+    """Bytes this rank hands to :meth:`Distributed.allreduce_gradients` for ``grads`` (+ ``extras``):
+    ``(allreduce, allgather)``. A dense gradient, or an IndexedSlices under ``sparse_as_dense``,
+    is allreduced whole (its dense shape); an IndexedSlices is allgathered as its rows and its
+    indices (carried as float32 bit patterns: 4 bytes an int32 id, 8 an int64). None for a part
+    whose shape is not static (an IndexedSlices while tracing); ``variables`` (those of ``grads``)
+    give the shapes of the allreduced ones. The one count of these bytes: the ``gradient_exchange``
+    record and the step breakdown both use it."""
+    import tensorflow as tf
+    reduce_bytes, gather_bytes = 0, 0
+    grads, extras = list(grads), list(extras)
+    shapes = [v.shape for v in variables] if variables is not None else [None] * len(grads)
+    for g, shape in zip(grads + extras, shapes + [None] * len(extras)):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+            n = [_nbytes(g.values.shape, g.values.dtype), _nbytes(g.indices.shape, g.indices.dtype)]
+            gather_bytes = None if gather_bytes is None or None in n else gather_bytes + sum(n)
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if shape is None:
+                static = tf.get_static_value(g.dense_shape)
+                shape = tf.TensorShape(None if static is None else [int(d) for d in static])
+            n = _nbytes(shape, g.values.dtype)
+        else:
+            n = _nbytes(g.shape if shape is None else shape, g.dtype)
+        reduce_bytes = None if reduce_bytes is None or n is None else reduce_bytes + n
+    return reduce_bytes, gather_bytes
+
+
 class Distributed:
     """Rank/size plus the collectives the engine needs (identity when size == 1)."""
 

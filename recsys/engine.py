@@ -21,6 +21,9 @@ import tensorflow as tf
 from recsys import provenance
 from recsys.checkpoint import StopRequest, note_attempt
 from recsys.config import TrainConfig
+from recsys.distributed import gradient_payload_bytes
+from recsys.embeddings.alltoall import ModelParallelEmbedding
+from recsys.embeddings.group import EmbeddingGroup
 from recsys.errors import DataError, DivergedError, data_error_message
 from recsys.logger import process_start
 
@@ -29,9 +32,20 @@ from recsys.logger import process_start
 DIGEST_MAX_PARAMS = 50_000_000
 # Under --amp a non-finite loss is a step the loss scaler skips; this many in a row is divergence.
 AMP_MAX_SKIPPED_STEPS = 50
+# A finite loss above this many times the run's first loss (and above EXPLOSION_MIN_LOSS) is a
+# divergence too: a binary cross-entropy only gets there with logits of tens wrong on average.
+EXPLOSION_LOSS_FACTOR = 100.0
+EXPLOSION_MIN_LOSS = 10.0
 # Version of the `summary` log record (docs/engine-log.md); 2: throughput from the slowest
-# rank's timed seconds (1: their mean), and `provenance`.
-SUMMARY_VERSION = 2
+# rank's timed seconds (1: their mean), and `provenance`; 3: a benchmark's timed steps include
+# their input wait, and `step_breakdown` (--breakdown-steps).
+SUMMARY_VERSION = 3
+# The phases of a split step (--breakdown-steps), in order; their times add up to the step's.
+BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder")
+BREAKDOWN_METHOD = ("split step: next(it), forward+backward, gradient exchange and optimizer each called and "
+                    "synchronised on its own under host timers, the model-parallel embedding alltoalls timed "
+                    "separately on the same step's ids (after a barrier) and subtracted from forward+backward "
+                    "to give compute; remainder = step - the parts")
 
 
 class StopTraining(Exception):
@@ -57,6 +71,7 @@ class Engine:
         self._startup_s = None                    # process start -> first trained step of this process
         self._count_nonfinite, self._nonfinite = False, 0
         self._exchange_logged = False
+        self._split = None                        # the split step's functions (--breakdown-steps), once built
         self._build()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
@@ -87,6 +102,13 @@ class Engine:
             inner.build(variables)
         self._local_ids = self.task.local_variable_ids(self.model)
         self._seeded_ids, self._table_seeds = self.task.seeded_tables(self.model)
+        # The divergence guard's weight checks: the dense (replicated) weights at every log interval,
+        # every weight before a checkpoint and an evaluation.
+        tables = {id(v) for m in self.model.submodules if isinstance(m, EmbeddingGroup) for v in m.variables}
+        floats = [v for v in self.model.weights if v.dtype.is_floating]
+        self._dense_weights = [v for v in floats if id(v) not in tables]
+        self._all_weights = floats
+        self._finite_fn = tf.function(lambda vs: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in vs]))
 
     def state_variables(self):
         out = list(self.model.variables)
@@ -140,7 +162,12 @@ class Engine:
         """(mean loss over ranks, stop flag summed over ranks, gradients): averaged over ranks, embedding
         gradients kept IndexedSlices (allgathered) unless --sparse-as-dense; local shards' as they are."""
         loss, grads = self._grad_fn(inputs, labels)
+        return self._exchange_gradients(loss, grads)
+
+    def _exchange_gradients(self, loss, grads):
+        """The gradient exchange of a step (fused step and split step): ``(loss, stop, grads)``."""
         grads = list(grads)
+        local = list(grads)
         shared = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
         # Model-parallel table shards (distributed-embeddings) get their gradients through its
         # alltoall and belong to this rank only: only the other gradients are averaged.
@@ -152,25 +179,27 @@ class Engine:
             grads[k] = g
         if not self._exchange_logged:          # at the first trace: how the gradients travel
             self._exchange_logged = True
-            self._log_gradient_exchange(grads, shared)
+            self._log_gradient_exchange(local, shared)
         return loss, stop, grads
 
     def _log_gradient_exchange(self, grads, shared):
-        """``gradient_exchange`` record: how many gradients are averaged as IndexedSlices (allgather of
-        the rows a step touched) or dense (allreduce of the whole variable), and how many stay local."""
+        """``gradient_exchange`` record: how many of this rank's gradients are averaged as IndexedSlices
+        (allgather of the rows a step touched) or dense (allreduce of the whole variable), and how many
+        stay local."""
         if not self.dist.is_chief or self.dist.size == 1:
             return
         variables = self._variables()
-        sparse = [k for k in shared if isinstance(grads[k], tf.IndexedSlices)]
+        sparse_as_dense = bool(self.config.sparse_as_dense)
+        sparse = [k for k in shared if isinstance(grads[k], tf.IndexedSlices) and not sparse_as_dense]
         dense = [k for k in shared if grads[k] is not None and k not in sparse]
+        dense_bytes, _ = gradient_payload_bytes([grads[k] for k in dense], sparse_as_dense=True,
+                                                variables=[variables[k] for k in dense])
         self.log.record("gradient_exchange", allgathered_indexed_slices=len(sparse), allreduced_dense=len(dense),
-                        allreduced_dense_bytes=sum(int(variables[k].shape.num_elements()) * variables[k].dtype.size
-                                                   for k in dense),
-                        local=len(variables) - len(shared), sparse_as_dense=bool(self.config.sparse_as_dense))
+                        allreduced_dense_bytes=dense_bytes, local=len(variables) - len(shared),
+                        sparse_as_dense=sparse_as_dense)
 
-    def _train_step_impl(self, inputs, labels):
-        """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
-        loss, stop, grads = self._reduced_gradients(inputs, labels)
+    def _apply_gradients(self, grads):
+        """Every optimizer group applies its (reduced) gradients; the step counters advance."""
         i = 0
         finite = None
         for k, (_, opt, variables) in enumerate(self.groups):
@@ -190,6 +219,12 @@ class Engine:
                 tf.cond(finite, apply, lambda: tf.constant(False))
         self.global_step.assign_add(1)
         self.step_in_epoch.assign_add(1)
+        return tf.identity(self.global_step)
+
+    def _train_step_impl(self, inputs, labels):
+        """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
+        loss, stop, grads = self._reduced_gradients(inputs, labels)
+        self._apply_gradients(grads)
         return loss, stop
 
     def _predict_impl(self, inputs):
@@ -278,6 +313,7 @@ class Engine:
                     loss_v = float(loss.numpy())
                     if math.isfinite(loss_v):
                         nonfinite_in_a_row = 0
+                        self._check_explosion(step, loss_v, losses)
                     else:
                         nonfinite_in_a_row += 1
                         if not c.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
@@ -285,6 +321,7 @@ class Engine:
                     losses[1:] = [(step, loss_v)]    # keeps the first, replaces the last
                     n_last += 1
                     if step % c.log_every == 0 or (max_steps and step >= max_steps):
+                        self._check_weights(step, loss_v, dense_only=True)
                         now = time.perf_counter()
                         self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
                                       total_steps=total, lr=self._current_lr())
@@ -298,11 +335,13 @@ class Engine:
                 at_max = max_steps and int(self.global_step.numpy()) >= max_steps
                 if at_max and int(self.step_in_epoch.numpy()) < steps_per_epoch:
                     break       # mid-epoch: the final checkpoint and evaluation follow the loop
+                self._check_weights(int(self.global_step.numpy()), losses[-1][1] if losses else None)
                 self._end_epoch()
                 self.save("epoch")
                 metrics = self.evaluate(log=True)
             if self._eval_step != int(self.global_step.numpy()):
                 # The run ended between evaluations (--max-steps, or a restore of the final step).
+                self._check_weights(int(self.global_step.numpy()), losses[-1][1] if losses else None)
                 self.save("end")
                 metrics = self.evaluate(log=True)
         except StopTraining:
@@ -333,11 +372,40 @@ class Engine:
                 raise DataError(message) from None
             yield batch
 
+    def _check_explosion(self, step, loss_v, losses):
+        """A finite loss far above the run's first one (EXPLOSION_LOSS_FACTOR) is a divergence."""
+        if not losses:
+            return
+        first = losses[0][1]
+        limit = max(EXPLOSION_LOSS_FACTOR * first, EXPLOSION_MIN_LOSS) if math.isfinite(first) else math.inf
+        if loss_v > limit:
+            self._diverged(step, f"the training loss {loss_v:.4g} is more than {EXPLOSION_LOSS_FACTOR:g} times "
+                                 f"the first one ({first:.4g} at step {losses[0][0]})")
+
+    def _check_weights(self, step, loss_v=None, dense_only=False):
+        """Non-finite weights are a divergence even when the loss stays finite: fused kernels
+        (MatMul+BiasAdd+Relu on CPU inside tf.function) turn a NaN input into 0, so NaN weights can
+        leave the loss finite. ``dense_only``: the replicated weights (cheap, the same on every rank,
+        so no collective); else every weight, model-parallel shards included (a collective)."""
+        variables = self._dense_weights if dense_only else self._all_weights
+        if not variables:
+            return
+        finite = self._finite_fn(variables).numpy()
+        bad = [v.name for v, ok in zip(variables, finite) if not ok]
+        if not dense_only and self.dist.size > 1:
+            if int(self.dist.allreduce_sum(np.array([len(bad)], np.int64))[0]) and not bad:
+                bad = ["a model-parallel table on another rank"]
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            loss = f" while the loss is {loss_v:.4g}" if loss_v is not None and math.isfinite(loss_v) else ""
+            self._diverged(step, f"non-finite weights ({bad[0]}{more}){loss}")
+
     def _diverged(self, step, what):
         latest = self.checkpointer.latest() if self.checkpointer is not None else None
         if self.dist.is_chief:
             self.log.record("diverged", step=step, reason=what, last_checkpoint=latest)
-        raise DivergedError(f"step {step}: {what}: the run diverged (lower --lr?); "
+        hint = "--lr or --linear-lr" if self.config.model == "wide_deep" else "--lr"
+        raise DivergedError(f"step {step}: {what}: the run diverged (lower {hint}?); "
                             + (f"last good checkpoint {latest}" if latest else "no checkpoint written"))
 
     def _warn_schedule(self, total):
@@ -396,31 +464,168 @@ class Engine:
                              evaluated=self._restored_path)
 
     def benchmark(self):
-        """Warm-up steps, then timed training steps on a repeating dataset (warm-up excluded)."""
+        """Warm-up steps, then timed training steps on a repeating dataset (warm-up excluded); then,
+        with ``--breakdown-steps N``, N split steps whose phases are timed one by one (step_breakdown).
+
+        A timed step runs from the end of the previous one (before ``next(it)``: input stalls count)
+        to its loss read back: the timed steps tile the timed stretch without gaps, so a stall
+        anywhere in the loop (the bookkeeping and logging between steps too) is in some step."""
         c = self.config
         self.broadcast_initial_state()
         it = iter(self.task.benchmark_dataset())
         warm, steps = c.benchmark_warmup_steps, c.benchmark_steps
         times = []
         losses = []
+        t0 = time.perf_counter()
         for i in range(warm + steps):
             if i == 1:
                 self.log.startup("first_step")      # the first step (its tracing included) has ended
+            if i == warm:
+                t0 = time.perf_counter()            # the timed stretch starts here
             inputs, labels = next(it)
-            t0 = time.perf_counter()
             loss, _ = self._train_step(inputs, labels)
             loss_v = float(loss.numpy())      # step boundary: wait for the device
-            elapsed = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            elapsed, t0 = t1 - t0, t1
+            if i >= warm:
+                times.append(elapsed)
             if not math.isfinite(loss_v) and not c.amp:
                 self._diverged(i + 1, f"the training loss is {loss_v}")
             losses[1:] = [(i + 1, loss_v)]            # keeps the first, replaces the last
-            if i >= warm:
-                times.append(elapsed)
             if (i + 1) % c.log_every == 0:
                 # this step's own rate (warm-up included), not a division by a placeholder time
                 self.log.step(i + 1, 0, loss_v, self.task.global_batch / max(elapsed, 1e-9),
                               total_steps=warm + steps)
-        return self._summary("benchmark", len(times), float(np.sum(times)), {}, losses, False, step_times=times)
+        breakdown = self._step_breakdown(it, c.breakdown_steps, losses) if c.breakdown_steps > 0 else None
+        return self._summary("benchmark", len(times), float(np.sum(times)), {}, losses, False, step_times=times,
+                             breakdown=breakdown)
+
+    # --- step breakdown (--breakdown-steps) ------------------------------------------
+    def _split_functions(self):
+        """The split step's units, each a tf.function called and synchronised on its own; built once.
+
+        Forward+backward is the fused step's ``_grad_fn`` (returning too the ids each model-parallel
+        layer was given, for the exchange run on the same tensors), the gradient exchange its
+        ``_exchange_gradients``, the optimizer its ``_apply_gradients``: one code path for both."""
+        if self._split is None:
+            layers = [m for m in self.model.submodules if isinstance(m, ModelParallelEmbedding)]
+            unmeasured = any(isinstance(m, EmbeddingGroup) and m.implementation == "distributed-embeddings"
+                             for m in self.model.submodules)
+            if self.dist.size == 1:
+                layers = []
+
+            # Gradients travel between the units as a flat list of tensors (IndexedSlices as their
+            # parts, packed again inside the next function): an IndexedSlices argument costs a
+            # tf.function call about twice the host time of its tensors passed flat.
+            split = {"structure": None}
+
+            def gradients(inputs, labels):
+                loss, grads = self._grad_fn(inputs, labels)
+                split["structure"] = list(grads)
+                return loss, tf.nest.flatten(split["structure"], expand_composites=True), \
+                    [layer.traced_ids() for layer in layers]
+
+            def unflatten(flat):
+                return tf.nest.pack_sequence_as(split["structure"], list(flat), expand_composites=True)
+
+            def gradient_exchange(loss, flat):
+                loss, _, reduced = self._exchange_gradients(loss, unflatten(flat))
+                return loss, tf.nest.flatten(reduced, expand_composites=True)
+
+            def optimizer(flat):
+                return self._apply_gradients(unflatten(flat))
+
+            def exchange(ids_per_layer):
+                sent = tf.constant(0, tf.int64)
+                for layer, ids in zip(layers, ids_per_layer):
+                    with tf.control_dependencies([sent]):      # one layer after the other, as in the step
+                        sent = sent + layer.exchange_only(ids)
+                return sent
+
+            split.update(
+                layers=layers, unmeasured=unmeasured, unflatten=unflatten,
+                gradients=tf.function(gradients, reduce_retracing=True),
+                exchange=tf.function(exchange, reduce_retracing=True),
+                gradient_exchange=tf.function(gradient_exchange, reduce_retracing=True),
+                optimizer=tf.function(optimizer, reduce_retracing=True),
+                gpu=bool(tf.config.list_logical_devices("GPU")))
+            self._split = split
+        return self._split
+
+    def _sync(self, small):
+        """Wait until a unit's work is done: on GPUs a device sync (ops are queued asynchronously; a
+        Horovod op completes when its collective has), then read a small output back (on CPUs the
+        call itself returned when its ops had run)."""
+        if self._split["gpu"]:
+            tf.test.experimental.sync_devices()
+        return small.numpy()
+
+    def _split_step(self, it):
+        """One training step as separately timed units; returns (loss, {phase: seconds}, bytes)."""
+        f = self._split
+        t_start = time.perf_counter()
+        inputs, labels = next(it)
+        t_input = time.perf_counter()
+        loss, grads, ids = f["gradients"](inputs, labels)
+        loss_v = float(self._sync(loss))
+        t_grads = t_exchanged = time.perf_counter()
+        reduced = grads                             # one rank: allreduce_gradients is the identity
+        if self.dist.size > 1:
+            loss, reduced = f["gradient_exchange"](loss, grads)
+            loss_v = float(self._sync(loss))
+            t_exchanged = time.perf_counter()
+        self._sync(f["optimizer"](reduced))
+        t_end = time.perf_counter()
+        # Outside the step: the embedding exchange alone on this step's ids, the ranks aligned first
+        # (so that it times the exchange, not a wait for a slower rank), and the bytes.
+        exchange_s, embedding_bytes = 0.0, 0
+        if f["layers"]:
+            self.dist.barrier()
+            t_x = time.perf_counter()
+            embedding_bytes = int(self._sync(f["exchange"](ids)))
+            exchange_s = time.perf_counter() - t_x
+        gradient_bytes = 0
+        if self.dist.size > 1:
+            grads = f["unflatten"](grads)
+            shared = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
+            gradient_bytes = sum(b or 0 for b in gradient_payload_bytes(
+                [grads[k] for k in shared], self.config.sparse_as_dense, extras=[loss, self._stop_flag]))
+        step = t_end - t_start
+        parts = dict(input_wait=t_input - t_start, compute=(t_grads - t_input) - exchange_s,
+                     embedding_exchange=exchange_s, gradient_exchange=t_exchanged - t_grads,
+                     optimizer=t_end - t_exchanged)
+        parts["remainder"] = step - sum(parts.values())
+        parts["step"] = step
+        return loss_v, parts, dict(embedding_exchange=embedding_bytes, gradient_exchange=gradient_bytes)
+
+    def _step_breakdown(self, it, n, losses):
+        """``step_breakdown`` of the summary: n split steps after an untimed one (which traces the
+        split functions); each rank's means, gathered (a collective: every rank calls it)."""
+        self._split_functions()
+        rows, sent = [], []
+        for k in range(n + 1):
+            loss_v, parts, nbytes = self._split_step(it)
+            step = int(self.global_step.numpy())
+            if not math.isfinite(loss_v) and not self.config.amp:
+                self._diverged(step, f"the training loss is {loss_v}")
+            losses[1:] = [(step, loss_v)]
+            if k:
+                rows.append(parts)
+                sent.append(nbytes)
+        mine = {f"{key}_ms": 1000.0 * float(np.mean([r[key] for r in rows])) for key in ("step", *BREAKDOWN_PHASES)}
+        mine_bytes = {key: float(np.mean([b[key] for b in sent])) for key in sent[0]}
+        every = self.dist.allgather_object(dict(rank=self.dist.rank, ms=mine, bytes=mine_bytes))
+        keys = ["step_ms"] + [f"{p}_ms" for p in BREAKDOWN_PHASES]
+        slowest = max(every, key=lambda e: e["ms"]["step_ms"])
+        out = {"version": 1, "steps": n, "method": BREAKDOWN_METHOD, "phases": list(BREAKDOWN_PHASES),
+               "mean": {key: float(np.mean([e["ms"][key] for e in every])) for key in keys},
+               "slowest_rank": {"rank": int(slowest["rank"]), **{key: slowest["ms"][key] for key in keys}},
+               "bytes_per_step": {key: int(round(np.mean([e["bytes"][key] for e in every])))
+                                  for key in ("embedding_exchange", "gradient_exchange")}}
+        if self._split["unmeasured"]:
+            # distributed-embeddings' exchange is inside its layer: not timed apart, it stays in compute
+            out["embedding_exchange_in_compute"] = True
+        return out
 
     def inference(self):
         """Timed forward passes over the test data (warm-up batches excluded)."""
@@ -440,7 +645,7 @@ class Engine:
         return summary
 
     def _summary(self, mode, timed_steps, timed_seconds, metrics, losses, interrupted, step_times=None,
-                 batch=None, checkpoint=None, evaluated=None):
+                 batch=None, checkpoint=None, evaluated=None, breakdown=None):
         batch = batch or self.task.global_batch
         # Per-rank times differ a little; report the slowest rank (a synchronous data-parallel
         # job goes at the pace of its slowest rank).
@@ -463,6 +668,8 @@ class Engine:
                 out["replica_weight_digests"] = self.dist.allgather_object(out["weights_digest"])
         if step_times:
             out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
+        if breakdown is not None:
+            out["step_breakdown"] = breakdown
         if losses:
             out["first_loss_step"], out["first_loss"] = losses[0]
             out["final_loss_step"], out["final_loss"] = losses[-1]

@@ -10,6 +10,15 @@ cell has no throughput, speedup and efficiency stay empty rather than being reba
 size. Numbers come only from the points' engine `summary` records (jobs.runs.enginelog); a failed
 point shows as failed with its reason, never as a missing row. matplotlib is imported only for
 the plot (an optional extra: `recsys-submit[plot]`).
+
+Next to the scaling figures (report version 3): every cell whose point matches a row NVIDIA
+published (jobs.study.published: model, the platform of the study's profile, GPUs, batch per GPU,
+precision, XLA) carries the published throughput and measured / published; an AMP cell whose
+study also ran the same size at full precision carries the speedup to mixed precision (NVIDIA's
+"throughput speedup (full precision to mixed precision)"); and a point whose engine summary has
+a `step_breakdown` gets the table of where its step time goes (ms and % per phase, over the mean
+of the ranks and the slowest rank, and each exchange's achieved bandwidth), from its median
+repeat, with a stacked-bar plot per variant.
 """
 
 import csv
@@ -21,12 +30,14 @@ import statistics
 import time
 
 from jobs.errors import RequestError
+from jobs.planning.request import slug
 from jobs.runs.atomic import write_json, write_text
 from jobs.runs.enginelog import THROUGHPUT, WORLD_SIZE, job_logs, number, startup
 
+from . import published
 from .run import DONE, FAILED, MISSING, UNKNOWN, StudyRecord, poll
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 # a cell whose repeats spread more than this is flagged: its median hides a noisy measurement
 SPREAD_CV, SPREAD_RATIO = 0.10, 1.25
 # provenance keys that differ between points by nature (the nodes are shown as "ran on")
@@ -36,6 +47,10 @@ PROVENANCE_ORDER = ("python", "tensorflow", "keras", "horovod", "horovod_build",
                     "nccl", "gpu_model", "cpu_model", "slurm_version", "git_commit", "git_dirty", "profile",
                     "profile_sha256")
 WARN = "\u26a0"
+# the engine summary's step breakdown (docs/studies.md, "Where the step time goes")
+BREAKDOWN = "step_breakdown"
+BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder")
+EXCHANGES = ("embedding_exchange", "gradient_exchange")
 
 
 def _engine_version():
@@ -115,6 +130,79 @@ def _provenance(points):
     return (common if recorded else None), differences, missing
 
 
+def _platform(record):
+    """(published platform or None, node type name or None) of the study's profile: the profile as
+    recorded in a point's request.json (what ran), else the profile loaded again by path or name."""
+    node = None
+    for point in record.points:
+        for run_dir in reversed(point.runs):
+            try:
+                with open(os.path.join(run_dir, "request.json")) as handle:
+                    node = json.load(handle)["profile"]["node"]["name"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            break
+        if node:
+            break
+    if not node:
+        from jobs.profiles import ProfileError, load_profile
+
+        try:
+            node = load_profile(record.profile_path or record.profile).node.name
+        except (ProfileError, RequestError, OSError):
+            node = None
+    return (published.platform_of_node(node) if node else None), node
+
+
+def _median_repeat(entries):
+    """The entry [(throughput, point id, summary)] whose throughput is the median (the lower of
+    the two middle ones for an even count)."""
+    ranked = sorted(entries, key=lambda e: e[0])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _breakdown(point_id, data):
+    """A cell's step breakdown from one summary's `step_breakdown`: per phase ms and % of the step
+    (mean over ranks, slowest rank), each exchange's bytes per step and achieved GB/s; None when
+    absent or malformed."""
+    if not isinstance(data, dict) or not isinstance(data.get("mean"), dict):
+        return None
+    step = number(data["mean"], "step_ms")
+    if step is None or step <= 0:
+        return None
+    phases = [p for p in data.get("phases") or BREAKDOWN_PHASES if isinstance(p, str)]
+
+    def side(values):
+        if not isinstance(values, dict):
+            return None
+        step_ms = number(values, "step_ms")
+        if step_ms is None or step_ms <= 0:
+            return None
+        out = {"step_ms": step_ms, "phases": {}}
+        for phase in phases:
+            ms = number(values, f"{phase}_ms")
+            out["phases"][phase] = {"ms": ms, "pct": None if ms is None else 100.0 * ms / step_ms}
+        out["phase_sum_ms"] = sum(v["ms"] for v in out["phases"].values() if v["ms"] is not None)
+        if "rank" in values:
+            out["rank"] = values["rank"]
+        return out
+
+    mean, slowest = side(data["mean"]), side(data.get("slowest_rank"))
+    sent = data.get("bytes_per_step") if isinstance(data.get("bytes_per_step"), dict) else {}
+    exchanges = {}
+    for name in EXCHANGES:
+        size = number(sent, name)
+
+        def gbps(over):
+            ms = over and over["phases"].get(name, {}).get("ms")
+            return size / (ms / 1000.0) / 1e9 if size is not None and ms else None
+
+        exchanges[name] = {"bytes": size, "gbps_mean": gbps(mean), "gbps_slowest": gbps(slowest)}
+    return {"point": point_id, "version": data.get("version"), "steps": data.get("steps"),
+            "method": data.get("method"), "phases": phases, "mean": mean, "slowest_rank": slowest,
+            "exchanges": exchanges}
+
+
 def build(record, status):
     """The report as plain data: header facts, one row per size, and the warnings to print."""
     spec = record.spec
@@ -132,7 +220,7 @@ def build(record, status):
     cells = {}
     for key, points in grouped.items():
         cell = {"points": [], "measured": [], "throughputs": [], "world_sizes": [], "failed": [], "pending": [],
-                "startups": [], "missing": []}
+                "startups": [], "missing": [], "summaries": []}
         for point in sorted(points, key=lambda p: p.repeat):
             st = by_id[point.id]
             cell["points"].append(point.id)
@@ -147,6 +235,7 @@ def build(record, status):
                     continue
                 cell["throughputs"].append(value)
                 cell["measured"].append(point.id)
+                cell["summaries"].append((value, point.id, st.summary))
                 cell["world_sizes"].append(st.summary.get(WORLD_SIZE))
                 measured.append((point.id, st.summary))
                 if st.run_dir:
@@ -178,7 +267,10 @@ def build(record, status):
                 f"variant {variant}: baseline point{'s' if len(cell['missing']) > 1 else ''} "
                 f"{'; '.join(cell['missing'])}; speedup and efficiency of "
                 f"{variant} left empty")
-    rows, spread_warnings = [], []
+    platform, node = _platform(record)
+    variant_of = {p.variant_label: p.variant for p in record.points}
+    settings = {v: published.settings_of(spec.get("engine_args"), variant_of[v], platform) for v in variants}
+    rows, spread_warnings, breakdown_problems = [], [], []
     for size in sizes:
         gpus, nodes, gpn, per_gpu, global_batch = size
         row = {"gpus": gpus, "nodes": nodes, "gpus_per_node": gpn, "batch_per_gpu": per_gpu,
@@ -191,7 +283,23 @@ def build(record, status):
             out = {"points": cell["points"], "throughputs": tps, "n": len(tps), "failed": cell["failed"],
                    "pending": cell["pending"], "world_sizes": cell["world_sizes"], "throughput": None,
                    "throughput_min": None, "throughput_max": None, "cv": None, "step_time_ms": None,
-                   "startup_s": None, "speedup": None, "efficiency": None, "spread_warning": None}
+                   "startup_s": None, "speedup": None, "efficiency": None, "spread_warning": None,
+                   "precision": settings[variant][0], "xla": settings[variant][1], "published": None,
+                   "measured_vs_published": None, "published_amp_speedup": None, "amp_speedup": None,
+                   "amp_speedup_vs": None, "breakdown": None}
+            row_match = published.match(spec.get("model"), platform, gpus, per_gpu, *settings[variant])
+            if row_match is not None:
+                out["published"] = {"throughput": row_match.throughput[out["precision"]], "table": row_match.table,
+                                    "model_size": row_match.model_size, "xla": row_match.xla,
+                                    "platform": row_match.platform, "source": row_match.source}
+                out["published_amp_speedup"] = row_match.amp_speedup()
+            with_breakdown = [e for e in cell["summaries"] if isinstance(e[2], dict) and BREAKDOWN in e[2]]
+            if with_breakdown:
+                _, point_id, summary = _median_repeat(with_breakdown)
+                out["breakdown"] = _breakdown(point_id, summary[BREAKDOWN])
+                if out["breakdown"] is None:
+                    breakdown_problems.append(f"{point_id}: its {BREAKDOWN} is malformed (no mean step_ms); "
+                                              "left out of the breakdown")
             if tps:
                 median = statistics.median(tps)
                 cv, ratio, noisy = _spread(tps)
@@ -202,6 +310,8 @@ def build(record, status):
                 if base["throughput"] is not None:
                     out["speedup"] = median / base["throughput"]
                     out["efficiency"] = out["speedup"] / (gpus / base["gpus"])
+                if out["published"] is not None:
+                    out["measured_vs_published"] = median / out["published"]["throughput"]
                 if noisy:
                     out["spread_warning"] = (
                         f"{_size_text(gpus, nodes, gpn)} {variant}: repeats {', '.join(cell['measured'])} gave "
@@ -211,8 +321,9 @@ def build(record, status):
                     spread_warnings.append(out["spread_warning"])
             row["variants"][variant] = out
         rows.append(row)
+    _amp_speedups(rows, variants, variant_of, settings, published.load().full_precision(platform))
     provenance, differences, no_provenance = _provenance(measured)
-    warnings = list(baseline_problems) + spread_warnings + [
+    warnings = list(baseline_problems) + spread_warnings + breakdown_problems + [
         f"provenance: point {d['point']} has {d['key']}={_show(d['value'])}, the other points "
         f"{_show(d['common'])}" for d in differences]
     return {
@@ -228,6 +339,10 @@ def build(record, status):
         "warmup_steps": spec.get("warmup_steps"),
         "steps": spec.get("steps"),
         "variants": variants,
+        "platform": platform,
+        "node_type": node,
+        "published_matches": sum(1 for r in rows for c in r["variants"].values() if c["published"]),
+        "breakdown_measured": any(c["breakdown"] for r in rows for c in r["variants"].values()),
         "baseline": baseline,
         "baseline_problems": baseline_problems,
         "provenance": provenance,
@@ -238,6 +353,28 @@ def build(record, status):
         "pending": pending,
         "warnings": warnings,
     }
+
+
+def _amp_speedups(rows, variants, variant_of, settings, full):
+    """NVIDIA's "throughput speedup (full precision to mixed precision)": each AMP cell's median /
+    the median of the same size at full precision (the platform's: tf32 on A100, fp32 on V100;
+    tf32 first on another platform) whose other variant settings are the same."""
+    def others(v):
+        return _key({k: x for k, x in variant_of[v].items() if k not in ("amp", "precision")}), settings[v][1]
+
+    order = [full] if full else ["tf32", "fp32"]
+    for amp in (v for v in variants if settings[v][0] == "amp"):
+        partners = [v for v in variants if settings[v][0] != "amp" and others(v) == others(amp)]
+        partners.sort(key=lambda v: order.index(settings[v][0]) if settings[v][0] in order else len(order))
+        if not partners:
+            continue
+        for row in rows:
+            cell, base = row["variants"].get(amp), row["variants"].get(partners[0])
+            if cell is None or base is None:
+                continue
+            cell["amp_speedup_vs"] = partners[0]
+            if cell["throughput"] is not None and base["throughput"] is not None:
+                cell["amp_speedup"] = cell["throughput"] / base["throughput"]
 
 
 def _fmt(value, digits=0):
@@ -307,12 +444,22 @@ def markdown(report):
                      ("" if not report["provenance_differences"] else " (points that differ: below)"))
     else:
         lines.append("- provenance: none recorded (summaries of an older engine)")
+    amp_columns = [v for v in report["variants"] if any(r["variants"].get(v, {}).get("amp_speedup_vs")
+                                                        for r in report["rows"])]
+    if amp_columns:
+        pairs = {v: next(r["variants"][v]["amp_speedup_vs"] for r in report["rows"]
+                         if r["variants"].get(v, {}).get("amp_speedup_vs")) for v in amp_columns}
+        lines.append("- speedup to mixed precision = the AMP cell's median / the median of the same size at full "
+                     "precision (NVIDIA's \"throughput speedup (full precision to mixed precision)\"): "
+                     + "; ".join(f"{v} vs {pairs[v]}" for v in amp_columns))
     lines.append("")
     head = ["GPUs", "nodes", "batch size / GPU", "global batch"]
     for v in report["variants"]:
         tag = "" if v == "default" else f" {v}"
         head += [f"throughput{tag} (samples/s)", f"step time{tag} (ms)", f"start-up{tag} (s)",
                  f"{'strong' if strong else 'weak'} scaling speedup{tag}", f"efficiency{tag}"]
+        if v in amp_columns:
+            head.append(f"speedup to mixed precision{tag}")
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---:" for _ in head) + "|")
     spread = []
@@ -323,11 +470,15 @@ def markdown(report):
             cell = row["variants"].get(v)
             cells += [_cell_text(cell), _fmt(cell and cell["step_time_ms"], 1), _fmt(cell and cell["startup_s"], 1),
                       _fmt(cell and cell["speedup"], 2), _fmt(cell and cell["efficiency"], 2)]
+            if v in amp_columns:
+                cells.append(_fmt(cell and cell["amp_speedup"], 2))
             if cell and cell["spread_warning"]:
                 spread.append(cell["spread_warning"])
         lines.append("| " + " | ".join(cells) + " |")
     if spread:
         lines += [""] + [f"{WARN} {text}" for text in spread]
+    lines += _published_lines(report)
+    lines += _breakdown_lines(report)
     if report["baseline_problems"]:
         lines += ["", "Baseline problems:", ""] + [f"- {text}" for text in report["baseline_problems"]]
     if report["provenance_differences"]:
@@ -344,8 +495,90 @@ def markdown(report):
     return "\n".join(lines) + "\n"
 
 
+def _published_lines(report):
+    """The "Measured vs published" section: every cell that matches a row NVIDIA published."""
+    lines = ["", "## Measured vs published", ""]
+    platforms = ", ".join(sorted({r.platform for r in published.rows()}))
+    if report["platform"] is None:
+        return lines + [f"Profile {report['profile']} (node type {report['node_type'] or 'unknown'}) is not a "
+                        f"platform NVIDIA published results for ({platforms}): nothing to compare."]
+    matched = [(row, v, row["variants"][v]) for row in report["rows"] for v in report["variants"]
+               if v in row["variants"] and row["variants"][v]["published"]]
+    if not matched:
+        return lines + [f"No point matches a row NVIDIA published for {report['model']} on {report['platform']} "
+                        "(GPUs, batch per GPU, precision, XLA): `recsys-submit study reference --model "
+                        f"{report['model']} --profile {report['profile']}` writes the study that does, "
+                        "`--list` shows what is published."]
+    lines += [f"Platform {report['platform']} (the profile's node type). Published = NVIDIA's training throughput "
+              "for the same model, GPUs, batch per GPU, precision and XLA (XLA where the row states it); "
+              "measured / published uses the cell's median.", "",
+              "| GPUs | batch size / GPU | variant | precision | XLA | measured (samples/s) | published (samples/s) | "
+              "measured / published | speedup to mixed precision, measured | published | published row |",
+              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|"]
+    sources = []
+    for row, v, cell in matched:
+        pub = cell["published"]
+        what = pub["table"] + (f" ({pub['model_size']})" if pub["model_size"] else "") + \
+            ("" if pub["xla"] is not None else ", XLA not stated")
+        lines.append(f"| {row['gpus']} | {row['batch_per_gpu']} | {v} | {cell['precision']} | "
+                     f"{'on' if cell['xla'] else 'off'} | {_fmt(cell['throughput'])} | {_fmt(pub['throughput'])} | "
+                     f"{_fmt(cell['measured_vs_published'], 2)} | {_fmt(cell['amp_speedup'], 2)} | "
+                     f"{_fmt(cell['published_amp_speedup'], 2)} | {what} |")
+        if f"{pub['table']}: {pub['source']}" not in sources:
+            sources.append(f"{pub['table']}: {pub['source']}")
+    return lines + [""] + [f"Source {s}." for s in sources]
+
+
+def _phase_text(over, phase):
+    value = over["phases"].get(phase) if over else None
+    if not value or value["ms"] is None:
+        return "-"
+    return f"{value['ms']:,.2f} ({value['pct']:.1f}%)"
+
+
+def _breakdown_lines(report):
+    """The "Where the step time goes" section: one table per variant, two rows per point (the mean
+    over the ranks and the slowest rank)."""
+    lines = ["", "## Where the step time goes", ""]
+    if not report["breakdown_measured"]:
+        return lines + ["Not measured: no point's engine summary has a `step_breakdown` (study spec "
+                        "`breakdown_steps: 0`, or an engine older than the breakdown)."]
+    lines.append("Per point, the split steps of its median repeat: each phase in ms and % of the step, over the "
+                 "mean of the ranks and over the slowest rank; remainder = step - the timed phases (negative when "
+                 "phases overlap); exchange bandwidth = bytes per step / the phase's time. The split step calls "
+                 "and waits for each phase on its own, so it takes longer than the timed step of the throughput "
+                 "column (shown next to it): the difference is the cost of splitting, not of the model.")
+    head = ["GPUs", "nodes", "ranks", "split step (ms)", "timed step (ms)"] \
+        + [p.replace("_", " ") for p in BREAKDOWN_PHASES] + [f"{e.replace('_', ' ')} GB/s" for e in EXCHANGES]
+    for v in report["variants"]:
+        cells = [(row, row["variants"].get(v)) for row in report["rows"] if row["variants"].get(v)]
+        if not any(c["breakdown"] for _, c in cells):
+            lines += ["", f"{v}: not measured."]
+            continue
+        lines += ["", f"### {v}" if v != "default" else "### all points", "",
+                  "| " + " | ".join(head) + " |", "|" + "|".join("---:" if i != 2 else "---" for i in range(len(head))) + "|"]
+        for row, cell in cells:
+            size = [str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}"]
+            b = cell["breakdown"]
+            if b is None:
+                lines.append("| " + " | ".join(size + ["not measured"] + ["-"] * (len(head) - 3)) + " |")
+                continue
+            for label, over, key in (("mean", b["mean"], "gbps_mean"), ("slowest", b["slowest_rank"], "gbps_slowest")):
+                if over is None:
+                    continue
+                if label == "slowest":
+                    label = f"slowest (rank {over.get('rank', '?')})"
+                lines.append("| " + " | ".join(size + [label, _fmt(over["step_ms"], 2), _fmt(cell["step_time_ms"], 2)]
+                                               + [_phase_text(over, p) for p in BREAKDOWN_PHASES]
+                                               + [_fmt(b["exchanges"][e][key], 2) for e in EXCHANGES]) + " |")
+    methods = sorted({f"{c['breakdown']['steps']} step(s), {c['breakdown']['method']}" for r in report["rows"]
+                      for c in r["variants"].values() if c["breakdown"]})
+    return lines + ["", "Measured over: " + "; ".join(methods) + "."]
+
+
 CSV_FIELDS = ("throughput", "throughput_min", "throughput_max", "n", "cv", "step_time_ms", "startup_s", "speedup",
-              "efficiency", "failed", "spread_warning")
+              "efficiency", "failed", "spread_warning", "precision", "xla", "published", "measured_vs_published",
+              "amp_speedup", "published_amp_speedup")
 
 
 def csv_text(report):
@@ -364,8 +597,42 @@ def csv_text(report):
                 value = cell.get(f)
                 if f == "failed":
                     value = len(value or [])
+                elif f == "published":
+                    value = value and value["throughput"]
                 values.append("" if value is None else value)
         writer.writerow(values)
+    return out.getvalue()
+
+
+BREAKDOWN_CSV_HEAD = (["variant", "gpus", "nodes", "gpus_per_node", "batch_per_gpu", "point", "ranks", "rank", "steps",
+                      "method", "step_ms"] + [f"{p}_{u}" for p in BREAKDOWN_PHASES for u in ("ms", "pct")]
+                     + [f"{e}_{u}" for e in EXCHANGES for u in ("bytes", "gbps")])
+
+
+def breakdown_csv_text(report):
+    """breakdown.csv: two rows per point with a breakdown (ranks = mean | slowest_rank); only the
+    header when no point has one."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(BREAKDOWN_CSV_HEAD)
+    for v in report["variants"]:
+        for row in report["rows"]:
+            cell = row["variants"].get(v)
+            b = cell and cell["breakdown"]
+            if not b:
+                continue
+            for ranks, over, key in (("mean", b["mean"], "gbps_mean"), ("slowest_rank", b["slowest_rank"],
+                                                                         "gbps_slowest")):
+                if over is None:
+                    continue
+                values = [v, row["gpus"], row["nodes"], row["gpus_per_node"], row["batch_per_gpu"], b["point"], ranks,
+                          over.get("rank"), b["steps"], b["method"], over["step_ms"]]
+                for phase in BREAKDOWN_PHASES:
+                    value = over["phases"].get(phase) or {}
+                    values += [value.get("ms"), value.get("pct")]
+                for name in EXCHANGES:
+                    values += [b["exchanges"][name]["bytes"], b["exchanges"][name][key]]
+                writer.writerow(["" if x is None else x for x in values])
     return out.getvalue()
 
 
@@ -382,8 +649,10 @@ def _pyplot():
 
 
 def figure(report):
-    """The plot's figure: throughput vs GPUs (median with min-max error bars, the ideal line from
-    the baseline when there is one) and efficiency vs GPUs, one colour per variant, log2 x axis."""
+    """The plot's figure: throughput vs GPUs on log-log axes (median with min-max error bars, the
+    ideal line from the baseline when there is one, a straight line there; NVIDIA's published
+    throughput as crosses where a cell matches one) and efficiency vs GPUs on a linear axis, one
+    colour per variant, log2 GPU axes."""
     plt = _pyplot()
     fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.2))
     for v in report["variants"]:
@@ -403,6 +672,10 @@ def figure(report):
                        alpha=0.6, label=f"{v} ideal")
             eff = [(g, c["efficiency"]) for g, c in pts if c["efficiency"] is not None]
             ax_eff.plot([g for g, _ in eff], [e for _, e in eff], marker="o", color=color, label=v)
+        pub = [(g, c["published"]["throughput"]) for g, c in pts if c["published"]]
+        if pub:
+            ax_tp.plot([g for g, _ in pub], [t for _, t in pub], linestyle="none", marker="x", markersize=8,
+                       color=color, label=f"{v} NVIDIA published")
     ticks = sorted({row["gpus"] for row in report["rows"]})
     for ax in (ax_tp, ax_eff):
         ax.set_xscale("log", base=2)
@@ -411,7 +684,10 @@ def figure(report):
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
-    ax_tp.set_ylabel("throughput (samples/s, higher is better)")
+    ax_tp.set_yscale("log")
+    ax_eff.set_yscale("linear")
+    ax_eff.set_ylim(bottom=0)
+    ax_tp.set_ylabel("throughput (samples/s, log scale, higher is better)")
     ax_eff.set_ylabel("parallel efficiency (1 = ideal)")
     ax_eff.axhline(1.0, linestyle="--", color="grey", alpha=0.6)
     fig.suptitle(f"{report['study']}: {report['model']} {report['scaling']} scaling on {report['profile']}")
@@ -419,20 +695,71 @@ def figure(report):
     return fig
 
 
-def plot(report, path):
-    """Write figure(report) as a PNG (atomically). Needs matplotlib (RequestError naming --plot
-    when it is missing)."""
+def breakdown_figure(report, variant):
+    """Stacked bars of one variant: one bar per point (the mean over ranks of its median repeat),
+    one colour per phase, remainder included; a negative phase (a remainder below zero, when timed
+    phases overlap) is drawn below zero; a dot marks the slowest rank's step time."""
     plt = _pyplot()
-    fig = figure(report)
+    cells = [(row, row["variants"][variant]["breakdown"]) for row in report["rows"]
+             if row["variants"].get(variant) and row["variants"][variant]["breakdown"]]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(cells) + 3), 4.2))
+    colors = plt.get_cmap("tab10")
+    xs = list(range(len(cells)))
+    up, down = [0.0] * len(cells), [0.0] * len(cells)
+    for i, phase in enumerate(BREAKDOWN_PHASES):
+        values = [(b["mean"]["phases"].get(phase) or {}).get("ms") or 0.0 for _, b in cells]
+        bottoms = [u if value >= 0 else d for value, u, d in zip(values, up, down)]
+        ax.bar(xs, values, bottom=bottoms, color=colors(i), label=phase.replace("_", " "), width=0.6)
+        up = [u + value if value >= 0 else u for value, u in zip(values, up)]
+        down = [d + value if value < 0 else d for value, d in zip(values, down)]
+    slow = [(x, b["slowest_rank"]["step_ms"]) for x, (_, b) in zip(xs, cells) if b["slowest_rank"]]
+    if slow:
+        ax.plot([x for x, _ in slow], [y for _, y in slow], linestyle="none", marker="o", color="black",
+                label="slowest rank's step")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(xs, [f"{row['gpus']} GPU{'s' if row['gpus'] > 1 else ''}\n({row['nodes']} x {row['gpus_per_node']})"
+                       for row, _ in cells])
+    ax.set_ylabel("ms per step (mean over ranks)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(f"{report['study']}: where the step time goes"
+                 + ("" if variant == "default" else f" ({variant})"))
+    fig.tight_layout()
+    return fig
+
+
+def breakdown_plot_name(variant):
+    return f"breakdown-{slug(variant.replace(',', '_').replace('=', '-'))}.png"
+
+
+def _save(plt, fig, path):
     tmp = f"{path}.tmp.{os.getpid()}.png"
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, path)
 
 
+def plot_breakdowns(report, out_dir):
+    """breakdown-<variant>.png of every variant with a measured breakdown: {variant: path}."""
+    plt = _pyplot()
+    paths = {}
+    for v in report["variants"]:
+        if any(row["variants"].get(v) and row["variants"][v]["breakdown"] for row in report["rows"]):
+            paths[v] = os.path.join(out_dir, breakdown_plot_name(v))
+            _save(plt, breakdown_figure(report, v), paths[v])
+    return paths
+
+
+def plot(report, path):
+    """Write figure(report) as a PNG (atomically). Needs matplotlib (RequestError naming --plot
+    when it is missing)."""
+    plt = _pyplot()
+    _save(plt, figure(report), path)
+
+
 def write(study_dir, out_dir=None, want_plot=None):
-    """Poll the study and write scaling.{md,csv,json} (and scaling.png) to `out_dir` (default
-    <study>/report). `want_plot`: True needs matplotlib, None plots when it is installed.
+    """Poll the study and write scaling.{md,csv,json}, breakdown.csv (and scaling.png, one
+    breakdown-<variant>.png per variant with a step breakdown) to `out_dir` (default <study>/report). `want_plot`: True needs matplotlib, None plots when it is installed.
     Returns (report dict, {kind: path}); the caller prints report["warnings"]."""
     record = StudyRecord.load(study_dir)
     if want_plot:
@@ -442,14 +769,17 @@ def write(study_dir, out_dir=None, want_plot=None):
     out_dir = out_dir or os.path.join(record.study_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
     paths = {"markdown": os.path.join(out_dir, "scaling.md"), "csv": os.path.join(out_dir, "scaling.csv"),
-             "json": os.path.join(out_dir, "scaling.json")}
+             "json": os.path.join(out_dir, "scaling.json"), "breakdown csv": os.path.join(out_dir, "breakdown.csv")}
     write_text(paths["markdown"], markdown(report))
     write_text(paths["csv"], csv_text(report))
+    write_text(paths["breakdown csv"], breakdown_csv_text(report))
     write_json(paths["json"], report)
     if want_plot is not False:
         try:
             plot(report, os.path.join(out_dir, "scaling.png"))
             paths["plot"] = os.path.join(out_dir, "scaling.png")
+            for v, path in plot_breakdowns(report, out_dir).items():
+                paths[f"breakdown plot {v}"] = path
         except RequestError:
             if want_plot:
                 raise

@@ -38,6 +38,7 @@ KEYS = {
     "repeats": "runs of every point (the table shows their median and min-max)",
     "warmup_steps": "benchmark warm-up steps (excluded from throughput)",
     "steps": "timed benchmark steps",
+    "breakdown_steps": "steps run after the timed ones as a split step, timing each phase (0: none)",
     "time": "time limit of each point's job (Slurm format)",
     "data_path": "dataset directory (else synthetic data)",
     "synthetic": "true: synthetic data (the default without data_path)",
@@ -91,6 +92,7 @@ class StudySpec:
     repeats: int = 1
     warmup_steps: int = 20
     steps: int = 100
+    breakdown_steps: int = 20
     time: Optional[str] = None
     data_path: Optional[str] = None
     synthetic: Optional[bool] = None
@@ -126,10 +128,12 @@ class StudySpec:
         if scaling not in MODES:
             fail("scaling", f"{scaling!r} is not one of {', '.join(MODES)}")
         ints = {}
-        for key, default in (("batch_size", 4096), ("repeats", 1), ("steps", 100), ("warmup_steps", 20)):
+        for key, default in (("batch_size", 4096), ("repeats", 1), ("steps", 100), ("warmup_steps", 20),
+                             ("breakdown_steps", 20)):
             value = data.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
-                fail(key, f"{value!r} is not a {'non-negative' if key == 'warmup_steps' else 'positive'} integer")
+            least = 0 if key in ("warmup_steps", "breakdown_steps") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                fail(key, f"{value!r} is not a {'non-negative' if least == 0 else 'positive'} integer")
             ints[key] = value
         gpus, points = data.get("gpus"), data.get("points")
         if gpus is not None and points is not None:
@@ -176,8 +180,8 @@ class StudySpec:
         if not isinstance(engine_args, list) or not all(isinstance(a, (str, int, float)) for a in engine_args):
             fail("engine_args", "a list of engine flags and values, e.g. ['--embedding-dim', '16']")
         engine_args = [str(a) for a in engine_args]
-        for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--run-mode", "--mode",
-                     "--model"):
+        for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--breakdown-steps",
+                     "--run-mode", "--mode", "--model"):
             if any(a == flag or a.startswith(flag + "=") for a in engine_args):
                 fail("engine_args", f"{flag} is set by the study (use its own key)")
         data_path = data.get("data_path")
@@ -291,7 +295,9 @@ def expand(spec, profile):
                     + f"-r{repeat}"
                 args = base + ["--batch-size", str(global_batch),
                                "--benchmark-warmup-steps", str(spec.warmup_steps),
-                               "--benchmark-steps", str(spec.steps)] + list(spec.engine_args) + _variant_args(variant)
+                               "--benchmark-steps", str(spec.steps)] \
+                    + (["--breakdown-steps", str(spec.breakdown_steps)] if spec.breakdown_steps else []) \
+                    + list(spec.engine_args) + _variant_args(variant)
                 points.append(Point(id=pid, nodes=nodes, gpus_per_node=gpn, gpus=ranks, batch_per_gpu=per_gpu,
                                     global_batch=global_batch, variant=dict(variant), variant_label=label,
                                     repeat=repeat, engine_args=args))
@@ -328,7 +334,8 @@ def check_engine_args(spec, point, parser=None):
 
 
 def spec_from_flags(model, gpus, scaling="strong", batch_size=None, variants=(), repeats=None,
-                    warmup_steps=None, steps=None, time=None, data_path=None, name=None, engine_args=()):
+                    warmup_steps=None, steps=None, breakdown_steps=None, time=None, data_path=None, name=None,
+                    engine_args=()):
     """A StudySpec for a quick sweep from CLI flags (`--gpus 1,2,4 --variant amp=false,true`)."""
     data = {"model": model, "scaling": scaling, "engine_args": list(engine_args)}
     try:
@@ -344,7 +351,8 @@ def spec_from_flags(model, gpus, scaling="strong", batch_size=None, variants=(),
     if parsed:
         data["variants"] = parsed
     for key, value in (("batch_size", batch_size), ("repeats", repeats), ("warmup_steps", warmup_steps),
-                       ("steps", steps), ("time", time), ("data_path", data_path), ("name", name)):
+                       ("steps", steps), ("breakdown_steps", breakdown_steps), ("time", time),
+                       ("data_path", data_path), ("name", name)):
         if value is not None:
             data[key] = value
     return StudySpec.from_dict(data, source="--gpus/--variant flags")

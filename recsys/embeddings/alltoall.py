@@ -18,6 +18,9 @@ engine leaves :meth:`local_variables` out of its allreduce). Each rank's loss is
 the mean over its local batch and the replicated path averages gradients over
 ranks, so the returned vectors scale their gradient by 1/world: both paths
 apply the same update.
+
+:meth:`ModelParallelEmbedding.exchange_only` runs the three exchanges of a step alone, on the ids
+of a traced call, for the engine's step breakdown (``--breakdown-steps``), and counts their bytes.
 """
 from __future__ import annotations
 
@@ -36,6 +39,18 @@ def _scale_gradient(x, scale):
 
 def slice_key(s):
     return f"t{s.table}_c{s.col_start}_{s.col_end}"
+
+
+def sent_bytes(splits, rank, dtype):
+    """Bytes an alltoall with send ``splits`` (elements per rank) moves from ``rank`` to the other
+    ranks (its own chunk never leaves it): the one count of this module's exchange bytes."""
+    splits = tf.cast(splits, tf.int64)
+    return (tf.reduce_sum(splits) - splits[rank]) * tf.constant(tf.as_dtype(dtype).size, tf.int64)
+
+
+class _Traced:
+    """Plain holder (not tracked by Keras) of the ids of the layer's latest call."""
+    ids = None
 
 
 class ModelParallelEmbedding(tf.keras.layers.Layer):
@@ -60,6 +75,7 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
         self.replicated_tables = sorted({s.table for s in plan.slices if s.replicated})
         self.id_dtype = tf.int32 if max(self.cardinalities) < 2**31 else tf.int64
         self.shards, self.dp_tables = {}, {}
+        self._traced = _Traced()
 
     def build(self, input_shape):
         for s in self.mine:
@@ -84,21 +100,63 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
         """{(table, 0, dim): variable} of the small tables every rank holds."""
         return {(t, 0, self.dims[t]): self.dp_tables[f"t{t}"] for t in self.replicated_tables}
 
-    def call(self, ids):
+    def _ids_to_owners(self, ids):
+        """Step 1: every rank sends each owner the ids of the tables (slices) it holds.
+        Returns (ids cast, hots, local batch, received ids, received splits, send splits)."""
         ids = [tf.cast(i, self.id_dtype) for i in ids]
         hots = [1 if i.shape.rank == 1 else int(i.shape[1]) for i in ids]
         batch = tf.shape(ids[0])[0]
         flat = [tf.reshape(i, [-1]) for i in ids]
-        # 1. ids to the owners: chunk for rank r = the ids of each table it holds a slice of.
+        # chunk for rank r = the ids of each table it holds a slice of.
         send, splits = [], []
         for r in range(self.world):
             send += [flat[s.table] for s in self.by_rank[r]]
             splits.append(batch * sum(hots[s.table] for s in self.by_rank[r]))
+        splits = tf.stack(splits)
         recv, recv_splits = self.hvd.alltoall(tf.concat(send, 0) if send else tf.zeros([0], self.id_dtype),
-                                              splits=tf.stack(splits), name=f"{self.name}_ids")
-        # 2. look up this rank's slices for the whole global batch (sources concatenated in rank order).
+                                              splits=splits, name=f"{self.name}_ids")
+        return ids, hots, batch, recv, recv_splits, splits
+
+    def _widths(self):
+        """Columns every rank holds (the width of its block of the returned vectors)."""
+        return [sum(s.col_end - s.col_start for s in self.by_rank[r]) for r in range(self.world)]
+
+    def _back_splits(self, recv_splits, hots):
+        """Elements of looked-up vectors this rank sends back to each source rank."""
+        if not self.mine:
+            return tf.zeros([self.world], tf.int32)
         my_hot = sum(hots[s.table] for s in self.mine)
         width = sum(s.col_end - s.col_start for s in self.mine)
+        return tf.cast((recv_splits // my_hot) * width, tf.int32)
+
+    def _vectors_to_askers(self, back, back_splits):
+        """Step 3: the looked-up vectors back to the ranks that asked (its gradient: the same way back)."""
+        return self.hvd.alltoall(back, splits=back_splits, name=f"{self.name}_vectors")
+
+    def exchange_only(self, ids):
+        """The exchanges of one step on these ids, without the lookups: the ids alltoall, the vectors
+        alltoall (same-shaped zeros) and the alltoall Horovod's gradient makes of the vector
+        gradients (same shape, same splits). Returns the bytes this rank sent to the other ranks
+        (int64 scalar), once all three exchanges are done. The engine times it (step breakdown)."""
+        ids, hots, _, recv, recv_splits, splits = self._ids_to_owners(ids)
+        back_splits = self._back_splits(recv_splits, hots)
+        dtype = self.compute_dtype if self.mine else self.dtype
+        vectors, vector_splits = self._vectors_to_askers(tf.zeros([tf.reduce_sum(back_splits)], dtype), back_splits)
+        grads, _ = self.hvd.alltoall(tf.zeros_like(vectors), splits=vector_splits, name=f"{self.name}_vector_grads")
+        sent = (sent_bytes(splits, self.rank, self.id_dtype) + sent_bytes(back_splits, self.rank, dtype)
+                + sent_bytes(vector_splits, self.rank, dtype))
+        with tf.control_dependencies([recv, vectors, grads]):
+            return tf.identity(sent)
+
+    def traced_ids(self):
+        """The ids of the latest call (graph tensors of the function that traced it)."""
+        return self._traced.ids
+
+    def call(self, ids):
+        ids, hots, batch, recv, recv_splits, _ = self._ids_to_owners(ids)
+        self._traced.ids = ids      # this call's ids (graph tensors while tracing), for exchange_only
+        # 2. look up this rank's slices for the whole global batch (sources concatenated in rank order).
+        my_hot = sum(hots[s.table] for s in self.mine)
         if self.mine:
             per_source = recv_splits // my_hot                                   # B_q of every source q
             chunks = tf.split(recv, recv_splits, num=self.world)
@@ -112,13 +170,11 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
                 vec = tf.gather(self.shards[slice_key(s)], tf.maximum(table_ids, 0))
                 out.append(combine(vec, table_ids, self.combiners[s.table]))
             back = tf.reshape(tf.concat(out, 1), [-1])
-            back_splits = per_source * width
         else:
             back = tf.zeros([0], self.dtype)            # the tables' dtype, as the other ranks send
-            back_splits = tf.zeros([self.world], tf.int32)
         # 3. vectors back to the rank that asked; gradients return the same way, scaled to the average.
-        widths = [sum(s.col_end - s.col_start for s in self.by_rank[r]) for r in range(self.world)]
-        vectors, _ = self.hvd.alltoall(back, splits=tf.cast(back_splits, tf.int32), name=f"{self.name}_vectors")
+        widths = self._widths()
+        vectors, _ = self._vectors_to_askers(back, self._back_splits(recv_splits, hots))
         vectors = _scale_gradient(vectors, 1.0 / self.world)
         blocks = tf.split(vectors, [batch * w for w in widths], num=self.world)
         columns = {}

@@ -137,9 +137,16 @@ def choose_placement(requested, world_size, groups, *, dense_params=0, dense_slo
     groups = _as_groups(groups)
     kw = dict(dense_params=dense_params, dense_slots=dense_slots, budget_bytes=budget_bytes,
               column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold)
+    if requested == "model_parallel" and world_size < 2:
+        # One rank holds every table either way: the 1-GPU point of a scaling study that runs
+        # model parallel at every other size (its placement record says why).
+        one = place("replicated", "one rank: every table is local (model parallel needs 2 ranks or more)",
+                    world_size, groups, **kw)
+        if not one.fits:
+            raise PlacementError(f"--embedding-placement model_parallel on one rank: the tables do not fit: "
+                                 f"{one.need()}")
+        return one
     if requested == "model_parallel":
-        if world_size < 2:
-            raise PlacementError("--embedding-placement model_parallel needs at least 2 ranks, this run has 1")
         if model == "ncf":
             raise PlacementError("--embedding-placement model_parallel is not available for --model ncf "
                                  "(two small tables: use replicated)")

@@ -39,11 +39,14 @@ def test_a_later_summary_version_is_skipped_never_misread(tmp_path):
         assert enginelog.summary([_log(tmp_path / "c.jsonl", dict(known, summary_version=bad))]) is None
 
 
-def test_the_reader_knows_versions_1_and_2(tmp_path):
-    """2: the throughput of the slowest rank, and `provenance` (docs/engine-log.md)."""
-    assert enginelog.SUMMARY_VERSION == 2
-    for version in (1, 2):
+def test_the_reader_knows_versions_1_to_3(tmp_path):
+    """2: the throughput of the slowest rank, and `provenance`; 3: `step_breakdown`, passed through
+    (docs/engine-log.md)."""
+    assert enginelog.SUMMARY_VERSION == 3
+    for version in (1, 2, 3):
         record = {"type": "summary", "summary_version": version, "step": 5, "throughput_samples_per_s": 7.0}
+        if version == 3:
+            record["step_breakdown"] = {"version": 1, "steps": 5, "mean": {"step_ms": 2.0}}
         assert enginelog.summary([_log(tmp_path / f"v{version}.jsonl", record)]) == record
 
 

@@ -89,7 +89,7 @@ def test_cell_statistics_come_from_the_repeats(tmp_path):
         assert cell["speedup"] == pytest.approx(statistics.median(tps) / base)
         assert cell["efficiency"] == pytest.approx(cell["speedup"] / gpus)
         assert cell["spread_warning"] is None                   # 3 close repeats
-    assert report["version"] == 2 and report["warnings"] == [] and report["baseline_problems"] == []
+    assert report["version"] == study_report.REPORT_VERSION and report["warnings"] == [] and report["baseline_problems"] == []
     one = _study(tmp_path / "one", [(1, 1)])
     single = study_report.build(one, _status(one, {"g1-n1x1-r0": 5.0}))
     assert _cell(single, 1)["cv"] is None and _cell(single, 1)["n"] == 1

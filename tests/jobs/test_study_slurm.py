@@ -3,7 +3,7 @@ srun --mpi=pmix with Horovod (ranks = fake GPUs), one CLI call per study, the re
 
 Three studies, each shared by the assertions of its module-scoped fixture, run the ci profile's
 default way (its nodes share this host: one point at a time):
-- DLRM strong scaling at 1 rank, 1x2, 2x2 and 4x2;
+- DLRM strong scaling at 1 rank, 1x2, 2x2 and 4x2, model-parallel tables, with the step breakdown;
 - NCF on 1 and 2 nodes x 2 variants (sparse_as_dense: false/true), with one point scancelled
   right after submission, reported failed, and resubmitted alone by a second `study run`;
 - NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat stalled on purpose (SIGSTOP, 2 s).
@@ -41,7 +41,8 @@ def study_cli(slurm_cluster, tmp_path_factory):
 def dlrm_study(study_cli, tmp_path_factory):
     spec = _write_spec(tmp_path_factory.mktemp("spec") / "dlrm.yaml", name="dlrm-strong", model="dlrm",
                        scaling="strong", batch_size=512, gpus=[1, 2, 4, 8], warmup_steps=2, steps=5,
-                       time="00:10:00", engine_args=TINY_DLRM)
+                       breakdown_steps=5, time="00:10:00",
+                       engine_args=TINY_DLRM + ["--embedding-placement", "model_parallel"])
     proc = study_cli("study", "run", spec, "--profile", "ci", check=True)
     study_dir = _study_dir(proc)
     rc, status = _watch(study_cli, study_dir)
@@ -109,6 +110,31 @@ def test_dlrm_report_table_comes_from_the_summaries(dlrm_study, study_cli):
     import matplotlib.image
 
     assert matplotlib.image.imread(png).shape[0] > 100
+
+
+def test_dlrm_step_breakdown_adds_up_and_the_exchange_share_grows(dlrm_study, study_cli):
+    shares = {}
+    for point in dlrm_study["status"]["points"]:
+        b = point["summary"]["step_breakdown"]
+        assert b["steps"] == 5 and b["phases"][-1] == "remainder", b
+        for over in (b["mean"], b["slowest_rank"]):
+            parts = sum(over[f"{p}_ms"] for p in b["phases"])
+            assert parts == pytest.approx(over["step_ms"], rel=0.01), (point["id"], over)
+        gpus = point["summary"]["world_size"]
+        exchange = b["mean"]["embedding_exchange_ms"] + b["mean"]["gradient_exchange_ms"]
+        shares[gpus] = exchange / b["mean"]["step_ms"]
+        if gpus > 1:        # model-parallel tables: every step sends ids and vectors to the other ranks
+            assert b["bytes_per_step"]["embedding_exchange"] > 0 and b["mean"]["embedding_exchange_ms"] > 0, b
+    # one rank exchanges nothing; every model-parallel size does. (Beyond that the shares of the
+    # emulated nodes, which share 2 cores, are not a scaling result: 8 ranks slow compute as much.)
+    assert shares[1] == 0.0 and shares[4] > shares[1] and min(shares[2], shares[8]) > 0, shares
+    proc, report = _report(study_cli, dlrm_study["dir"])
+    cells = {row["gpus"]: row["variants"]["default"]["breakdown"] for row in report["rows"]}
+    assert cells[4]["exchanges"]["embedding_exchange"]["gbps_mean"] > 0
+    text = open(os.path.join(dlrm_study["dir"], "report", "scaling.md")).read()
+    assert "## Where the step time goes" in text and "| 8 | 4 x 2 | mean |" in text
+    with open(os.path.join(dlrm_study["dir"], "report", "breakdown-default.png"), "rb") as handle:
+        assert handle.read(8) == PNG_MAGIC
 
 
 def test_dlrm_rerun_submits_nothing_and_polls_once(dlrm_study, study_cli, slurm_env):

@@ -40,6 +40,20 @@ def test_weak_scaling_variants_and_repeats_are_crossed():
     assert "--amp" not in plain.engine_args and "--xla" not in plain.engine_args
 
 
+def test_points_run_the_step_breakdown_unless_the_spec_says_0():
+    def flags(spec):
+        args = expand(spec, load_profile("ci"))[0].engine_args
+        return args[args.index("--breakdown-steps") + 1] if "--breakdown-steps" in args else None
+
+    assert flags(spec_from_flags("dlrm", "1", batch_size=512)) == "20"          # the default
+    assert flags(spec_from_flags("dlrm", "1", batch_size=512, breakdown_steps=5)) == "5"
+    assert flags(spec_from_flags("dlrm", "1", batch_size=512, breakdown_steps=0)) is None
+    with pytest.raises(StudyError, match="breakdown_steps: -1 is not a non-negative integer"):
+        spec_from_flags("dlrm", "1", breakdown_steps=-1)
+    with pytest.raises(StudyError, match="engine_args: --breakdown-steps is set by the study"):
+        spec_from_flags("dlrm", "1", engine_args=["--breakdown-steps", "3"])
+
+
 def test_engine_flags_are_checked_once_per_distinct_argument_set(monkeypatch):
     """4 sizes x 3 precisions x 2 repeats = 24 points, but strong scaling gives every size the
     same global batch, so only the 3 precision variants differ: 3 parses, not 24."""

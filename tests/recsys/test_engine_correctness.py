@@ -49,7 +49,7 @@ def test_max_steps_on_an_epoch_boundary_ends_with_eval_and_checkpoint_of_the_las
     assert kinds[-2:] == [("checkpoint", 64), ("eval", 64)]
     # final_loss is the last step's (64), not the last logged one (60)
     assert (s["first_loss_step"], s["final_loss_step"]) == (1, 64)
-    assert s["summary_version"] == 2 and s["world_size"] == 1
+    assert s["summary_version"] == 3 and s["world_size"] == 1
     assert s["throughput_samples_per_s"] > 0 and s["mean_step_time_ms"] > 0
     warnings = [r for r in records(recs, "info") if r.get("warning") == "lr_schedule_ends_early"]
     assert len(warnings) == 1 and warnings[0]["lr_zero_step"] == 30 and warnings[0]["total_steps"] == 64

@@ -126,7 +126,6 @@ def _train(*argv, env_extra=None):
 
 
 @pytest.mark.parametrize("argv, env, message", [
-    (["--embedding-placement", "model_parallel"], {}, "needs at least 2 ranks, this run has 1"),
     (["--embedding-placement", "model_parallel", "--embedding-memory-gb", "1e-6"], {"WORLD_SIZE": "2"},
      "model_parallel does not fit: rank"),
     (["--embedding-placement", "auto", "--embedding-memory-gb", "1e-6"], {"WORLD_SIZE": "2"},
@@ -150,3 +149,13 @@ def test_auto_picks_model_parallel_when_replicated_does_not_fit():
     assert choice.model_parallel and "do not fit" in choice.reason
     assert choose_placement("auto", 4, tables, budget_bytes=10**9).mode == "replicated"
     assert choose_placement("auto", 1, tables, budget_bytes=10**9).mode == "replicated"
+
+
+def test_model_parallel_on_one_rank_is_every_table_local():
+    """A study's 1-GPU point of a model-parallel sweep runs with all tables on its one rank."""
+    from recsys.embeddings.placement import PlacementError, choose_placement
+    tables = [(f"t{i}", 1000, 16) for i in range(8)]
+    one = choose_placement("model_parallel", 1, tables, budget_bytes=10**9)
+    assert one.mode == "replicated" and one.reason.startswith("one rank")
+    with pytest.raises(PlacementError, match="model_parallel on one rank: the tables do not fit"):
+        choose_placement("model_parallel", 1, tables, budget_bytes=1000)

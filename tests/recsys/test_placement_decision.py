@@ -161,7 +161,7 @@ def test_evaluation_summary_is_complete_and_does_not_continue_training(tiny_data
     assert res.returncode == 0, res.stderr[-3000:]
     recs = read_log(eval_log)
     s = summary(recs)
-    assert s["summary_version"] == 2 and s["world_size"] == 1 and s["mode"] == "evaluate"
+    assert s["summary_version"] == 3 and s["world_size"] == 1 and s["mode"] == "evaluate"
     assert s["step"] == s["eval_step"] == 3 and s["evaluated_checkpoint"] == str(ck / "ckpt-0000000003")
     assert s["checkpoint"] is None          # an evaluation writes none
     assert s["global_batch_size"] == 1024 and np.isfinite(s["auc"])
