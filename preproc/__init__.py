@@ -6,7 +6,8 @@ Layers, each importing only the ones below it (imports inside functions included
   finds a dataset's command line by name (``DATASETS``), so it imports none.
 * ``preproc.criteo``, ``preproc.movielens``, ``preproc.outbrain``: one package
   per dataset (its command line, pipeline, input layout, generator and
-  NVTabular engine), independent of each other.
+  NVTabular engine), independent of each other; ``preproc.tabular``: your own
+  CSV or parquet table described by a small YAML (NVTabular).
 * ``preproc.dataio`` (input checks, atomic outputs, text and parquet IO, bad-row
   accounting) and ``preproc.runtime`` (Spark settings and session, the dask
   runtime of NVTabular): what the datasets share, independent of each other.

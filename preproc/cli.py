@@ -46,6 +46,7 @@ DATASETS: dict[str, str] = {
     "criteo": "preproc.criteo.cli",
     "movielens": "preproc.movielens.cli",
     "outbrain": "preproc.outbrain.cli",
+    "tabular": "preproc.tabular.cli",
 }
 
 log = logging.getLogger("preproc")

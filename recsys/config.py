@@ -22,7 +22,8 @@ from typing import List, Optional, Tuple
 
 from recsys.distributed import launcher_world_size
 from recsys.errors import EngineError
-from recsys.models.defaults import resolved
+from recsys.models.defaults import (MODEL_DEFAULTS, REFERENCE_MIN_STEPS_PER_EPOCH, SMALL_DATA_DEFAULTS,
+                                    is_small_data, resolved, small_data_batch)
 
 # Share of the run before the synthetic DLRM schedule ends its warm-up / starts its decay
 # (the reference's 8000 / 48000 of about 72000 steps).
@@ -82,6 +83,7 @@ class TrainConfig:
     no_tf32: bool = False
     benchmark_warmup_steps: int = 20
     benchmark_steps: int = 100
+    breakdown_steps: int = 0
     embedding_placement: str = "auto"
     embedding_memory_gb: Optional[float] = None
     column_slice_threshold: Optional[int] = None
@@ -108,7 +110,8 @@ class TrainConfig:
         """The checked configuration of a parsed ``recsys-train`` command line, with its derived values."""
         cfg = cls._resolved(namespace)
         cfg._check_values()
-        cfg = cfg._with_data()
+        given = {k for k, v in vars(namespace).items() if v is not None}
+        cfg = cfg._with_data(given)
         cfg._check_paths()
         return cfg._with_placement()
 
@@ -172,15 +175,15 @@ class TrainConfig:
         unset = {k: v for k, v in resolved(cfg.model, cfg.synthetic_data).items() if getattr(cfg, k) is None}
         cfg = replace(cfg, world_size=world_size or launcher_world_size(), **unset)
         if cfg.model == "dlrm" and cfg.synthetic_data and not user_schedule:
-            cfg = replace(cfg, **cfg._synthetic_schedule())
+            cfg = replace(cfg, **cfg._scaled_schedule(cfg.synthetic_rows))
         return cfg
 
-    def _synthetic_schedule(self) -> dict:
-        """The synthetic DLRM schedule spans the run (warm-up, constant, decay to 0 at the last step)
-        instead of fixed step numbers that would end it early in a longer run."""
+    def _scaled_schedule(self, rows) -> dict:
+        """The synthetic (and small-data) DLRM schedule spans the run (warm-up, constant, decay to 0
+        at the last step) instead of fixed step numbers that would end it early in a longer run."""
         if self.batch_size < 1 or self.epochs < 1:
             return {}  # refused by _check_values
-        per_epoch = max(1, self.synthetic_rows // self.batch_size)
+        per_epoch = max(1, rows // self.batch_size)
         total = per_epoch * self.epochs
         if self.max_steps:
             total = min(total, self.max_steps)
@@ -220,9 +223,11 @@ class TrainConfig:
         for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints"):
             if getattr(self, flag) < 1:
                 _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
-        for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps"):
+        for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps", "breakdown_steps"):
             if getattr(self, flag) < 0:
                 _fail(f"--{_flag(flag)} must be >= 0")
+        if self.breakdown_steps and self.mode != "benchmark":
+            _fail(f"--breakdown-steps needs --run-mode benchmark (the run mode is {self.mode})")
         if self.batch_size % self.world_size:
             _fail(f"--batch-size {self.batch_size} is not divisible by the {self.world_size} ranks")
         if self.lr <= 0:
@@ -272,9 +277,10 @@ class TrainConfig:
                 if AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
                     _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
 
-    def _with_data(self) -> "TrainConfig":
+    def _with_data(self, given=None) -> "TrainConfig":
         """The dataset checked; the config reading it (``--data-path``'s feature_spec.yaml) with the
-        note of a short run."""
+        small-data defaults (for the hyper-parameter flags not in ``given``) and the note of a
+        short run."""
         feature_spec = self.feature_spec
         if feature_spec:
             if not os.path.isfile(feature_spec):
@@ -288,6 +294,7 @@ class TrainConfig:
         elif not self.synthetic:
             _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
         note = None
+        cfg, notes = self, []
         if feature_spec:
             from recsys.data.layout import model_kind
             from recsys.feature_spec import FeatureSpec, FeatureSpecError
@@ -300,10 +307,46 @@ class TrainConfig:
             if kind != self.model:
                 _fail(f"{feature_spec}: a {kind} dataset, not for --model {self.model}")
             if rows.get("train"):
-                note = self._short_run_note(rows["train"], f"the {rows['train']} training rows of {feature_spec}")
+                what = f"the {rows['train']} training rows of {feature_spec}"
+                cfg, small = self._small_data(rows["train"], what, given)
+                notes += [small] if small else []
+                note = cfg._short_run_note(rows["train"], what)
         elif self.synthetic_rows:
             note = self._short_run_note(self.synthetic_rows, f"--synthetic-rows {self.synthetic_rows}")
-        return replace(self, feature_spec=feature_spec, notes=[note] if note else [])
+        return replace(cfg, feature_spec=feature_spec, notes=notes + ([note] if note else []))
+
+    def _samples(self, rows: int) -> int:
+        """Training samples of an epoch of ``rows`` stored rows (NCF: the positives and their negatives)."""
+        return rows * (1 + (self.negative_samples or 0)) if self.model == "ncf" else rows
+
+    def _small_data(self, rows: int, what: str, given):
+        """(config, note): the small-data defaults (recsys.models.defaults) for every hyper-parameter
+        flag not ``given``, when the reference batch gives fewer than REFERENCE_MIN_STEPS_PER_EPOCH
+        steps per epoch on the training data; the note names the values chosen and why."""
+        if given is None or self.mode not in ("train", "benchmark") or self.synthetic_data:
+            return self, None
+        samples = self._samples(rows)
+        if not is_small_data(self.model, samples):
+            return self, None
+        changes = {k: v for k, v in SMALL_DATA_DEFAULTS[self.model].items() if k not in given}
+        if "batch_size" not in given:
+            changes["batch_size"] = small_data_batch(samples, self.world_size)
+        cfg = replace(self, **changes)
+        schedule = ("warmup_steps", "decay_start_step", "decay_steps")
+        if cfg.model == "dlrm" and not any(k in given for k in schedule):
+            changes.update({k: v for k, v in cfg._scaled_schedule(rows).items() if k in schedule})
+            cfg = replace(self, **changes)
+        if not changes:
+            return self, None
+        ref = MODEL_DEFAULTS[self.model]["batch_size"]
+        order = ("batch_size", "lr", "linear_lr", "beta1", "beta2", "epochs", "deep_warmup_epochs", *schedule)
+        chosen = " ".join(f"--{_flag(k)} {changes[k]:g}" if isinstance(changes[k], float) else f"--{_flag(k)} {changes[k]}"
+                          for k in order if k in changes)
+        extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
+        return cfg, ("small_data_defaults",
+                     f"small-data defaults: {chosen}: the reference --batch-size {ref} gives "
+                     f"{samples // ref} step(s) per epoch on {what}{extra}, fewer than "
+                     f"{REFERENCE_MIN_STEPS_PER_EPOCH}; flags given keep their values")
 
     def _short_run_note(self, rows: int, what: str):
         """A global batch larger than one epoch trains a single short step (or none): refused,

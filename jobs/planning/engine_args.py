@@ -22,6 +22,8 @@ OWNED_FLAGS = {
 # The engine's path flags: a job runs in its run dir, so a relative path is made absolute,
 # relative to where recsys-submit runs (and where it is checked), as a user means it.
 PATH_FLAGS = ("--data-path", "--feature-spec", "--checkpoint-dir", "--log-path")
+# The same for the preprocessing stages (`preproc tabular run --config FILE`).
+PREPROC_PATH_FLAGS = ("--config",)
 
 
 def flag_value(argv, flag):
@@ -53,14 +55,14 @@ def absolute(path):
     return os.path.abspath(os.path.expanduser(str(path)))
 
 
-def absolute_paths(argv):
-    """The argv with the values of PATH_FLAGS made absolute."""
+def absolute_paths(argv, flags=PATH_FLAGS):
+    """The argv with the values of ``flags`` (default PATH_FLAGS) made absolute."""
     out, args = [], list(argv)
     for index, arg in enumerate(args):
         text = str(arg)
-        if index and str(args[index - 1]) in PATH_FLAGS:
+        if index and str(args[index - 1]) in flags:
             out.append(absolute(arg))
-        elif "=" in text and text.split("=", 1)[0] in PATH_FLAGS:
+        elif "=" in text and text.split("=", 1)[0] in flags:
             flag, value = text.split("=", 1)
             out.append(f"{flag}={absolute(value)}")
         else:

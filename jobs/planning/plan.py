@@ -161,25 +161,26 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
 
     preproc = [python, "-m", "preproc", req.dataset]
     io = ["--input", absolute(req.input), "--output", absolute(req.output)]
+    stage_args = engine_args.absolute_paths(req.engine_args, engine_args.PREPROC_PATH_FLAGS)
     if req.preprocess_engine != "spark":
         io += ["--engine", req.preprocess_engine]
     mode = req.preprocess_mode
     if mode == "single":
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
-                        command=preproc + ["run"] + io + list(req.engine_args), **common)]
+                        command=preproc + ["run"] + io + stage_args, **common)]
     if mode == "multinode":
         node = profile.node
         cores = node.sockets * node.cores_per_socket * node.threads_per_core
         shape = {"nodes": req.nodes, "cores": cores, "memory_gb": int(node.memory_gb), "gpus": res.gpus_per_node}
         launcher, flags = MULTINODE_CLUSTERS[req.preprocess_engine](shape)
-        cmd = launcher + preproc + ["run"] + io + flags + list(req.engine_args)
+        cmd = launcher + preproc + ["run"] + io + flags + stage_args
         common["ntasks_per_node"] = 1
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
                         launcher="batch", command=cmd, **common)]
     # criteo array mode: dictionary -> transform array -> finalize (CPU pieces: no GPUs)
     one = dict(common, nodes=1, ntasks_per_node=1, gpus_per_node=0)
     dictionary = JobSpec(key=f"{prefix}dictionary", name=f"{res.name}-dict", bind=False,
-                         command=preproc + ["dictionary"] + io + list(req.engine_args), **one)
+                         command=preproc + ["dictionary"] + io + stage_args, **one)
     one["external_after"] = []
     transform = JobSpec(key=f"{prefix}transform", name=f"{res.name}-transform", bind=False,
                         command=preproc + ["transform"] + io, after_ok=[dictionary.key], **one)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, List, Optional
 from jobs.schedulers import capabilities
 from jobs.errors import RequestError
 from jobs.slurmtime import parse_time
-from jobs.vocabulary import (BIND_MODES, DATASETS, KINDS, MODEL_DATASET, MODELS, NVTABULAR_DATASETS, PAYLOADS,
-                             PREPROCESS_ENGINES, PREPROCESS_MODES)
+from jobs.vocabulary import (BIND_MODES, DATASETS, KINDS, MODEL_DATASET, MODELS, NVTABULAR_DATASETS,
+                             NVTABULAR_ONLY_DATASETS, PAYLOADS, PREPROCESS_ENGINES, PREPROCESS_MODES)
 
-from .engine_args import refuse_owned
+from .engine_args import has_flag, refuse_owned
 
 if TYPE_CHECKING:   # pragma: no cover
     from jobs.profiles import Profile
@@ -34,7 +34,7 @@ class JobRequest:
     kind: str
     profile: str = "local"
     model: Optional[str] = None            # dlrm | wide_deep | ncf | hello (built-in payload)
-    dataset: Optional[str] = None          # preprocess: criteo | movielens | outbrain
+    dataset: Optional[str] = None          # preprocess: criteo | movielens | outbrain | tabular
     payload: str = "recsys"                # recsys (training engine) | hello (smoke payload)
     nodes: Optional[int] = None          # None: the profile's default (else 1)
     gpus_per_node: Optional[int] = None
@@ -132,6 +132,10 @@ def resolve(request, profile):
                                f"(choose from {', '.join(PREPROCESS_MODES)})")
         if req.preprocess_mode == "array" and req.dataset != "criteo":
             raise RequestError(f"--mode array: only criteo has array stages, not {req.dataset}")
+        if req.dataset in NVTABULAR_ONLY_DATASETS and req.preprocess_engine == "spark":
+            req = dataclasses.replace(req, preprocess_engine="nvtabular")   # its only engine
+        if req.dataset == "tabular" and not has_flag(req.engine_args, "--config"):
+            raise RequestError("--dataset tabular: name the table's YAML after `--`: -- --config FILE")
         if req.preprocess_engine not in PREPROCESS_ENGINES:
             raise RequestError(f"--engine: unknown preprocessing engine {req.preprocess_engine!r} "
                                f"(choose from {', '.join(PREPROCESS_ENGINES)})")

@@ -26,7 +26,14 @@ from typing import Optional, Union
 
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
-__all__ = ["make_dataset", "make_reader", "FeatureSpec", "FeatureSpecError"]
+__all__ = ["make_dataset", "make_reader", "numerical_scale", "off_scale_warning", "FeatureSpec", "FeatureSpecError"]
+
+# A numerical column whose root mean square exceeds this is far off unit scale: the models take
+# numericals as they are (an MLP or a linear model on raw counts, ages or amounts trains badly:
+# Wide & Deep on the raw Adult numbers reached AUC 0.57 against 0.91 scaled).
+OFF_SCALE_RMS = 30.0
+# Rows read from the head of the mapping to measure it.
+SCALE_SAMPLE_ROWS = 65536
 
 
 def _as_spec(spec: Union[FeatureSpec, str]) -> FeatureSpec:
@@ -81,3 +88,28 @@ def make_dataset(spec, mapping: str, batch_size: int, rank: int = 0, world_size:
     if hasattr(source, "file_groups"):
         return source.dataset(shuffle=shuffle, seed=seed, repeat=repeat, parallel_files=parallel_files)
     return source.dataset(shuffle=shuffle, seed=seed, repeat=repeat)
+
+
+def numerical_scale(spec, mapping: str = "train", rows: int = SCALE_SAMPLE_ROWS) -> dict:
+    """{numerical feature: root mean square} over the first ``rows`` rows of a mapping ({} when the
+    mapping has no numerical channel)."""
+    import numpy as np
+    spec = _as_spec(spec)
+    features = [f for f in spec.features("numerical") if spec.chunk_of(mapping, f) is not None]
+    if not features or not spec.num_rows(mapping):
+        return {}
+    reader = make_reader(spec, mapping, min(rows, spec.num_rows(mapping)), drop_remainder=False)
+    inputs, _ = next(iter(reader.numpy_batches()))
+    x = np.asarray(inputs["numerical"], np.float64)
+    rms = np.sqrt(np.mean(np.square(x), axis=0))
+    return dict(zip(features, (float(v) for v in rms)))
+
+
+def off_scale_warning(spec, mapping: str = "train") -> Optional[str]:
+    """One line naming the numerical columns far off unit scale (RMS > OFF_SCALE_RMS), or None."""
+    scale = numerical_scale(spec, mapping)
+    off = [f"{f} (rms {v:.3g})" for f, v in scale.items() if not v <= OFF_SCALE_RMS]
+    if not off:
+        return None
+    return (f"warning: numerical column(s) far off unit scale in {mapping}: {', '.join(off)}; the models "
+            f"take numericals as they are: standardise or log-transform them in the preprocessing")

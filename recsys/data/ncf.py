@@ -107,28 +107,39 @@ class TrainSampler:
 
 
 def _draw_distinct_negatives(rng, users, num_items, known, count):
-    """[U, count] items per user: distinct within the row, none a known positive of the user
-    (sampling without replacement from the items the user never interacted with, as the reference)."""
+    """[U, count] items per user: distinct within the row, none a known positive of the user: a
+    uniformly random ``count``-subset of the items the user never interacted with, drawn exactly
+    without replacement whatever their number (as the reference), in random order.
+
+    Vectorised over users: Floyd's algorithm draws ``count`` distinct indices in [0, m_u) (m_u: the
+    user's unseen items), then index k becomes the user's k-th unseen item by a binary search
+    through the user's sorted positives (``known``: sorted ``user * num_items + item`` keys)."""
     users = np.asarray(users, dtype=np.int64)
-    positives = np.bincount(known // num_items, minlength=int(users.max()) + 1 if users.size else 0)
-    short = np.flatnonzero(num_items - positives[users] < count)
+    known = np.unique(np.asarray(known, dtype=np.int64))
+    known_user = known // num_items
+    positives = np.bincount(known_user, minlength=int(users.max()) + 1 if users.size else 0)
+    unseen = num_items - positives[users] if users.size else np.zeros(0, np.int64)
+    short = np.flatnonzero(unseen < count)
     if short.size:
         u = int(users[short[0]])
         raise ValueError(f"user {u} has only {num_items - positives[u]} items it never interacted with, "
                          f"fewer than the {count} evaluation negatives (--valid-negative)")
-    items = rng.integers(0, num_items, size=(users.size, count))
-    rows = np.arange(users.size)[:, None]
-    for _ in range(10_000):
-        bad = np.isin(users[:, None] * num_items + items, known)
-        order = np.argsort(items, axis=1, kind="stable")
-        sorted_items = np.take_along_axis(items, order, axis=1)
-        repeat = np.zeros(items.shape, bool)
-        repeat[:, 1:] = sorted_items[:, 1:] == sorted_items[:, :-1]    # later copies of an item
-        bad[rows, order] |= repeat
-        if not bad.any():
-            return items
-        items[bad] = rng.integers(0, num_items, size=int(bad.sum()))
-    raise ValueError("could not draw distinct evaluation negatives: some users interacted with almost every item")
+    # Floyd: for j = m-count .. m-1 take t uniform in [0, j]; t if not yet taken, else j.
+    picked = np.empty((users.size, count), np.int64)
+    for step in range(count):
+        j = unseen - count + step
+        t = np.floor(rng.random(users.size) * (j + 1)).astype(np.int64)
+        t = np.minimum(t, j)
+        taken = (picked[:, :step] == t[:, None]).any(axis=1)
+        picked[:, step] = np.where(taken, j, t)
+    picked = rng.permuted(picked, axis=1)
+    # k-th unseen item of user u: k + (number of the user's positives p_i with p_i - i <= k), where
+    # p_0 < p_1 < ... are its positives; keys u * num_items + (p_i - i) are sorted over all users.
+    first = np.searchsorted(known, known_user * num_items)            # start of each key's user block
+    shifted = known_user * num_items + (known % num_items) - (np.arange(known.size) - first)
+    block_start = np.searchsorted(known, users * num_items)
+    below = np.searchsorted(shifted, users[:, None] * num_items + picked, side="right") - block_start[:, None]
+    return picked + below
 
 
 def eval_set(test_users, test_items, train_users, train_items, num_items: int, num_negatives: int = 100,

@@ -2,7 +2,8 @@
 
 One column per feature; a multi-hot feature is a list column and comes out
 as int32 [B, max_hotness] padded with -1 (a row with more values than
-``max_hotness`` is an error naming the file). Null values are not allowed.
+``max_hotness`` is an error naming the file). Null values are not allowed, nor NaN or
+infinite floats (a DataError naming the file, row and column).
 
 Sharding is by file: rank ``r`` of ``w`` reads files ``r, r + w, ...`` of
 the mapping (sorted as listed in the spec), so a mapping needs at least as
@@ -121,6 +122,7 @@ class ParquetReader:
                 raise DataError(f"{path}: {what}: cannot decode the parquet data "
                                 f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
         files = [(read(path, "footer", lambda: pq.ParquetFile(path)), feats, path) for path, feats in self.file_groups[k]]
+        offset = 0                      # rows of the file before this row group
         for rg in range(files[0][0].num_row_groups):
             cols = {}
             for pf, feats, path in files:
@@ -131,12 +133,17 @@ class ParquetReader:
                         raise FeatureSpecError(path, f"column {f!r} has {col.null_count} null values")
                     cols[f] = (col, path)
             n = len(next(iter(cols.values()))[0])
+            offset, first_row = offset + n, offset
             perm = rng.permutation(n) if rng is not None else None
             flat = {}
             for key, feats in self.blocks.items():
                 block = np.empty((n, len(feats)), dtype=self.dtypes[feats[0]])
                 for j, f in enumerate(feats):  # the shuffle is folded into the copy into the block
                     column = cols[f][0].to_numpy()
+                    if column.dtype.kind == "f" and not np.isfinite(column).all():
+                        row = int(np.flatnonzero(~np.isfinite(column))[0])
+                        raise DataError(f"{cols[f][1]}: row {first_row + row}: {f} is {column[row]}: "
+                                        f"numerical values must be finite")
                     block[:, j] = column if perm is None else column[perm]
                 flat[key] = block
             for f, h in self.hotness.items():

@@ -28,7 +28,8 @@ naming the file, row and feature: :meth:`SplitBinaryReader.check_ids` scans
 whole files (the engine calls it before training when the files are small,
 ``CHECK_IDS_MAX_BYTES``), and every batch read is checked too (a min/max per
 column), so an embedding lookup never sees a bad id (on GPU it would silently
-read zeros).
+read zeros). Likewise a NaN or infinite numerical is a DataError naming the file, row
+and feature (fused MatMul+BiasAdd+Relu kernels would hide it from the loss).
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ class SplitBinaryReader:
         categorical = {f for ch in CATEGORICAL_CHANNELS for f in spec.features(ch)}
         # (map index, [(column, feature, cardinality)], file) of the categorical id files
         self._id_checks = []
+        # (map index, features, file) of the float files: every value must be finite
+        self._float_checks = []
         for i, chunk in enumerate(spec.chunks(mapping)):
             if chunk["type"] != "split_binary":
                 raise FeatureSpecError(f"{spec.origin}: source_spec.{mapping}[{i}]",
@@ -92,6 +95,8 @@ class SplitBinaryReader:
             cols = [(col, f, spec.cardinality(f)) for col, f in enumerate(chunk["features"]) if f in categorical]
             if cols:
                 self._id_checks.append((len(self._maps) - 1, cols, spec.path(chunk["files"][0])))
+            if dtype.kind == "f":
+                self._float_checks.append((len(self._maps) - 1, list(chunk["features"]), spec.path(chunk["files"][0])))
         self.layout = Layout(spec, mapping, source_of)
 
     @property
@@ -105,6 +110,12 @@ class SplitBinaryReader:
             self._check_rows([np.asarray(m[lo:lo + rows_per_read]) for m in self._maps], lo)
 
     def _check_rows(self, arrays: List[np.ndarray], first_row: int) -> None:
+        for k, features, path in self._float_checks:
+            block = arrays[k]
+            if block.size and not np.isfinite(block).all():
+                row, col = (int(i[0]) for i in np.nonzero(~np.isfinite(block)))
+                raise DataError(f"{path}: row {first_row + row}: {features[col]} is {block[row, col]}: "
+                                f"numerical values must be finite")
         for k, cols, path in self._id_checks:
             block = arrays[k]
             if not block.size:

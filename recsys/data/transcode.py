@@ -17,9 +17,10 @@ the transcoder applies **no** numerical transform unless a feature declares
 transform is never applied twice) and records it under
 ``metadata.transcoded_transforms``. Empty numerical or categorical fields
 read as 0; multi-hot fields hold ``;``-separated ids (empty = no id).
-Categorical ids must lie in [0, cardinality) and labels must be 0 or 1 (not
-empty, not NaN): anything else is an error naming the file, the column and,
-for labels, the row.
+Categorical ids must lie in [0, cardinality), labels must be 0 or 1 (not
+empty, not NaN) and numericals finite and within their stored dtype (float16:
+|x| <= 65504, else it would be written as inf): anything else is an error
+naming the file, the column and, for labels and numericals, the row.
 
 Output: split_binary writes ``<mapping>/label.bin``, ``numerical.bin`` (all
 numerical features interleaved), ``cat_<i>.bin`` per categorical (dtype by
@@ -141,10 +142,13 @@ def _check_labels(col, where: str, first_row: int) -> None:
         raise FeatureSpecError(f"{where}: row {first_row + row + 1}", f"label {value} is not 0 or 1")
 
 
-def _convert_block(spec: FeatureSpec, batch, columns: List[str], path: str, first_row: int = 0) -> dict:
+def _convert_block(spec: FeatureSpec, batch, columns: List[str], path: str, first_row: int = 0,
+                   out_dtypes: Optional[Dict[str, str]] = None) -> dict:
     """One CSV record batch -> feature arrays, checked and (when declared) transformed.
 
-    ``first_row``: rows of the file before this batch (error messages give 1-based file lines)."""
+    ``first_row``: rows of the file before this batch (error messages give 1-based file lines);
+    ``out_dtypes``: the stored dtype of each feature (numericals must fit it: float16 overflows
+    to inf), default the input spec's."""
     out = {}
     categorical = {f for ch in CATEGORICAL_CHANNELS for f in spec.features(ch)}
     labels = set(spec.features("label")) | set(spec.features("label_ch"))
@@ -164,8 +168,8 @@ def _convert_block(spec: FeatureSpec, batch, columns: List[str], path: str, firs
             out[f] = lists
             continue
         x = col.to_numpy(zero_copy_only=False)
-        if col.null_count:
-            x = np.where(np.asarray(col.is_null()), 0, np.nan_to_num(x.astype(np.float64)))
+        if col.null_count:     # empty fields read as 0 (a NaN or inf written out stays one: refused below)
+            x = np.where(np.asarray(col.is_null()), 0, x.astype(np.float64))
         dtype = spec.dtype(f)
         if dtype == "bool":
             out[f] = x != 0
@@ -178,11 +182,31 @@ def _convert_block(spec: FeatureSpec, batch, columns: List[str], path: str, firs
             shift = parse_transform(spec.feature_spec[f].get(TRANSFORM))
             x = x.astype(np.float64)
             out[f] = np.log(np.maximum(x, 0) + shift) if shift is not None else x
+            check_numerical(out[f], (out_dtypes or {}).get(f, dtype), where, first_row)
     return out
 
 
+def check_numerical(x: np.ndarray, dtype: str, where: str, first_row: int = 0) -> None:
+    """Numerical values are finite and fit the stored ``dtype`` (float16: |x| <= 65504): else a
+    FeatureSpecError naming the first bad row (1-based file line) and its value."""
+    if not x.size:
+        return
+    limit = float(np.finfo(np.dtype(dtype)).max) if np.dtype(dtype).kind == "f" else math.inf
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(x) | (np.abs(x) > limit)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        value = float(x[row])
+        why = (f"{value:g} is not a finite number" if not math.isfinite(value) else
+               f"{value:g} overflows {dtype} (largest {limit:g}): scale the column (e.g. transform: \"log(x+C)\") "
+               f"or write --format parquet (float32)")
+        raise FeatureSpecError(f"{where}: row {first_row + row + 1}", f"numerical value {why}")
+
+
 def _read_csv(path: str, spec: FeatureSpec, columns: List[str], delimiter: str, block_bytes: int):
-    """Stream a headerless CSV as record batches with the spec's column types."""
+    """Stream a headerless CSV as record batches with the spec's column types. Only an empty field
+    is missing (pyarrow's other null spellings, "nan" and "NA" among them, are not: a written NaN
+    is refused as a non-finite numerical, not read as 0)."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
     types = {}
@@ -192,7 +216,8 @@ def _read_csv(path: str, spec: FeatureSpec, columns: List[str], delimiter: str, 
     try:
         reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(column_names=columns, block_size=block_bytes),
                                parse_options=pcsv.ParseOptions(delimiter=delimiter),
-                               convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True))
+                               convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True,
+                                                                                  null_values=[""]))
         for batch in reader:
             yield batch
     except pa.ArrowInvalid as e:
@@ -228,6 +253,7 @@ def transcode(spec: FeatureSpec, input_dir: str, output_dir: str, fmt: str, num_
     tmp_dir = f"{output_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     out = output_spec(spec, fmt, tmp_dir, num_files, {m: cols for m, (_, cols) in inputs.items()})
+    out_dtypes = {f: out.dtype(f) for f in out.feature_spec}
     try:
         for mapping, (files, columns) in inputs.items():
             total = sum(_count_rows(p) for p in files) if fmt == "parquet" else 0
@@ -238,7 +264,7 @@ def transcode(spec: FeatureSpec, input_dir: str, output_dir: str, fmt: str, num_
             for path in files:
                 file_rows = 0
                 for batch in _read_csv(path, spec, columns, delimiter, block_bytes):
-                    data = _convert_block(spec, batch, columns, path, file_rows)
+                    data = _convert_block(spec, batch, columns, path, file_rows, out_dtypes)
                     file_rows += batch.num_rows
                     n = batch.num_rows
                     mv = data[map_feats[0]] if map_feats else None

@@ -182,7 +182,7 @@ def rank_lines(plan: Plan):
         for s in plan.tables_on(r):
             cols = "" if (s.col_start == 0 and not _is_sliced(plan, s)) else f"[{s.col_start}:{s.col_end}]"
             parts.append(f"{s.name}{cols}" + (" (replicated)" if s.replicated else ""))
-        shown = ", ".join(parts[:12]) + (f", ... (+{len(parts) - 12})" if len(parts) > 12 else "")
+        shown = ", ".join(parts)        # every table: a hidden one could hold most of the rank's memory
         embeddings = f" (embeddings {_gib(plan.embedding_bytes[r])})" if plan.dense_bytes else ""
         lines.append(f"rank {r}: {_gib(plan.rank_bytes[r])}{embeddings} tables: {shown or '-'}")
     return lines

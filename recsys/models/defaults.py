@@ -68,6 +68,46 @@ SYNTHETIC_DEFAULTS = {
 }
 
 
+# Small data. The reference batches are sized for the reference datasets (Criteo 1TB: ~60000
+# steps per epoch; Outbrain: ~450; MovieLens-20M: ~95 with negatives). A dataset on which the
+# reference batch gives fewer than REFERENCE_MIN_STEPS_PER_EPOCH steps per epoch trains, for every
+# hyper-parameter flag left unset, with a batch of about SMALL_DATA_STEPS_PER_EPOCH steps per epoch
+# (a power of two, at least SMALL_DATA_MIN_BATCH, times the ranks) and the schedule below, which is
+# sized for such batches (measured: NCF on MovieLens-100k, docs/data.md "Results on real data").
+REFERENCE_MIN_STEPS_PER_EPOCH = 64
+SMALL_DATA_STEPS_PER_EPOCH = 200
+SMALL_DATA_MIN_BATCH = 128
+SMALL_DATA_DEFAULTS = {
+    # SGD at a few hundred rows per step: the transcoding example's rate; warm-up and decay span
+    # the run (recsys.config scales them as for --synthetic).
+    "dlrm": dict(lr=0.5, epochs=3),
+    # RMSprop for the deep part at the usual small-batch rate, one warm-up epoch; FTRL as the reference.
+    "wide_deep": dict(lr=0.001, deep_warmup_epochs=1.0, epochs=10),
+    # Adam with its usual constants: the reference's beta1 0.25 / beta2 0.5 suit a 1M batch only.
+    "ncf": dict(lr=0.002, beta1=0.9, beta2=0.999, epochs=6),
+}
+
+
+def small_data_batch(samples: int, world_size: int = 1) -> int:
+    """The small-data global batch for an epoch of ``samples``: the ranks times a power of two
+    giving about SMALL_DATA_STEPS_PER_EPOCH steps (at least SMALL_DATA_MIN_BATCH rows per step
+    when the ranks allow it, never more rows than the epoch holds)."""
+    per_rank = max(1, samples // max(1, world_size) // SMALL_DATA_STEPS_PER_EPOCH)
+    batch = 1 << (per_rank.bit_length() - 1)                       # power of two <= per_rank
+    if 2 * batch - per_rank < per_rank - batch:                    # the nearer power of two
+        batch *= 2
+    floor = max(1, SMALL_DATA_MIN_BATCH // max(1, world_size))
+    fits = max(1, samples // max(1, world_size))
+    while batch < floor and batch * 2 <= fits:
+        batch *= 2
+    return batch * max(1, world_size)
+
+
+def is_small_data(model: str, samples: int) -> bool:
+    """True when the reference batch gives fewer than REFERENCE_MIN_STEPS_PER_EPOCH steps per epoch."""
+    return samples < REFERENCE_MIN_STEPS_PER_EPOCH * MODEL_DEFAULTS[model]["batch_size"]
+
+
 def resolved(model: str, synthetic: bool) -> dict:
     """The defaults that apply to a run: reference values, small ones for --synthetic."""
     out = dict(MODEL_DEFAULTS[model])

@@ -79,8 +79,10 @@ class Task:
         return ds
 
     def check_data(self):
-        """Checks that are cheap before training: every categorical id of small split-binary files
-        (larger ones are checked batch by batch as they are read)."""
+        """Checks that are cheap before training: every categorical id and numerical of small
+        split-binary files (larger ones are checked batch by batch as they are read), and the scale
+        of the numericals (a warning naming the columns far off unit scale)."""
+        from recsys.data import off_scale_warning
         from recsys.data.split_binary import CHECK_IDS_MAX_BYTES, SplitBinaryReader
         for mapping in self.spec.mappings():
             if self.spec.chunk_type(mapping) != "split_binary":
@@ -88,6 +90,10 @@ class Task:
             reader = SplitBinaryReader(self.spec, mapping, 1, drop_remainder=False)
             if reader.id_bytes <= CHECK_IDS_MAX_BYTES:
                 reader.check_ids()
+        if "train" in self.spec.mappings():
+            line = off_scale_warning(self.spec, "train")
+            if line:
+                self.log.info(line, warning="numerical_scale")
 
     def steps_per_epoch(self):
         if self._steps is None:
@@ -153,23 +159,37 @@ class WideDeepTask(Task):
         wide = make_optimizer(WIDE_OPTIMIZER, c.linear_lr)
         return [("deep", deep, lambda: model.deep_variables), ("wide", wide, lambda: model.wide_variables)]
 
+    def has_map(self):
+        """True when the test mapping stores the display id (``map`` channel): MAP@12 needs it."""
+        return any(self.spec.chunk_of("test", f) is not None for f in self.spec.features("map"))
+
+    def check_data(self):
+        super().check_data()
+        if not self.has_map():
+            self.log.info(f"{self.spec.origin}: no map channel (display id) in the test mapping: "
+                          f"MAP@12 is left out, AUC and BCE are reported", warning="no_map_channel")
+
     def evaluate(self, engine):
         probs, labels, groups = [], [], []
+        with_map = self.has_map()
         for inputs, y in self.eval_dataset():
             probs.append(engine.predict(inputs).numpy().reshape(-1))
             labels.append(y.numpy().reshape(-1))
-            groups.append(inputs["map"].numpy().reshape(-1))
+            if with_map:
+                groups.append(inputs["map"].numpy().reshape(-1))
         probs = np.concatenate(probs) if probs else np.zeros(0)
         labels = np.concatenate(labels) if labels else np.zeros(0)
-        groups = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-        # A display id lives in one file, files are split by rank: per-rank sums add up exactly.
-        ap, count = M.map_at_k_sums(probs, labels, groups, k=12)
-        ap, count = self._sum([ap, count])
+        out = {}
+        if with_map:
+            groups = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+            # A display id lives in one file, files are split by rank: per-rank sums add up exactly.
+            ap, count = M.map_at_k_sums(probs, labels, groups, k=12)
+            ap, count = self._sum([ap, count])
+            out["map_at_12"] = ap / max(count, 1)
         hist = M.AucHistogram()
         hist.update(labels, probs)
         sums = self.dist.allreduce_sum(hist.sums())
-        return {"map_at_12": ap / max(count, 1), "auc": M.auc_from_histograms(sums[0], sums[1]),
-                "bce": self._bce(labels, probs)}
+        return {**out, "auc": M.auc_from_histograms(sums[0], sums[1]), "bce": self._bce(labels, probs)}
 
 
 class NCFTask(Task):

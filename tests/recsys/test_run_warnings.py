@@ -23,8 +23,9 @@ def _cfg(argv):
 
 
 def test_batch_larger_than_the_training_rows_is_one_line_before_tensorflow(tiny_data):
-    data = tiny_data("dlrm")     # 8192 training rows
-    res = subprocess.run([sys.executable, "-c", NO_TF, "--model", "dlrm", "--data-path", str(data)],
+    data = tiny_data("dlrm")     # 8192 training rows; a batch left unset would get the small-data default
+    res = subprocess.run([sys.executable, "-c", NO_TF, "--model", "dlrm", "--data-path", str(data),
+                          "--batch-size", "65536"],
                          env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=60)
     assert res.returncode == 2, res.stderr
     lines = [x for x in res.stderr.splitlines() if x.strip() and not x.startswith("TF_")]
@@ -41,7 +42,10 @@ def test_batch_checks_of_synthetic_and_ncf_data(tiny_data):
     with pytest.raises(EngineError, match=r"\(30000 samples with negatives\)"):
         _cfg(["--model", "ncf", "--data-path", str(tiny_data("ncf")), "--batch-size", "65536"])
     fits = _cfg(["--model", "ncf", "--data-path", str(tiny_data("ncf")), "--batch-size", "16384", "--epochs", "1"])
-    assert fits.notes[0][1].startswith("warning: 1 training step(s)")
+    notes = dict(fits.notes)
+    assert notes["short_run"].startswith("warning: 1 training step(s)")
+    # the batch given stays; the unset schedule flags get the small-data defaults
+    assert notes["small_data_defaults"].startswith("small-data defaults: --lr 0.002 --beta1 0.9 --beta2 0.999: ")
 
 
 def test_short_run_is_stated():

@@ -1,0 +1,296 @@
+"""The YAML that describes a user's table (``python -m preproc tabular run --config FILE``).
+
+Pure Python (yaml only): the file is checked before any data is read, and every
+problem is one ``PreprocError`` line naming the file and the key. Example (the
+Adult census table)::
+
+    label: {column: income, positive: [">50K"]}     # or just `label: clicked` (values 0/1)
+    categorical: [workclass, education, {column: native-country, threshold: 5}]
+    numerical: [age, {column: capital-gain, transform: log}]
+    missing_values: ["?"]
+
+Keys (only ``label`` is required; at least one feature column):
+
+``label``
+    a column name (values 0/1) or ``{column, positive: [values that mean 1]}``.
+``categorical``
+    columns -> dense ids by training frequency; entries are names or
+    ``{column, threshold}``.
+``multihot``
+    list columns (parquet lists, or strings cut at ``separator``, default ``|``);
+    entries ``{column, separator, max_hotness, threshold}``.
+``numerical``
+    entries are names or ``{column, transform}``; transform ``standard`` (the
+    default: ``(x - mean) / std`` with training statistics, missing -> the mean,
+    i.e. 0), ``log`` (``log(1 + max(x, 0))``, missing -> 0) or ``none`` (missing -> 0).
+``threshold``
+    default frequency threshold: a value seen fewer than T times in the training
+    rows gets id 0, as unseen and missing values do (default 1: every training value).
+``map``
+    optional group column (Wide & Deep's MAP@12 groups, e.g. a display or session
+    id); the split keeps a group on one side, a test group never spans two files.
+``time``
+    optional time column (numbers or date strings); ``split.method`` then defaults to ``time``.
+``split``
+    ``{method: random|time, test_fraction: 0.2, seed: 0}``. random: each row (each
+    group with ``map``) is a test row with probability ``test_fraction``, from a seeded
+    hash of its row number (group value); time: the latest ``test_fraction`` of the
+    rows by time are test rows (rows tied with the cut go to test).
+``models``
+    which feature specs to write (``dlrm``, ``wide_deep``, ``ncf``); the first one is
+    ``feature_spec.yaml``. Default: ``wide_deep``, plus ``dlrm`` when there are
+    numerical columns and no multi-hot ones, plus ``ncf`` with an ``ncf`` key.
+``ncf``
+    ``{user: column, item: column}``: two of the categorical columns, NCF's channels.
+``format``
+    ``csv`` or ``parquet`` (default: from the input's file names; CSV files start with a
+    header line naming the columns); ``csv: {separator}`` (default ``,``);
+    ``missing_values``: values read as missing (besides empty fields and nulls).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from preproc.errors import PreprocError
+
+TRANSFORMS = ("standard", "log", "none")
+SPLIT_METHODS = ("random", "time")
+MODELS = ("dlrm", "wide_deep", "ncf")
+FORMATS = ("csv", "parquet")
+KEYS = ("label", "categorical", "multihot", "numerical", "threshold", "map", "time", "split", "models", "ncf",
+        "format", "csv", "missing_values")
+LABEL = "label"  # the label's column name in the output
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical:
+    column: str
+    threshold: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiHot:
+    column: str
+    threshold: int
+    separator: str = "|"
+    max_hotness: Optional[int] = None   # None: the longest list of the training rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerical:
+    column: str
+    transform: str = "standard"
+
+
+@dataclasses.dataclass(frozen=True)
+class TabularConfig:
+    label: str
+    positive: Optional[tuple] = None          # label values meaning 1; None: the column holds 0/1
+    categorical: tuple = ()
+    multihot: tuple = ()
+    numerical: tuple = ()
+    map: Optional[str] = None
+    time: Optional[str] = None
+    split_method: str = "random"
+    test_fraction: float = 0.2
+    seed: int = 0
+    models: tuple = ("wide_deep",)
+    ncf_user: Optional[str] = None
+    ncf_item: Optional[str] = None
+    format: Optional[str] = None
+    csv_separator: str = ","
+    missing_values: tuple = ()
+    source: str = "<config>"
+
+    @property
+    def input_columns(self) -> list:
+        """Every column the pipeline reads, in config order (label first)."""
+        cols = [self.label] + [c.column for c in self.categorical] + [m.column for m in self.multihot]
+        cols += [n.column for n in self.numerical] + [c for c in (self.map, self.time) if c]
+        return list(dict.fromkeys(cols))
+
+    def to_dict(self) -> dict:
+        """The config in the YAML format (what is saved next to the data)."""
+        out = {"label": {"column": self.label, **({"positive": list(self.positive)} if self.positive else {})},
+               "categorical": [{"column": c.column, "threshold": c.threshold} for c in self.categorical],
+               "multihot": [{"column": m.column, "threshold": m.threshold, "separator": m.separator,
+                             **({"max_hotness": m.max_hotness} if m.max_hotness else {})} for m in self.multihot],
+               "numerical": [{"column": n.column, "transform": n.transform} for n in self.numerical],
+               "split": {"method": self.split_method, "test_fraction": self.test_fraction, "seed": self.seed},
+               "models": list(self.models), "csv": {"separator": self.csv_separator},
+               "missing_values": list(self.missing_values)}
+        for key in ("map", "time", "format"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.ncf_user:
+            out["ncf"] = {"user": self.ncf_user, "item": self.ncf_item}
+        return out
+
+
+def load_config(path: str) -> TabularConfig:
+    """Read and check a config file; one-line PreprocError naming the file and key otherwise."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise PreprocError(f"--config: {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise PreprocError(f"--config: {path}: not readable YAML: {str(exc).splitlines()[0]}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw, source: str = "<config>") -> TabularConfig:
+    """A TabularConfig from the parsed YAML ``raw`` (``source`` names it in errors)."""
+
+    def fail(key, problem):
+        raise PreprocError(f"{source}: {key}: {problem}")
+
+    if not isinstance(raw, dict):
+        fail("top level", "must be a mapping with at least `label` and one feature column list")
+    unknown = [k for k in raw if k not in KEYS]
+    if unknown:
+        fail(unknown[0], f"unknown key (known: {', '.join(KEYS)})")
+    threshold = _int(raw.get("threshold", 1), "threshold", fail, minimum=0)
+    label, positive = _label(raw.get("label"), fail)
+    categorical = tuple(Categorical(**_entry(e, f"categorical[{i}]", fail, {"threshold": threshold}))
+                        for i, e in enumerate(_list(raw, "categorical", fail)))
+    multihot = []
+    for i, e in enumerate(_list(raw, "multihot", fail)):
+        item = _entry(e, f"multihot[{i}]", fail, {"threshold": threshold, "separator": "|", "max_hotness": None})
+        if not isinstance(item["separator"], str) or not item["separator"]:
+            fail(f"multihot[{i}].separator", "must be a non-empty string")
+        if item["max_hotness"] is not None:
+            item["max_hotness"] = _int(item["max_hotness"], f"multihot[{i}].max_hotness", fail, minimum=1)
+        multihot.append(MultiHot(**item))
+    numerical = []
+    for i, e in enumerate(_list(raw, "numerical", fail)):
+        item = _entry(e, f"numerical[{i}]", fail, {"transform": "standard"})
+        if item["transform"] not in TRANSFORMS:
+            fail(f"numerical[{i}].transform", f"{item['transform']!r} is not one of {', '.join(TRANSFORMS)}")
+        numerical.append(Numerical(**item))
+    for key in ("map", "time"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            fail(key, "must be a column name")
+    features = [c.column for c in categorical] + [m.column for m in multihot] + [n.column for n in numerical]
+    if not features:
+        fail("categorical/multihot/numerical", "no feature column given")
+    named = [label] + features + [c for c in (raw.get("map"), raw.get("time")) if c]
+    twice = sorted({c for c in named if named.count(c) > 1})
+    if twice:
+        fail(twice[0], "column named twice (label, features, map and time must be different columns)")
+    if LABEL in features:
+        fail(LABEL, f"a feature column may not be called {LABEL!r} (the output's label column)")
+
+    split = raw.get("split") or {}
+    if not isinstance(split, dict):
+        fail("split", "must be a mapping {method, test_fraction, seed}")
+    bad = [k for k in split if k not in ("method", "test_fraction", "seed")]
+    if bad:
+        fail(f"split.{bad[0]}", "unknown key (known: method, test_fraction, seed)")
+    method = split.get("method", "time" if raw.get("time") else "random")
+    if method not in SPLIT_METHODS:
+        fail("split.method", f"{method!r} is not one of {', '.join(SPLIT_METHODS)}")
+    if method == "time" and not raw.get("time"):
+        fail("split.method", "time needs a `time` column")
+    fraction = split.get("test_fraction", 0.2)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        fail("split.test_fraction", f"must be a number in (0, 1), got {fraction!r}")
+    seed = _int(split.get("seed", 0), "split.seed", fail, minimum=0)
+
+    ncf = raw.get("ncf")
+    user = item = None
+    if ncf is not None:
+        if not isinstance(ncf, dict) or set(ncf) != {"user", "item"}:
+            fail("ncf", "must be {user: column, item: column}")
+        user, item = ncf["user"], ncf["item"]
+        cats = [c.column for c in categorical]
+        for key, col in (("user", user), ("item", item)):
+            if col not in cats:
+                fail(f"ncf.{key}", f"{col!r} is not one of the categorical columns")
+        if user == item:
+            fail("ncf", "user and item must be different columns")
+    models = raw.get("models")
+    if models is None:
+        models = ["wide_deep"] + (["dlrm"] if numerical and not multihot else []) + (["ncf"] if ncf else [])
+    if isinstance(models, str):
+        models = [models]
+    if not isinstance(models, list) or not models or any(m not in MODELS for m in models):
+        fail("models", f"must be a list of {', '.join(MODELS)}, got {models!r}")
+    if len(set(models)) != len(models):
+        fail("models", "a model is named twice")
+    if "dlrm" in models and multihot:
+        fail("models", "dlrm reads no multi-hot columns (drop dlrm or the multihot columns)")
+    if "dlrm" in models and (not numerical or not categorical):
+        fail("models", "dlrm needs numerical and categorical columns")
+    if "wide_deep" in models and not (categorical or multihot):
+        fail("models", "wide_deep needs at least one categorical or multihot column")
+    if "ncf" in models and not ncf:
+        fail("models", "ncf needs the `ncf: {user, item}` key")
+
+    fmt = raw.get("format")
+    if fmt is not None and fmt not in FORMATS:
+        fail("format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
+    csv = raw.get("csv") or {}
+    if not isinstance(csv, dict) or any(k != "separator" for k in csv):
+        fail("csv", "must be a mapping {separator} (CSV files start with a header line)")
+    separator = csv.get("separator", ",")
+    if not isinstance(separator, str) or len(separator) != 1:
+        fail("csv.separator", f"must be one character, got {separator!r}")
+    missing = raw.get("missing_values") or []
+    if not isinstance(missing, list) or not all(isinstance(v, (str, int, float)) for v in missing):
+        fail("missing_values", "must be a list of values")
+    return TabularConfig(label=label, positive=positive, categorical=categorical, multihot=tuple(multihot),
+                         numerical=tuple(numerical), map=raw.get("map"), time=raw.get("time"),
+                         split_method=method, test_fraction=float(fraction), seed=seed, models=tuple(models),
+                         ncf_user=user, ncf_item=item, format=fmt, csv_separator=separator,
+                         missing_values=tuple(str(v) for v in missing), source=source)
+
+
+def _int(value, key, fail, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        fail(key, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _label(value, fail):
+    if isinstance(value, str) and value:
+        return value, None
+    if isinstance(value, dict) and isinstance(value.get("column"), str):
+        extra = [k for k in value if k not in ("column", "positive")]
+        if extra:
+            fail(f"label.{extra[0]}", "unknown key (known: column, positive)")
+        positive = value.get("positive")
+        if positive is None:
+            return value["column"], None
+        if not isinstance(positive, list):
+            positive = [positive]
+        if not positive or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in positive):
+            fail("label.positive", "must be a value or a non-empty list of values")
+        return value["column"], tuple(str(v) for v in positive)
+    fail("label", "required: a column name or {column, positive}")
+
+
+def _list(raw, key, fail):
+    value = raw.get(key) or []
+    if not isinstance(value, list):
+        fail(key, "must be a list of columns")
+    return value
+
+
+def _entry(entry, key, fail, defaults: dict) -> dict:
+    """A list entry: a column name, or a mapping {column, <keys of defaults>}."""
+    if isinstance(entry, str) and entry:
+        return {"column": entry, **defaults}
+    if not isinstance(entry, dict) or not isinstance(entry.get("column"), str):
+        fail(key, "must be a column name or a mapping with `column`")
+    extra = [k for k in entry if k != "column" and k not in defaults]
+    if extra:
+        fail(f"{key}.{extra[0]}", f"unknown key (known: column, {', '.join(defaults)})")
+    out = {"column": entry["column"], **defaults, **{k: v for k, v in entry.items() if k != "column"}}
+    if "threshold" in out:
+        out["threshold"] = _int(out["threshold"], f"{key}.threshold", fail, minimum=0)
+    return out

@@ -1,0 +1,361 @@
+"""A user's table -> feature-spec dataset with an NVTabular workflow (``preproc tabular run``),
+and the saved workflow applied to new rows (``preproc tabular apply``).
+
+``run``:
+
+1. read (preproc.tabular.read): typed pandas partitions, bad rows flagged; one pass
+   counts them per file (``--bad-rows skip|fatal``), the time column's value counts
+   (time split) and the longest multi-hot list (default ``max_hotness``);
+2. split (preproc.tabular.split): every good row is marked train or test;
+3. the workflow (preproc.tabular.workflow) is fitted on the training rows only, its
+   vocabularies put in frequency order, then it transforms every good row (pandas on
+   CPU, cudf partitions on GPU, a dask cluster's workers in multinode mode);
+4. write: ``train/part_NNNNN.parquet`` and ``test/part_NNNNN.parquet``, exactly
+   ``--num-files`` each (training rows round-robin by row number; test rows by
+   ``map mod num_files`` when there is a group column, sorted by it, so a group never
+   spans two files), every numerical value checked finite; the feature specs
+   (preproc.tabular.spec), ``tabular.yaml`` (the config as applied), ``workflow/``
+   (the fitted features-only ``nvtabular.Workflow``) and ``report.json``.
+
+The output is written to a temporary sibling, verified against every spec (files
+present, rows per mapping = rows written) and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from preproc.dataio import bad_rows
+from preproc.dataio.output import atomic_dir, input_files, verify_against_spec
+from preproc.errors import PreprocError
+from preproc.tabular import read, split
+from preproc.tabular.config import LABEL, TabularConfig, parse_config
+from preproc.tabular.spec import SPEC, feature_spec, spec_file, stored
+from preproc.tabular.workflow import build, frequency_order, statistics
+
+log = logging.getLogger("preproc.tabular")
+WORKFLOW_DIR = "workflow"
+CONFIG_FILE = "tabular.yaml"
+KEEP = ("_row", "_test")
+MAP = "map"
+
+
+# --- partition functions (module level: they travel to dask workers) -------------------------------
+def good_rows(frame):
+    """Rows that are not bad, indexed 0..n-1 (Categorify finds nulls by position)."""
+    return frame[~frame["_bad"]].drop(columns=["_bad", "_file"]).reset_index(drop=True)
+
+
+def mark_random(frame, seed: int, fraction: float, by_group: bool):
+    groups = frame[MAP] if by_group else None
+    return frame.assign(_test=split.random_test_rows(frame["_row"].to_numpy(), seed, fraction, groups))
+
+
+def mark_time(frame, cut: float):
+    return frame.assign(_test=(frame["_time"] >= cut).to_numpy())
+
+
+def training_rows(frame):
+    return frame[~frame["_test"]].reset_index(drop=True)
+
+
+def longest_lists(frame, columns: list):
+    import pandas as pd
+
+    return pd.Series({c: max([len(v) for v in frame[c]], default=0) for c in columns}, dtype="int64")
+
+
+def to_cudf(frame):
+    """A pandas partition as cudf (list columns as Python lists, which cudf reads as list columns)."""
+    import cudf
+
+    frame = frame.copy()
+    for c in frame.columns:
+        if frame[c].dtype == object and len(frame) and isinstance(frame[c].iloc[0], np.ndarray):
+            frame[c] = [list(v) for v in frame[c]]
+    return cudf.from_pandas(frame)
+
+
+def assign_parts(frame, num_files: int, by_map: bool):
+    """``_part``: training rows 0..N-1 by row number, test rows N..2N-1 (by group when ``by_map``)."""
+    row = frame["_row"] % num_files
+    test = frame["_test"]
+    key = (frame[MAP] % num_files) if by_map else row
+    return frame.assign(_part=row.where(~test, key + num_files).astype("int64"))
+
+
+def _arrow_table(frame, config: TabularConfig, with_map: bool):
+    import pyarrow as pa
+
+    columns = stored(config, with_map)
+    lists = {m.column for m in config.multihot}
+    ids = {c.column for c in config.categorical}
+    arrays, fields = [], []
+    for name in columns:
+        if name in lists:
+            array = pa.array([np.asarray(v, dtype=np.int32) for v in frame[name]], type=pa.list_(pa.int32()))
+        elif name in ids:
+            array = pa.array(frame[name].to_numpy(dtype=np.int32))
+        elif name == MAP:
+            array = pa.array(frame[name].to_numpy(dtype=np.int64))
+        else:
+            array = pa.array(frame[name].to_numpy(dtype=np.float32))
+        arrays.append(array)
+        fields.append(pa.field(name, array.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def part_writer(directory: str, config: TabularConfig, num_files: int, mappings=("train", "test")):
+    """Writes partition ``i`` (of ``_part``) as ``<mapping>/part_{i mod N}.parquet``; returns its
+    [rows, positive labels, non-finite value count per numerical column...]."""
+
+    def write(frame, number: int):
+        import pyarrow.parquet as pq
+
+        frame = frame.to_pandas() if hasattr(frame, "to_pandas") else frame
+        mapping = mappings[number // num_files]
+        by_map = mapping == "test" and bool(config.map)
+        frame = frame.sort_values([MAP, "_row"] if by_map else ["_row"], kind="stable")
+        nonfinite = [int((~np.isfinite(frame[n.column].to_numpy(dtype=np.float64))).sum())
+                     for n in config.numerical]
+        if len(frame):
+            path = os.path.join(directory, mapping, f"part_{number % num_files:05d}.parquet")
+            pq.write_table(_arrow_table(frame, config, with_map=mapping == "test"), path)
+        return [len(frame), float(frame[LABEL].sum())] + nonfinite
+
+    return write
+
+
+# --- the pipeline ----------------------------------------------------------------------------------
+def run(input_path: str, config: TabularConfig, output: str, num_files: int = 1, overwrite: bool = False,
+        bad_row_policy: str = "skip", runtime=None) -> dict:
+    """The whole pipeline; returns the report (rows, cardinalities, statistics, timings)."""
+    from preproc.runtime import dask_cluster
+
+    files = input_files(input_path)
+    runtime = runtime or dask_cluster.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
+    with dask_cluster.start(runtime):
+        return _run(files, config, output, num_files, overwrite, bad_row_policy, runtime)
+
+
+def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list):
+    """One pass: bad rows per file (enforced), time value counts, longest lists. -> (good rows, facts)."""
+    import dask
+
+    good = parsed.map_partitions(good_rows, meta=good_rows(read.meta(config)))
+    tasks = {"bad": parsed[["_file", "_bad"]].groupby("_file")["_bad"].agg(["sum", "count"])}
+    if config.split_method == "time":
+        tasks["times"] = good["_time"].value_counts()
+    lists = [m.column for m in config.multihot if m.max_hotness is None]
+    if lists:
+        import pandas as pd
+
+        tasks["lists"] = good.map_partitions(longest_lists, lists,
+                                             meta=pd.Series([], dtype="int64")).to_delayed()
+    (facts,) = dask.compute(tasks)
+    counts = {str(files[int(i)]): (int(r["sum"]), int(r["count"])) for i, r in facts["bad"].iterrows()}
+    facts["bad_report"] = bad_rows.enforce(counts, bad_row_policy, what="tabular")
+    facts["rows"] = sum(c for _, c in counts.values())
+    facts["bad_rows"] = sum(b for b, _ in counts.values())
+    hotness = {m.column: m.max_hotness for m in config.multihot}
+    for c in lists:
+        hotness[c] = max([int(s[c]) for s in facts["lists"]] + [1])
+    facts["hotness"] = hotness
+    return good, facts
+
+
+def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_policy, runtime) -> dict:
+    warnings.filterwarnings("ignore", message=".*experimental feature.*")
+    import dask
+    from merlin.io import Dataset
+
+    timings, start = {}, time.perf_counter()
+    parsed, _ = read.input_frame(files, config)
+    good, facts = _scan(parsed, config, bad_row_policy, files)
+    if facts["rows"] == facts["bad_rows"]:
+        raise PreprocError(f"--input: no usable rows ({facts['bad_rows']} bad of {facts['rows']})")
+    split_meta = {"method": config.split_method, "test_fraction": config.test_fraction, "seed": config.seed}
+    if config.split_method == "time":
+        if len(facts["times"]) < 2:
+            raise PreprocError(f"split: every row has the same {config.time!r}: nothing to split by time "
+                               "(use split.method random)")
+        cut = float(split.time_cut(facts["times"], config.test_fraction))
+        split_meta["cut"] = cut
+        good = good.map_partitions(mark_time, cut, meta=good._meta.assign(_test=np.zeros(0, bool)))
+    else:
+        good = good.map_partitions(mark_random, config.seed, config.test_fraction, bool(config.map),
+                                   meta=good._meta.assign(_test=np.zeros(0, bool)))
+    if "_time" in good.columns:
+        good = good.drop(columns=["_time"])
+    if not runtime.cpu:
+        import dask_cudf  # noqa: F401
+
+        good = good.map_partitions(to_cudf)
+    timings["read_s"] = time.perf_counter() - start
+
+    final = Path(output).absolute()
+    spec_files = tuple(dict.fromkeys((SPEC,) + tuple(spec_file(m) for m in config.models)))
+    expected = {}
+    with atomic_dir(final, overwrite=overwrite,
+                    verify=lambda d: verify_against_spec(d, expected, spec_files=spec_files)) as tmp:
+        start = time.perf_counter()
+        features, workflow = build(config, str(tmp / ".fit"), facts["hotness"], keep=KEEP)
+        train = good.map_partitions(training_rows, meta=good._meta)
+        workflow.fit(Dataset(train, cpu=runtime.cpu))
+        cardinalities = frequency_order(workflow)
+        timings["fit_s"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        transformed = workflow.transform(Dataset(good, cpu=runtime.cpu)).to_ddf()
+        parts = transformed.map_partitions(assign_parts, num_files, bool(config.map))
+        parts = parts.set_index("_part", divisions=list(range(2 * num_files)) + [2 * num_files - 1], drop=False)
+        for mapping in ("train", "test"):
+            (tmp / mapping).mkdir()
+        writer = dask.delayed(part_writer(str(tmp), config, num_files), pure=True)
+        written = dask.compute(*[writer(part, i) for i, part in enumerate(parts.to_delayed())])
+        timings["transform_s"] = time.perf_counter() - start
+
+        _check_written(written, config, num_files)
+        files_of = {m: [f"{m}/part_{i:05d}.parquet" for i in range(num_files)] for m in ("train", "test")}
+        expected.update({m: int(sum(w[0] for w in written[k * num_files:(k + 1) * num_files]))
+                         for k, m in enumerate(("train", "test"))})
+        positives = {m: float(sum(w[1] for w in written[k * num_files:(k + 1) * num_files]))
+                     for k, m in enumerate(("train", "test"))}
+        stats = statistics(workflow, config)
+        metadata = {"dataset": "tabular", "engine": "nvtabular", "runtime": runtime.mode, "rows": dict(expected),
+                    "label_rate": {m: round(positives[m] / max(expected[m], 1), 6) for m in expected},
+                    "split": split_meta, "cardinalities": cardinalities, "numerical": stats,
+                    "max_hotness": facts["hotness"], "bad_rows": facts["bad_rows"], "input_rows": facts["rows"],
+                    "config": CONFIG_FILE, "workflow": WORKFLOW_DIR, "models": list(config.models)}
+        _write_specs(tmp, config, cardinalities, facts["hotness"], files_of, metadata)
+        _save_workflow(features, workflow, tmp / WORKFLOW_DIR)
+        shutil.rmtree(tmp / ".fit", ignore_errors=True)
+        _write_yaml(tmp / CONFIG_FILE, config.to_dict())
+        report = {"rows": dict(expected), "cardinalities": cardinalities, "numerical": stats,
+                  "bad_rows": facts["bad_rows"], "bad_rows_per_file": facts["bad_report"], "runtime": runtime.mode,
+                  "models": list(config.models), "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+        (tmp / "report.json").write_text(json.dumps(report, indent=1))
+    log.info("tabular: wrote %s: %s", final, report["rows"])
+    return report
+
+
+def _check_written(written, config: TabularConfig, num_files: int, mappings=("train", "test")) -> None:
+    for k, mapping in enumerate(mappings):
+        rows = [w[0] for w in written[k * num_files:(k + 1) * num_files]]
+        if 0 in rows:
+            unit = "groups" if mapping == "test" and config.map else "rows"
+            raise PreprocError(f"{mapping}: file {rows.index(0)} of --num-files {num_files} would be empty "
+                               f"({sum(rows)} {mapping} rows; fewer {unit} than files: lower --num-files)")
+    for i, n in enumerate(config.numerical):
+        bad = sum(w[2 + i] for w in written)
+        if bad:
+            raise PreprocError(f"numerical column {n.column!r}: {bad} values not finite after the "
+                               f"{n.transform} transform (use transform log or none for it)")
+
+
+def _write_specs(directory: Path, config: TabularConfig, cardinalities: dict, hotness: dict, files: dict,
+                 metadata: dict) -> None:
+    for index, model in enumerate(config.models):
+        spec = feature_spec(config, model, cardinalities, hotness, files, metadata)
+        names = [spec_file(model)] + ([SPEC] if index == 0 else [])
+        for name in names:
+            _write_yaml(directory / name, spec)
+
+
+def _write_yaml(path: Path, data: dict) -> None:
+    import yaml
+
+    path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+
+
+def _save_workflow(features, fitted, directory: Path) -> None:
+    """Save the features-only workflow (its operators are the ones ``fitted`` fitted)."""
+    from merlin.schema import Schema
+
+    features.fit_schema(Schema([c for c in fitted.input_schema if c.name not in KEEP]))
+    features.save(str(directory))
+
+
+# --- new data through the saved workflow ----------------------------------------------------------
+def apply(dataset: str, input_path: str, output: str, num_files: int = 1, overwrite: bool = False,
+          bad_row_policy: str = "skip", runtime=None) -> dict:
+    """Rows of ``input_path`` (the same columns, the label included) transformed by ``dataset``'s saved
+    workflow into a dataset with one mapping, ``test``, and the same feature specs (ids, cardinalities,
+    statistics of the original training rows); evaluate a trained model on it."""
+    import yaml
+
+    from preproc.runtime import dask_cluster
+
+    root = Path(dataset)
+    if not (root / CONFIG_FILE).is_file() or not (root / WORKFLOW_DIR).is_dir():
+        raise PreprocError(f"--dataset: {dataset}: no {CONFIG_FILE} and {WORKFLOW_DIR}/ "
+                           "(not written by preproc tabular run)")
+    config = parse_config(yaml.safe_load((root / CONFIG_FILE).read_text()), str(root / CONFIG_FILE))
+    specs = {m: yaml.safe_load((root / spec_file(m)).read_text()) for m in config.models}
+    files = input_files(input_path)
+    runtime = runtime or dask_cluster.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
+    with dask_cluster.start(runtime):
+        return _apply(root, config, specs, files, output, num_files, overwrite, bad_row_policy, runtime)
+
+
+def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_policy, runtime) -> dict:
+    warnings.filterwarnings("ignore", message=".*experimental feature.*")
+    import dask
+    import nvtabular as nvt
+    from merlin.io import Dataset
+
+    parsed, _ = read.input_frame(files, config)
+    good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files)
+    good = good.map_partitions(lambda f: f.assign(_test=np.ones(len(f), bool)),
+                               meta=good._meta.assign(_test=np.zeros(0, bool)))
+    if "_time" in good.columns:
+        good = good.drop(columns=["_time"])
+    if not runtime.cpu:
+        import dask_cudf  # noqa: F401
+
+        good = good.map_partitions(to_cudf)
+    saved = nvt.Workflow.load(str(root / WORKFLOW_DIR))
+    workflow = nvt.Workflow(saved.output_node + list(KEEP))   # the fitted operators, plus the bookkeeping
+    data = Dataset(good, cpu=runtime.cpu)
+    workflow.fit_schema(data.schema)
+    transformed = workflow.transform(data).to_ddf()
+    parts = transformed.map_partitions(assign_parts, num_files, bool(config.map))
+    parts = parts.set_index("_part", divisions=list(range(num_files, 2 * num_files)) + [2 * num_files - 1],
+                            drop=False)
+    final = Path(output).absolute()
+    expected = {}
+    spec_names = tuple(dict.fromkeys((SPEC,) + tuple(spec_file(m) for m in config.models)))
+    with atomic_dir(final, overwrite=overwrite,
+                    verify=lambda d: verify_against_spec(d, expected, spec_files=spec_names)) as tmp:
+        (tmp / "test").mkdir()
+        writer = dask.delayed(part_writer(str(tmp), config, num_files, mappings=("test", "test")), pure=True)
+        written = dask.compute(*[writer(part, num_files + i) for i, part in enumerate(parts.to_delayed())])
+        _check_written(written, config, num_files, mappings=("test",))
+        expected["test"] = int(sum(w[0] for w in written))
+        paths = [f"test/part_{i:05d}.parquet" for i in range(num_files)]
+        for index, model in enumerate(config.models):
+            spec = specs[model]
+            spec["source_spec"] = {"test": [{"type": "parquet", "features": stored(config, True), "files": paths}]}
+            spec["metadata"] = dict(spec["metadata"], rows={"test": expected["test"]},
+                                    applied_to=[str(f) for f in files], fitted_on=str(root.absolute()),
+                                    bad_rows=facts["bad_rows"])
+            for name in [spec_file(model)] + ([SPEC] if index == 0 else []):
+                _write_yaml(tmp / name, spec)
+    return {"rows": dict(expected), "bad_rows": facts["bad_rows"]}
+
+
+def _for_apply(config: TabularConfig) -> TabularConfig:
+    """The config for scanning new rows: no time split, and every multi-hot ``max_hotness`` fixed (the
+    saved workflow cuts the lists itself), so the scan only counts bad rows."""
+    import dataclasses
+
+    return dataclasses.replace(config, split_method="random",
+                               multihot=tuple(dataclasses.replace(m, max_hotness=m.max_hotness or 1)
+                                              for m in config.multihot))
