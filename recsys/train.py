@@ -149,6 +149,10 @@ def build_parser(parser_class=_Parser):
     pf.add_argument("--benchmark-warmup-steps", type=int, default=20,
                     help="steps excluded from throughput figures (benchmark/inference, and train summaries)")
     pf.add_argument("--benchmark-steps", type=int, default=100, help="timed steps in benchmark/inference mode")
+    pf.add_argument("--breakdown-steps", type=int, default=0,
+                    help="benchmark mode: after the timed steps, N more as a split step whose phases (input wait, "
+                         "compute, embedding exchange, gradient exchange, optimizer) are timed one by one: the "
+                         "summary's step_breakdown (0: none)")
     pf.add_argument("--embedding-placement", choices=("auto", "replicated", "model_parallel"), default="auto",
                     help="model_parallel: each rank holds its share of the tables (recsys.embeddings), ids and "
                          "vectors exchanged with alltoall (NVIDIA distributed-embeddings when importable, else "
@@ -280,6 +284,8 @@ def apply_affinity(mode, local_rank, local_size):
 
 def run(config):
     """Everything after argument checks: TF set-up, Horovod, data, model, the chosen mode."""
+    from recsys.tfcompat import prepare
+    tf_notes = prepare()    # before TensorFlow's import: a TF/Keras the engine cannot run on is one line, exit 2
     from recsys.distributed import Distributed
     from recsys.logger import RunLogger
     cpus = None
@@ -301,6 +307,8 @@ def run(config):
     log = RunLogger(config.log_path, enabled=dist.is_chief, progress_every=config.log_every)
     log.startup("horovod_init", world_size=dist.size)
     _log_notes(config, len(gpus), log)
+    for line in tf_notes:
+        log.info(line, warning="tensorflow_version")
     temporary = None
     try:
         if config.amp:
