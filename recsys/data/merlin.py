@@ -27,6 +27,7 @@ import warnings
 
 from recsys.data.layout import Layout
 from recsys.data.parquet import ParquetReader
+from recsys.errors import DataError
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
 
@@ -84,7 +85,9 @@ class MerlinReader:
         return Loader(dataset, batch_size=self.batch_size, shuffle=shuffle, seed_fn=(lambda: seed) if shuffle else None,
                       global_size=self.world_size, global_rank=self.rank, drop_last=self.drop_remainder)
 
-    def _flat(self, batch):
+    def _flat(self, batch, index=0):
+        """One loader batch as {feature: tensor}; a non-finite numerical is a DataError naming the
+        column and the row of this rank's batches (the loader does not say which file it came from)."""
         import tensorflow as tf
 
         columns = batch[0] if isinstance(batch, tuple) else batch
@@ -96,6 +99,11 @@ class MerlinReader:
                 flat[f] = ragged.to_tensor(default_value=-1, shape=[None, self.hotness[f]])
             else:
                 flat[f] = tf.reshape(columns[f], [-1])
+                if flat[f].dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(flat[f]))):
+                    row = int(tf.where(~tf.math.is_finite(flat[f]))[0, 0])
+                    raise DataError(f"{self.spec.origin}: {self.mapping} (--reader merlin, rank {self.rank}): row "
+                                    f"{index * self.batch_size + row} of this rank's rows: {f} is "
+                                    f"{float(flat[f][row])}: numerical values must be finite")
         return flat
 
     def flat_batches(self, shuffle: bool = False, seed: int = 0, epoch: int = 0):
@@ -107,7 +115,7 @@ class MerlinReader:
             for i, batch in enumerate(loader):
                 if i >= self.num_batches:
                     break
-                yield self._flat(batch)
+                yield self._flat(batch, i)
         finally:
             loader.stop()
 

@@ -82,3 +82,24 @@ def test_dlrm_trains_five_steps(nvt_criteo, tmp_path, reader):
     s = summary(recs)
     assert s["step"] == 5 and 0 < s["final_loss"] < 5, s
     assert [r for r in recs if r["type"] == "params"][0]["reader"] == reader
+
+
+def test_non_finite_numerical_is_refused_naming_the_column(nvt_criteo, tmp_path):
+    """The Merlin path refuses a NaN numerical like the tf.data readers (DataError, one line)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from recsys.data import make_reader
+    from recsys.errors import DataError
+
+    out = tmp_path / "out"
+    shutil.copytree(nvt_criteo, out)
+    path = sorted((out / "train").glob("part_*.parquet"))[0]
+    table = pq.read_table(path)
+    name = next(n for n in table.column_names if table.column(n).type in ("float", "double"))
+    column = table.column(name).to_numpy().copy()
+    column[7] = np.nan
+    pq.write_table(table.set_column(table.schema.get_field_index(name), name, [column]), path)
+    with pytest.raises(DataError, match=rf"train \(--reader merlin, rank 0\): row \d+ of this rank's rows: "
+                                        rf"{name} is nan: numerical values must be finite"):
+        list(make_reader(str(out / "feature_spec.yaml"), "train", 96, reader="merlin").numpy_batches())
