@@ -517,7 +517,9 @@ class Engine:
             # Gradients travel between the units as a flat list of tensors (IndexedSlices as their
             # parts, packed again inside the next function): an IndexedSlices argument costs a
             # tf.function call about twice the host time of its tensors passed flat.
-            split = {"structure": None}
+            # The exchange may change the structure (--sparse-as-dense: IndexedSlices in, dense
+            # out), so the optimizer unpacks with the structure the exchange returned.
+            split = {"structure": None, "reduced": None}
 
             def gradients(inputs, labels):
                 loss, grads = self._grad_fn(inputs, labels)
@@ -525,15 +527,16 @@ class Engine:
                 return loss, tf.nest.flatten(split["structure"], expand_composites=True), \
                     [layer.traced_ids() for layer in layers]
 
-            def unflatten(flat):
-                return tf.nest.pack_sequence_as(split["structure"], list(flat), expand_composites=True)
+            def unflatten(flat, key="structure"):
+                return tf.nest.pack_sequence_as(split[key], list(flat), expand_composites=True)
 
             def gradient_exchange(loss, flat):
                 loss, _, reduced = self._exchange_gradients(loss, unflatten(flat))
-                return loss, tf.nest.flatten(reduced, expand_composites=True)
+                split["reduced"] = list(reduced)
+                return loss, tf.nest.flatten(split["reduced"], expand_composites=True)
 
             def optimizer(flat):
-                return self._apply_gradients(unflatten(flat))
+                return self._apply_gradients(unflatten(flat, "reduced" if self.dist.size > 1 else "structure"))
 
             def exchange(ids_per_layer):
                 sent = tf.constant(0, tf.int64)

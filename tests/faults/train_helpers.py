@@ -99,19 +99,28 @@ def step_history(records):
     return problems, repeated, restores
 
 
+# Slurm revokes a requeued job's credential; an attempt allocated within the same second is killed
+# at launch ("Killing non-startable batch job: Job credential revoked"), which is why Slurm sets a
+# requeued job's BeginTime ahead. A release waits this long after first seeing the job pending.
+REQUEUE_SETTLE_S = 2.0
+_pending_since = {}
+
+
 def release_requeued(cluster, job_id):
     """Slurm holds a requeued job back (its BeginTime a while ahead): let it start now, but only
-    once it is pending and its previous attempt is gone: no step of it still completing, no
-    slurmstepd of it left on this host (an attempt started while the previous attempt's step is
-    being torn down on the same node can see its srun return at once). Other jobs still completing
-    elsewhere do not matter. A requeued job Slurm holds (e.g. 'launch failed requeued held') is
-    released. Returns the job's fields as seen (for a timeout's message)."""
+    once its previous attempt is gone: pending for REQUEUE_SETTLE_S (its old credential revoked in
+    an earlier second), no step of it still completing, no slurmstepd of it left on this host (an
+    attempt started while the previous attempt's step is being torn down on the same node can see
+    its srun return at once). A requeued job Slurm holds (e.g. 'launch failed requeued held') is
+    released. Returns the job's fields as seen (for the caller's checks and a timeout's message)."""
     fields = job_fields(cluster, job_id)
     if fields.get("JobState") != "PENDING":
+        _pending_since.pop(job_id, None)
         return fields
+    since = _pending_since.setdefault(job_id, time.monotonic())
     raw = fields.get("JobId", job_id)
     completing = cluster.run(["squeue", "-h", "-t", "CG", "-o", "%A"]).stdout.split()
-    if raw in completing or _stepd_alive(raw):
+    if time.monotonic() - since < REQUEUE_SETTLE_S or raw in completing or _stepd_alive(raw):
         return fields
     if "held" in fields.get("Reason", "").lower() or fields.get("Priority") == "0":
         cluster.run(["scontrol", "release", str(job_id)])
