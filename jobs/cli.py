@@ -342,30 +342,29 @@ def _cmd_study(api, args, engine_args):
                 print(f"  {point.id:<28} {point.state:<8} {point.job_id or '-':>10}{extra}")
         return 1 if status.counts["failed"] else 0
     report, paths = api.report_study(study_dir, out_dir=args.out, plot=args.plot)
+    _print_written(paths, args.plot, report["warnings"])   # spread, baseline and provenance problems
+    # a failed point or a baseline without throughput (failed, pending, unknown) is not a finished table
+    return 1 if report["failures"] or report["baseline_problems"] else 0
+
+
+def _print_written(paths, plot, warnings):
+    """What `study report` and `study compare` wrote: the markdown, then every file, a missing
+    optional plot and the warnings (stderr)."""
     print(open(paths["markdown"]).read(), end="")
     for kind, path in paths.items():
         print(f"wrote {kind} {path}")
-    if "plot" not in paths and args.plot is None:
+    if "plot" not in paths and plot is None:
         print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
               file=sys.stderr)
-    for line in report["warnings"]:     # spread, baseline and provenance problems the table carries
+    for line in warnings:
         print(f"{PROG}: warning: {line}", file=sys.stderr)
-    # a failed point or a baseline without throughput (failed, pending, unknown) is not a finished table
-    return 1 if report["failures"] or report["baseline_problems"] else 0
 
 
 def _cmd_compare(api, args):
     dirs = [api.find_study(study, args.runs_dir) for study in args.studies]
     comparison, paths = api.compare_studies(dirs, out_dir=args.out, plot=args.plot,
                                             fail_if_slower=args.fail_if_slower)
-    print(open(paths["markdown"]).read(), end="")
-    for kind, path in paths.items():
-        print(f"wrote {kind} {path}")
-    if "plot" not in paths and args.plot is None:
-        print(f"{PROG}: no plot (matplotlib is not installed: pip install 'recsys-submit[plot]')",
-              file=sys.stderr)
-    for line in comparison["warnings"]:     # failed and unfinished points: shown without a verdict
-        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    _print_written(paths, args.plot, comparison["warnings"])   # failed and unfinished points: no verdict
     for line in comparison["slower"]:
         print(f"{PROG}: slower than {comparison['reference']} by more than {args.fail_if_slower:g}%: {line}",
               file=sys.stderr)

@@ -21,7 +21,7 @@ import time
 from jobs.errors import RequestError
 from jobs.runs.atomic import write_json, write_text
 
-from .report import _fmt, _pyplot, build
+from .report import _fmt, _pyplot, build, plot_wanted
 from .run import StudyRecord, poll
 
 COMPARE_VERSION = 1
@@ -380,8 +380,7 @@ def write(study_dirs, out_dir=None, want_plot=None, fail_if_slower=None):
     plots when it is installed. Returns (comparison dict, {kind: path})."""
     records = load(study_dirs)
     _stats()                # refuse before polling or writing anything
-    if want_plot:
-        _pyplot()
+    draw = plot_wanted(want_plot)
     reports = [build(record, poll(record)) for record in records]
     comparison = compare(records, reports, fail_if_slower=fail_if_slower)
     out_dir = out_dir or default_out_dir(records)
@@ -391,11 +390,7 @@ def write(study_dirs, out_dir=None, want_plot=None, fail_if_slower=None):
     write_text(paths["markdown"], markdown(comparison))
     write_text(paths["csv"], csv_text(comparison))
     write_json(paths["json"], comparison)
-    if want_plot is not False:
-        try:
-            plot(comparison, os.path.join(out_dir, "compare.png"))
-            paths["plot"] = os.path.join(out_dir, "compare.png")
-        except RequestError:
-            if want_plot:
-                raise
+    if draw:
+        plot(comparison, os.path.join(out_dir, "compare.png"))
+        paths["plot"] = os.path.join(out_dir, "compare.png")
     return comparison, paths

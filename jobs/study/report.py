@@ -648,6 +648,20 @@ def _pyplot():
     return plt
 
 
+def plot_wanted(want_plot):
+    """Whether to draw: True needs matplotlib (RequestError naming --plot, before anything is
+    written), None draws when it is installed, False never."""
+    if want_plot is False:
+        return False
+    try:
+        _pyplot()
+    except RequestError:
+        if want_plot:
+            raise
+        return False
+    return True
+
+
 def figure(report):
     """The plot's figure: throughput vs GPUs on log-log axes (median with min-max error bars, the
     ideal line from the baseline when there is one, a straight line there; NVIDIA's published
@@ -762,8 +776,7 @@ def write(study_dir, out_dir=None, want_plot=None):
     breakdown-<variant>.png per variant with a step breakdown) to `out_dir` (default <study>/report). `want_plot`: True needs matplotlib, None plots when it is installed.
     Returns (report dict, {kind: path}); the caller prints report["warnings"]."""
     record = StudyRecord.load(study_dir)
-    if want_plot:
-        _pyplot()       # refuse before writing anything
+    draw = plot_wanted(want_plot)       # refuse before writing anything
     status = poll(record)
     report = build(record, status)
     out_dir = out_dir or os.path.join(record.study_dir, "report")
@@ -774,13 +787,9 @@ def write(study_dir, out_dir=None, want_plot=None):
     write_text(paths["csv"], csv_text(report))
     write_text(paths["breakdown csv"], breakdown_csv_text(report))
     write_json(paths["json"], report)
-    if want_plot is not False:
-        try:
-            plot(report, os.path.join(out_dir, "scaling.png"))
-            paths["plot"] = os.path.join(out_dir, "scaling.png")
-            for v, path in plot_breakdowns(report, out_dir).items():
-                paths[f"breakdown plot {v}"] = path
-        except RequestError:
-            if want_plot:
-                raise
+    if draw:
+        plot(report, os.path.join(out_dir, "scaling.png"))
+        paths["plot"] = os.path.join(out_dir, "scaling.png")
+        for v, path in plot_breakdowns(report, out_dir).items():
+            paths[f"breakdown plot {v}"] = path
     return report, paths

@@ -55,6 +55,7 @@ from preproc.criteo.layout import (CAT_FEATURES, INT_FEATURES, MAPPINGS, MAX_FIL
 from preproc.dataio import bad_rows
 from preproc.dataio.output import atomic_dir, verify_against_spec
 from preproc.errors import PreprocError
+from preproc.runtime.workflow_ops import ops_of
 
 log = logging.getLogger("preproc.nvt")
 BLOCK_BYTES = 64 << 20
@@ -220,8 +221,9 @@ def build_workflow(thresholds: list[int], rule: str, out_path: str, keep: list[s
 def reference_order(workflow) -> list[int]:
     """Put every Categorify vocabulary in the reference order; returns the cardinalities (kept + 1)."""
     import pandas as pd
+    from nvtabular.ops import Categorify
 
-    cats = [node.op for node in _categorify_nodes(workflow)]
+    cats = ops_of(workflow, Categorify)
     cardinalities = {}
     for op in cats:
         for name, path in op.categories.items():
@@ -236,21 +238,6 @@ def reference_order(workflow) -> list[int]:
                 os.replace(tmp, path)
             cardinalities[name] = len(values) + 1
     return [cardinalities[name] for name in CAT_FEATURES]
-
-
-def _categorify_nodes(workflow):
-    from nvtabular.ops import Categorify
-
-    found, seen, stack = [], set(), [workflow.output_node]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node.op, Categorify):
-            found.append(node)
-        stack.extend(node.parents_with_dependencies)
-    return found
 
 
 # --- 4. output --------------------------------------------------------------------------------------

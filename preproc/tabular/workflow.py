@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from preproc.runtime.workflow_ops import ops_of
 from preproc.tabular.config import LABEL, TabularConfig
 
 NULL_ID, OOV_ID, FIRST_ID = 1, 2, 3   # Categorify's encoding (NVTabular 23.08)
@@ -81,26 +82,13 @@ def build(config: TabularConfig, out_path: str, max_hotness: dict, keep: tuple =
     return nvt.Workflow(features()), nvt.Workflow(features() + list(keep))
 
 
-def nodes_of(workflow, op_type) -> list:
-    found, seen, stack = [], set(), [workflow.output_node]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node.op, op_type):
-            found.append(node.op)
-        stack.extend(node.parents_with_dependencies)
-    return found
-
-
 def frequency_order(workflow) -> dict:
     """Rewrite every fitted vocabulary in descending count, ties by value; {column: cardinality}."""
     import pandas as pd
     from nvtabular.ops import Categorify
 
     cardinalities = {}
-    for op in {id(o): o for o in nodes_of(workflow, Categorify)}.values():
+    for op in {id(o): o for o in ops_of(workflow, Categorify)}.values():
         for name, path in op.categories.items():
             table = pd.read_parquet(path)
             values = table[table[name].notna()]
@@ -121,7 +109,7 @@ def vocabulary(workflow, column: str) -> list:
     import pandas as pd
     from nvtabular.ops import Categorify
 
-    for op in nodes_of(workflow, Categorify):
+    for op in ops_of(workflow, Categorify):
         if column in op.categories:
             table = pd.read_parquet(op.categories[column])
             return [str(v) for v in table[column][table[column].notna()]]
@@ -134,7 +122,7 @@ def statistics(workflow, config: TabularConfig) -> dict:
     from nvtabular.ops import Normalize
 
     normalize = {}
-    for op in nodes_of(workflow, Normalize):
+    for op in ops_of(workflow, Normalize):
         normalize.update({c: (float(op.means[c]), float(op.stds[c])) for c in op.means})
     out = {}
     for n in config.numerical:
