@@ -21,7 +21,7 @@ import time
 from jobs.errors import RequestError
 from jobs.runs.atomic import write_json, write_text
 
-from .report import _fmt, _pyplot, build, plot_wanted
+from .report import build, fmt_number, load_pyplot, plot_wanted
 from .run import StudyRecord, poll
 
 COMPARE_VERSION = 1
@@ -183,7 +183,7 @@ def compare(records, reports, fail_if_slower=None, alpha=ALPHA):
                 if (fail_if_slower is not None and verdict == SLOWER
                         and (1.0 - item["ratio"]) * 100.0 > fail_if_slower):
                     slower.append(f"{_point_text(key, entry['gpus_per_node'])}: {labels[i]} "
-                                  f"{_fmt(cell['throughput'])} vs {labels[0]} {_fmt(ref['throughput'])} samples/s "
+                                  f"{fmt_number(cell['throughput'])} vs {labels[0]} {fmt_number(ref['throughput'])} samples/s "
                                   f"({(1.0 - item['ratio']) * 100.0:.1f}% slower, p {p:.3g})")
             entry["studies"].append(item)
         if len({s["global_batch"] for s in entry["studies"]}) > 1:
@@ -232,7 +232,7 @@ def compare(records, reports, fail_if_slower=None, alpha=ALPHA):
 def _spread_text(item):
     if item["throughput"] is None:
         return "-"
-    text = f"{_fmt(item['throughput_min'])}-{_fmt(item['throughput_max'])}, n={item['n']}"
+    text = f"{fmt_number(item['throughput_min'])}-{fmt_number(item['throughput_max'])}, n={item['n']}"
     if item["cv"] is not None:
         text += f", cv {item['cv']:.2f}"
     if item["failed"]:
@@ -282,10 +282,10 @@ def markdown(comparison):
     for point in c["points"]:
         ref_state = point["studies"][0]["state"]
         for item in point["studies"]:
-            tp = _fmt(item["throughput"]) if item["state"] == "done" else item["state"]
+            tp = fmt_number(item["throughput"]) if item["state"] == "done" else item["state"]
             lines.append("| " + " | ".join([
                 str(point["gpus"]), f"{point['nodes']} x {point['gpus_per_node']}", point["variant"], item["study"],
-                tp, _spread_text(item), _fmt(item["ratio"], 2), "-" if item["p_value"] is None else
+                tp, _spread_text(item), fmt_number(item["ratio"], 2), "-" if item["p_value"] is None else
                 f"{item['p_value']:.3g}", _verdict_text(item, ref_state)]) + " |")
     if c["notes"]:
         lines += [""] + [f"\u2020 {note}" if "smallest p" in note else f"Note: {note}" for note in c["notes"]]
@@ -323,7 +323,7 @@ def csv_text(comparison):
 def figure(comparison):
     """Throughput (median, min-max error bars) vs GPUs, one line per study, log-log axes, one
     panel per variant."""
-    plt = _pyplot()
+    plt = load_pyplot()
     variants = []
     for point in comparison["points"]:
         if point["variant"] not in variants:
@@ -360,7 +360,7 @@ def figure(comparison):
 
 
 def plot(comparison, path):
-    plt = _pyplot()
+    plt = load_pyplot()
     fig = figure(comparison)
     tmp = f"{path}.tmp.{os.getpid()}.png"
     fig.savefig(tmp, dpi=100)

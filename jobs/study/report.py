@@ -315,9 +315,9 @@ def build(record, status):
                 if noisy:
                     out["spread_warning"] = (
                         f"{_size_text(gpus, nodes, gpn)} {variant}: repeats {', '.join(cell['measured'])} gave "
-                        f"{', '.join(_fmt(t) for t in tps)} samples/s (max/min {ratio:.2f}, cv "
+                        f"{', '.join(fmt_number(t) for t in tps)} samples/s (max/min {ratio:.2f}, cv "
                         f"{'-' if cv is None else f'{cv:.2f}'}; flagged above cv {SPREAD_CV:.2f} or max/min "
-                        f"{SPREAD_RATIO:.2f}): the median {_fmt(median)} hides a noisy measurement")
+                        f"{SPREAD_RATIO:.2f}): the median {fmt_number(median)} hides a noisy measurement")
                     spread_warnings.append(out["spread_warning"])
             row["variants"][variant] = out
         rows.append(row)
@@ -377,7 +377,8 @@ def _amp_speedups(rows, variants, variant_of, settings, full):
                 cell["amp_speedup"] = cell["throughput"] / base["throughput"]
 
 
-def _fmt(value, digits=0):
+def fmt_number(value, digits=0):
+    """A figure as the report and compare print it: thousands separated, "-" for none."""
     if value is None:
         return "-"
     return f"{value:,.{digits}f}"
@@ -400,9 +401,9 @@ def _cell_text(cell):
         if cell["failed"]:
             return "FAILED"
         return "pending"
-    text = _fmt(cell["throughput"])
+    text = fmt_number(cell["throughput"])
     if cell["n"] > 1:
-        text += (f" ({_fmt(cell['throughput_min'])}-{_fmt(cell['throughput_max'])}, n={cell['n']}, "
+        text += (f" ({fmt_number(cell['throughput_min'])}-{fmt_number(cell['throughput_max'])}, n={cell['n']}, "
                  f"cv {cell['cv']:.2f})")
     if cell["spread_warning"]:
         text += f" {WARN}"
@@ -468,10 +469,10 @@ def markdown(report):
                  str(row["global_batch"])]
         for v in report["variants"]:
             cell = row["variants"].get(v)
-            cells += [_cell_text(cell), _fmt(cell and cell["step_time_ms"], 1), _fmt(cell and cell["startup_s"], 1),
-                      _fmt(cell and cell["speedup"], 2), _fmt(cell and cell["efficiency"], 2)]
+            cells += [_cell_text(cell), fmt_number(cell and cell["step_time_ms"], 1), fmt_number(cell and cell["startup_s"], 1),
+                      fmt_number(cell and cell["speedup"], 2), fmt_number(cell and cell["efficiency"], 2)]
             if v in amp_columns:
-                cells.append(_fmt(cell and cell["amp_speedup"], 2))
+                cells.append(fmt_number(cell and cell["amp_speedup"], 2))
             if cell and cell["spread_warning"]:
                 spread.append(cell["spread_warning"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -521,9 +522,9 @@ def _published_lines(report):
         what = pub["table"] + (f" ({pub['model_size']})" if pub["model_size"] else "") + \
             ("" if pub["xla"] is not None else ", XLA not stated")
         lines.append(f"| {row['gpus']} | {row['batch_per_gpu']} | {v} | {cell['precision']} | "
-                     f"{'on' if cell['xla'] else 'off'} | {_fmt(cell['throughput'])} | {_fmt(pub['throughput'])} | "
-                     f"{_fmt(cell['measured_vs_published'], 2)} | {_fmt(cell['amp_speedup'], 2)} | "
-                     f"{_fmt(cell['published_amp_speedup'], 2)} | {what} |")
+                     f"{'on' if cell['xla'] else 'off'} | {fmt_number(cell['throughput'])} | {fmt_number(pub['throughput'])} | "
+                     f"{fmt_number(cell['measured_vs_published'], 2)} | {fmt_number(cell['amp_speedup'], 2)} | "
+                     f"{fmt_number(cell['published_amp_speedup'], 2)} | {what} |")
         if f"{pub['table']}: {pub['source']}" not in sources:
             sources.append(f"{pub['table']}: {pub['source']}")
     return lines + [""] + [f"Source {s}." for s in sources]
@@ -568,9 +569,9 @@ def _breakdown_lines(report):
                     continue
                 if label == "slowest":
                     label = f"slowest (rank {over.get('rank', '?')})"
-                lines.append("| " + " | ".join(size + [label, _fmt(over["step_ms"], 2), _fmt(cell["step_time_ms"], 2)]
+                lines.append("| " + " | ".join(size + [label, fmt_number(over["step_ms"], 2), fmt_number(cell["step_time_ms"], 2)]
                                                + [_phase_text(over, p) for p in BREAKDOWN_PHASES]
-                                               + [_fmt(b["exchanges"][e][key], 2) for e in EXCHANGES]) + " |")
+                                               + [fmt_number(b["exchanges"][e][key], 2) for e in EXCHANGES]) + " |")
     methods = sorted({f"{c['breakdown']['steps']} step(s), {c['breakdown']['method']}" for r in report["rows"]
                       for c in r["variants"].values() if c["breakdown"]})
     return lines + ["", "Measured over: " + "; ".join(methods) + "."]
@@ -636,7 +637,8 @@ def breakdown_csv_text(report):
     return out.getvalue()
 
 
-def _pyplot():
+def load_pyplot():
+    """matplotlib's pyplot on the Agg backend, or a RequestError naming --plot (report and compare)."""
     try:
         import matplotlib
 
@@ -654,7 +656,7 @@ def plot_wanted(want_plot):
     if want_plot is False:
         return False
     try:
-        _pyplot()
+        load_pyplot()
     except RequestError:
         if want_plot:
             raise
@@ -667,7 +669,7 @@ def figure(report):
     ideal line from the baseline when there is one, a straight line there; NVIDIA's published
     throughput as crosses where a cell matches one) and efficiency vs GPUs on a linear axis, one
     colour per variant, log2 GPU axes."""
-    plt = _pyplot()
+    plt = load_pyplot()
     fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.2))
     for v in report["variants"]:
         pts = [(row["gpus"], row["variants"][v]) for row in report["rows"]
@@ -713,7 +715,7 @@ def breakdown_figure(report, variant):
     """Stacked bars of one variant: one bar per point (the mean over ranks of its median repeat),
     one colour per phase, remainder included; a negative phase (a remainder below zero, when timed
     phases overlap) is drawn below zero; a dot marks the slowest rank's step time."""
-    plt = _pyplot()
+    plt = load_pyplot()
     cells = [(row, row["variants"][variant]["breakdown"]) for row in report["rows"]
              if row["variants"].get(variant) and row["variants"][variant]["breakdown"]]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(cells) + 3), 4.2))
@@ -755,7 +757,7 @@ def _save(plt, fig, path):
 
 def plot_breakdowns(report, out_dir):
     """breakdown-<variant>.png of every variant with a measured breakdown: {variant: path}."""
-    plt = _pyplot()
+    plt = load_pyplot()
     paths = {}
     for v in report["variants"]:
         if any(row["variants"].get(v) and row["variants"][v]["breakdown"] for row in report["rows"]):
@@ -767,7 +769,7 @@ def plot_breakdowns(report, out_dir):
 def plot(report, path):
     """Write figure(report) as a PNG (atomically). Needs matplotlib (RequestError naming --plot
     when it is missing)."""
-    plt = _pyplot()
+    plt = load_pyplot()
     _save(plt, figure(report), path)
 
 
