@@ -108,7 +108,9 @@ def test_ci_profile_describes_the_emulated_cluster():
     # its 4 nodes share this host's 2 cores: Open MPI ranks must yield when idle (issue 21)
     assert ci.shared_nodes is True
     assert ci.env == {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-                      "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1"}
+                      "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1",
+                      # fake GRES GPUs: the engine's GPU check is off (recsys.devices)
+                      "RECSYS_DEVICE": "cpu"}
 
 
 def test_local_profile_detects_this_machine():
