@@ -46,3 +46,35 @@ trap_stop_signals() {
   trap 'say "caught SIGINT"; stop_cluster 130' INT
   trap 'say "caught SIGUSR2 (time limit near)"; stop_cluster 140' USR2
 }
+
+# The job's container (pyxis), when its profile has one: the rendered sbatch script exports
+# RECSYS_CONTAINER_SRUN_FLAGS, its srun container flags one a line (jobs/backends/slurm/script.py),
+# and every process a helper starts runs in that container:
+#   container  the flags, for the helper's srun steps over all nodes (the workers);
+#   here       the prefix of what runs on this node (the master/scheduler, the driver, the helper's
+#              own python): a one-task srun step on this node in the container, or, without a
+#              container, `env`, which execs the command (same process, same pid as without it).
+# Without a container nothing else changes: the commands run on the host as before.
+container=()
+here=(env)
+container_here() {
+  here=(srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --overlap --kill-on-bad-exit=1
+        --nodelist="${SLURMD_NODENAME:-$(hostname)}" "${container[@]}")
+}
+if [ -n "${RECSYS_CONTAINER_SRUN_FLAGS:-}" ]; then
+  mapfile -t container <<< "$RECSYS_CONTAINER_SRUN_FLAGS"
+  container_here
+fi
+
+# container_env NAME...: the helper's own variables reach its processes in the container over
+# any value the image sets. Added to the script's one --container-env flag: Slurm hands a SPANK
+# option given twice to the node side once, with its last value.
+container_env() {
+  [ -n "${RECSYS_CONTAINER_SRUN_FLAGS:-}" ] || return 0
+  local IFS=, i found=0
+  for i in "${!container[@]}"; do
+    if [[ ${container[$i]} == --container-env=* ]]; then container[$i]+=",$*"; found=1; fi
+  done
+  [ "$found" = 1 ] || container+=("--container-env=$*")
+  container_here
+}

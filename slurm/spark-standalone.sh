@@ -17,11 +17,19 @@
 #      (Slurm's pre-timeout signal, scancel) ends the driver, the worker step and
 #      the master, and waits for them.
 # Exit status: the driver's; 128+N when killed by signal N.
+# In a job whose profile has a container (RECSYS_CONTAINER_SRUN_FLAGS set by the rendered script),
+# every process above runs in it: the workers' srun gets the flags, and what runs on this node
+# goes through "${here[@]}" (allocation-cluster.sh, docs/submitting.md "Containers").
 #
 # Options (environment variable in brackets):
 #   --worker-cores N      [SPARK_WORKER_CORES]      cores each worker offers
 #   --worker-memory-gb G  [SPARK_WORKER_MEMORY_GB]  memory each worker offers, GiB
-#   --gpus-per-node G     [RECSYS_SPARK_GPUS]       GPUs each worker offers (RAPIDS)
+#   --gpus-per-node G     [RECSYS_SPARK_GPUS]       GPUs each worker offers (RAPIDS): the worker's
+#                         spark.worker.resource.gpu.amount and discovery script
+#                         (preproc/runtime/gpu-discovery.sh); the driver asks one GPU per
+#                         executor and 1/executor-cores per task (slurm/spark_layout.py).
+#                         Also the way to run RAPIDS on ONE node: Spark's local mode
+#                         schedules no GPUs, so recsys-submit starts this script with 1 node.
 #   --local-dirs D        [SPARK_LOCAL_DIRS]        node-local shuffle scratch
 #   --log-dir D           [RECSYS_SPARK_LOG_DIR]    master/worker logs (default
 #                         $RECSYS_RUN_DIR/logs/spark-<job>, else ./spark-<job>)
@@ -33,6 +41,8 @@ die() { echo "spark-standalone: error: $*" >&2; exit 2; }
 say() { echo "spark-standalone: $*" >&2; }
 # shellcheck source=allocation-cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/allocation-cluster.sh"
+# In a container, the Spark variables set here win over the image's (the RECSYS_* ones no image sets).
+container_env SPARK_HOME SPARK_MASTER_URL SPARK_LOG_DIR SPARK_NO_DAEMONIZE SPARK_LOCAL_DIRS SPARK_WORKER_OPTS
 
 PY=${RECSYS_PYTHON:-${PYSPARK_PYTHON:-python3}}
 WORKER_CORES=${SPARK_WORKER_CORES:-}
@@ -61,7 +71,7 @@ for v in WORKER_CORES WORKER_MEM_GB GPUS MASTER_PORT TIMEOUT; do
   [ -z "${!v}" ] || [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, got '${!v}'"
 done
 
-SPARK_HOME=$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))') \
+SPARK_HOME=$("${here[@]}" "$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))') \
   || die "$PY cannot import pyspark (set RECSYS_PYTHON to the environment's python)"
 export SPARK_HOME
 NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
@@ -74,14 +84,14 @@ if [ -z "$WORKER_CORES" ]; then WORKER_CORES=${SLURM_CPUS_ON_NODE:-$(nproc)}; fi
 if [ -z "$WORKER_MEM_GB" ]; then WORKER_MEM_GB=$(default_worker_memory_gb); fi
 MASTER_HOST=${SPARK_MASTER_HOST:-$(hostname)}
 if [ -z "$MASTER_PORT" ]; then
-  MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+  MASTER_PORT=$("${here[@]}" "$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 fi
 export SPARK_MASTER_URL="spark://$MASTER_HOST:$MASTER_PORT"
 export SPARK_LOG_DIR=$LOG_DIR SPARK_NO_DAEMONIZE=1
 [ -z "$LOCAL_DIRS" ] || export SPARK_LOCAL_DIRS=$LOCAL_DIRS
 if [ "$GPUS" -gt 0 ]; then
   export SPARK_WORKER_OPTS="${SPARK_WORKER_OPTS:-} -Dspark.worker.resource.gpu.amount=$GPUS"
-  SPARK_WORKER_OPTS+=" -Dspark.worker.resource.gpu.discoveryScript=$("$PY" -c 'import preproc.runtime.spark as s; print(s.DISCOVERY_SCRIPT)')"
+  SPARK_WORKER_OPTS+=" -Dspark.worker.resource.gpu.discoveryScript=$("${here[@]}" "$PY" -c 'import preproc.runtime.spark as s; print(s.DISCOVERY_SCRIPT)')"
 fi
 
 master_pid="" workers_pid="" driver_pid=""
@@ -89,8 +99,8 @@ cluster_pids() { echo $driver_pid $workers_pid $master_pid; }
 cluster_summary() { echo "master $SPARK_MASTER_URL, $NODES worker(s)"; }
 trap_stop_signals
 
-say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g, logs in $LOG_DIR"
-"$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
+say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g x $GPUS GPU(s), logs in $LOG_DIR"
+"${here[@]}" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
   --host "$MASTER_HOST" --port "$MASTER_PORT" --webui-port 0 > "$LOG_DIR/master.log" 2>&1 &
 master_pid=$!
 deadline=$((SECONDS + TIMEOUT))
@@ -102,7 +112,7 @@ done
 
 # One worker per node; each gets its own work dir (executor stderr) under the log dir.
 srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 --overlap --kill-on-bad-exit=0 \
-  --output="$LOG_DIR/worker-%t.log" \
+  --output="$LOG_DIR/worker-%t.log" ${container[@]+"${container[@]}"} \
   bash -c 'exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
     --cores "$0" --memory "$1g" --webui-port 0 --work-dir "$2/work-${SLURMD_NODENAME:-$(hostname)}" \
     "$SPARK_MASTER_URL"' "$WORKER_CORES" "$WORKER_MEM_GB" "$LOG_DIR" &
@@ -117,7 +127,7 @@ say "$NODES worker(s) registered"
 export RECSYS_SPARK_NODES=$NODES RECSYS_SPARK_WORKER_CORES=$WORKER_CORES RECSYS_SPARK_WORKER_MEMORY_GB=$WORKER_MEM_GB
 export RECSYS_SPARK_GPUS=$GPUS
 # The driver runs in the background so that the traps fire at once on a signal.
-"$@" &
+"${here[@]}" "$@" &
 driver_pid=$!
 set +e
 wait "$driver_pid"

@@ -4,13 +4,15 @@ A plan is an ordered list of JobSpecs; each names the earlier specs it waits for
 afterany between the chunks of a split array). Train/evaluate/benchmark requests are one job
 (optionally an array); criteo preprocessing in array mode is dictionary -> transform array
 (split into chunks no larger than MaxArraySize, each chunk offsetting RECSYS_TASK_INDEX) ->
-finalize; multinode preprocessing is one job that starts a Spark standalone cluster over its
-nodes. Several requests chain (preprocess -> train -> evaluate) through afterok.
+finalize; multinode preprocessing, and a RAPIDS (GPU) Spark run on one node, is one job that starts
+a Spark standalone cluster over its nodes (Spark's local mode schedules no GPUs). Several requests chain (preprocess -> train -> evaluate) through afterok.
 """
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from slurm.spark_layout import gpu_resource_conf
 
 from . import engine_args
 from .argv import EngineLog, RunPath, SlurmHelper, job_python
@@ -165,18 +167,25 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
     if req.preprocess_engine != "spark":
         io += ["--engine", req.preprocess_engine]
     mode = req.preprocess_mode
-    if mode == "single":
+    rapids = (req.preprocess_engine == "spark" and res.gpus_per_node > 0
+              and engine_args.has_flag(stage_args, "--rapids-jar"))
+    if mode == "single" and not rapids:
+        # CPU Spark in local[N] mode (or NVTabular's own LocalCUDACluster / threads): one process
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
                         command=preproc + ["run"] + io + stage_args, **common)]
-    if mode == "multinode":
+    if mode in ("single", "multinode"):
+        # Spark's local mode schedules no GPUs (spark-rapids: it hangs or uses one GPU), so a RAPIDS
+        # run on one node starts the same standalone master + worker inside the job as several do.
         node = profile.node
         cores = node.sockets * node.cores_per_socket * node.threads_per_core
-        shape = {"nodes": req.nodes, "cores": cores, "memory_gb": int(node.memory_gb), "gpus": res.gpus_per_node}
+        shape = {"nodes": req.nodes, "cores": cores, "memory_gb": int(node.memory_gb), "gpus": res.gpus_per_node,
+                 "rapids": rapids}
         launcher, flags = MULTINODE_CLUSTERS[req.preprocess_engine](shape)
         cmd = launcher + preproc + ["run"] + io + flags + stage_args
         common["ntasks_per_node"] = 1
+        # the cluster helpers start their daemons and checks with the driver's interpreter
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
-                        launcher="batch", command=cmd, **common)]
+                        launcher="batch", command=cmd, env={"RECSYS_PYTHON": python}, **common)]
     # criteo array mode: dictionary -> transform array -> finalize (CPU pieces: no GPUs)
     one = dict(common, nodes=1, ntasks_per_node=1, gpus_per_node=0)
     dictionary = JobSpec(key=f"{prefix}dictionary", name=f"{res.name}-dict", bind=False,
@@ -192,16 +201,27 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
 
 
 def _spark_standalone(shape):
-    """A Spark standalone cluster over the job's nodes; the driver sizes its executors from the shape."""
-    return (["bash", SlurmHelper("spark-standalone.sh"), "--"],
-            ["--nodes", str(shape["nodes"]), "--node-cores", str(shape["cores"]),
-             "--node-memory-gb", str(shape["memory_gb"]), "--gpus-per-node", str(shape["gpus"])])
+    """A Spark standalone cluster over the job's nodes; the driver sizes its executors from the shape.
+    A RAPIDS run: each worker offers the node's GPUs (--gpus-per-node), and the executor cores and
+    the executor/task GPU amounts of slurm/spark_layout.py (the rule the driver applies too) are
+    handed to the driver as --spark-conf, so the script shows them; the user's own --spark-conf
+    after `--` comes later and wins."""
+    launcher = ["bash", SlurmHelper("spark-standalone.sh")]
+    driver = ["--nodes", str(shape["nodes"]), "--node-cores", str(shape["cores"]),
+              "--node-memory-gb", str(shape["memory_gb"]), "--gpus-per-node", str(shape["gpus"])]
+    if shape.get("rapids"):
+        launcher += ["--gpus-per-node", str(shape["gpus"])]
+        for key, value in gpu_resource_conf(shape["cores"], shape["gpus"]).items():
+            driver += ["--spark-conf", f"{key}={value}"]
+    return launcher + ["--"], driver
 
 
 def _dask_cluster(shape):
-    """A dask scheduler + one worker per node (dask-cuda workers on GPU nodes) for NVTabular."""
+    """A dask scheduler + one worker per node (dask-cuda workers on GPU nodes) for NVTabular. The
+    node's workers share 85 % of its memory: slurm/dask-cluster.sh gives each of them its part
+    (distributed's --memory-limit is per worker process)."""
     return (["bash", SlurmHelper("dask-cluster.sh"), "--gpus-per-node", str(shape["gpus"]),
-             "--worker-memory-gb", str(max(1, shape["memory_gb"] * 85 // 100)), "--"],
+             "--node-memory-gb", str(max(1, shape["memory_gb"] * 85 // 100)), "--"],
             ["--nodes", str(shape["nodes"])])
 
 

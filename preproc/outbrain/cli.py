@@ -92,9 +92,13 @@ ENGINES = ("spark", "nvtabular")
 
 
 def add_engine_argument(parser) -> None:
+    from preproc.runtime.dask_cluster import DEVICES
+
     parser.add_argument("--engine", choices=ENGINES, default="spark",
-                        help="preprocessing engine: spark (default) or nvtabular (an nvtabular.Workflow, CPU here, "
+                        help="preprocessing engine: spark (default) or nvtabular (an nvtabular.Workflow, "
                              "saved next to the data); both build the same dataset")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="nvtabular: auto (GPU workers when a GPU and cudf are found, else CPU), cpu or gpu")
 
 
 def multihot_from_args(hotness: str | None, mh_buckets: str | None, defaults: dict | None = None) -> dict:
@@ -143,8 +147,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_nvtabular(args, plan: str, buckets: dict, multihot: dict) -> int:
+    from preproc.runtime import dask_cluster
+    from preproc.runtime.spark import detect_node
+
+    cores, memory_gb = detect_node()
+    runtime = dask_cluster.detect(args.device, args.node_cores or cores, args.node_memory_gb or memory_gb)
     if args.dry_run:
         print(f"# {plan}")
+        print(f"# engine nvtabular: {runtime.describe()}")
         return 0
     try:
         from preproc.outbrain import nvt
@@ -152,5 +162,5 @@ def _run_nvtabular(args, plan: str, buckets: dict, multihot: dict) -> int:
         raise PreprocError(f"--engine nvtabular: {exc.name or exc} is not installed (pip install .[nvtabular])") \
             from None
     nvt.run(args.input, args.output, args.num_files, args.split_days, args.train_fraction, args.seed,
-            buckets, multihot, args.bad_rows, args.overwrite)
+            buckets, multihot, args.bad_rows, args.overwrite, runtime=runtime)
     return 0

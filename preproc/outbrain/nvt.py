@@ -20,15 +20,24 @@ Two steps, as NVIDIA's recipe splits them:
    then ``transform`` of a frame from :func:`joined_frame` applies the same
    transform to new data).
 
-NVTabular runs in CPU mode (``cpu=True``, pandas) here; ``Categorify`` is not
-used because its ids depend on the fitted data's frequencies, while the hashed
-ids are data-independent and equal Spark's bit for bit. Step 1 and the final
-gather are in memory (sized for one node; the dask cluster and GPU mode belong
-to the generic NVTabular plumbing).
+Where the workflow runs is decided as for Criteo (``--device auto|cpu|gpu``,
+``preproc.runtime.dask_cluster``): pandas partitions on dask's threads (CPU, the
+default without GPUs), cudf partitions on a ``LocalCUDACluster`` with one worker
+per GPU (``--device gpu``, or ``auto`` where GPUs are visible and cudf imports),
+or the workers of a dask cluster started by slurm/dask-cluster.sh. On the GPU,
+NVTabular's own operators (``FillMissing``, ``LogOp``, ``Normalize``,
+``JoinExternal``) and the statistics' group-bys run on cudf; the operators whose
+rule is Spark's bit for bit (the xxhash64 ids, the exact median, the cosine, the
+thresholded CTR lookups) are pandas/numpy code and run on a host copy of each
+partition (``on_host``), handing cudf back. ``Categorify`` is not used because its
+ids depend on the fitted data's frequencies, while the hashed ids are
+data-independent and equal Spark's bit for bit. Step 1 and the final gather are
+in memory (sized for one node).
 """
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import os
 import re
@@ -49,6 +58,38 @@ from preproc.outbrain.tables import DAY_MS, OUTBRAIN_EPOCH_MS, TABLES, check_spl
 log = logging.getLogger("preproc.outbrain_nvt")
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 SPARK_HASH_SEED = 42  # Spark's xxhash64(*cols) starts from seed 42 and chains the columns
+
+
+# ---------------------------------------------------------------- host and GPU partitions
+def _is_cudf(obj) -> bool:
+    return type(obj).__module__.startswith("cudf")
+
+
+def to_host(obj):
+    """A cudf frame or series (GPU runtime) as pandas; pandas and numpy pass through."""
+    return obj.to_pandas() if _is_cudf(obj) else obj
+
+
+def to_cudf(frame: pd.DataFrame):
+    """A pandas frame as cudf; list cells (numpy arrays) as Python lists, which cudf reads as lists."""
+    import cudf
+
+    frame = frame.copy()
+    for name in frame.columns:
+        if frame[name].dtype == object and any(isinstance(v, np.ndarray) for v in frame[name].head(64)):
+            frame[name] = [v.tolist() if isinstance(v, np.ndarray) else v for v in frame[name]]
+    return cudf.from_pandas(frame)
+
+
+def on_host(transform):
+    """An operator's ``transform`` written for pandas/numpy (Spark's hash, exact medians): on a cudf
+    partition it runs on a host copy and the result goes back to the GPU."""
+    @functools.wraps(transform)
+    def wrapper(self, col_selector, df):
+        if not _is_cudf(df):
+            return transform(self, col_selector, df)
+        return to_cudf(transform(self, col_selector, df.to_pandas()))
+    return wrapper
 
 
 # ---------------------------------------------------------------- Spark-compatible hashing
@@ -197,6 +238,7 @@ class SparkHashBucket(Operator):
         super().__init__()
         self.buckets, self.seed = dict(buckets), int(seed)
 
+    @on_host
     def transform(self, col_selector, df):
         out = type(df)()
         geo = df["geo_location"] if "geo_location" in df.columns else None
@@ -224,6 +266,7 @@ class SparkHashBucket(Operator):
 class PlatformId(Operator):
     """``platform`` 1-3 kept as the id, anything else 0 (cardinality 4)."""
 
+    @on_host
     def transform(self, col_selector, df):
         values = pd.to_numeric(df["platform"].astype(object), errors="coerce")
         return type(df)({"platform": values.where(values.isin([1, 2, 3]), 0).fillna(0).astype("int32")})
@@ -246,11 +289,13 @@ class TrainingCtr(StatOperator):
                 for c in self.min_views}
 
     def fit_finalize(self, dask_stats):
-        self.stats = {c: t.rename(columns={"sum": "_clicks", "count": "_views"}) for c, t in dask_stats.items()}
+        self.stats = {c: to_host(t).rename(columns={"sum": "_clicks", "count": "_views"})
+                      for c, t in dask_stats.items()}
 
     def clear(self):
         self.stats = {}
 
+    @on_host
     def transform(self, col_selector, df):
         out = type(df)(index=df.index)
         for c, threshold in self.min_views.items():
@@ -282,6 +327,7 @@ class DaysSincePublished(Operator):
     """Whole days from each document's publish time (ms, UTC) to the event; 0 when negative or over
     MAX_AGE_DAYS; NaN when the publish time is unknown."""
 
+    @on_host
     def transform(self, col_selector, df):
         event_ms = df["timestamp"].to_numpy(dtype="float64") + OUTBRAIN_EPOCH_MS
         out = type(df)(index=df.index)
@@ -314,7 +360,7 @@ class ExactMedianFill(StatOperator):
     def fit_finalize(self, dask_stats):
         self.medians = {}
         for c, counts in dask_stats.items():
-            counts = counts.sort_index()
+            counts = to_host(counts).sort_index()
             n = int(counts.sum())
             if n == 0:
                 self.medians[c] = 0.0
@@ -327,6 +373,7 @@ class ExactMedianFill(StatOperator):
     def clear(self):
         self.medians = {}
 
+    @on_host
     def transform(self, col_selector, df):
         for c in col_selector.names:
             df[c] = df[c].fillna(self.medians[c])
@@ -345,6 +392,7 @@ class DocumentCosine(Operator):
             self.vectors[attribute] = pd.DataFrame({"document_id": frame["document_id"].astype("float64"),
                                                     "key": frame["key"], "unit": frame["conf"] / norms})
 
+    @on_host
     def transform(self, col_selector, df):
         pairs = df[["document_id", "document_id_promo"]]
         out = type(df)(index=df.index)
@@ -371,10 +419,12 @@ class DocumentCosine(Operator):
 class EmptyListToZero(Operator):
     """A document without any attribute gets ``[0]`` (the Spark engine's rule)."""
 
+    @on_host
     def transform(self, col_selector, df):
         zero = np.zeros(1, dtype="int32")
-        for c in col_selector.names:
-            df[c] = [v if isinstance(v, np.ndarray) and len(v) else zero for v in df[c]]
+        for c in col_selector.names:   # numpy arrays from pandas, lists from a cudf partition's host copy
+            df[c] = [np.asarray(v, dtype="int32") if isinstance(v, (np.ndarray, list)) and len(v) else zero
+                     for v in df[c]]
         return df
 
 
@@ -459,12 +509,17 @@ def write_parts(frame: pd.DataFrame, stage, name: str, num_files: int, layout, b
 
 
 def run(input_dir: str, output: str, num_files: int = 1, split_days: int = 11, train_fraction: float = 0.8,
-        seed: int = 0, buckets=None, multihot=None, bad_rows: str = "skip", overwrite: bool = False) -> dict:
-    """The whole NVTabular pipeline; returns the feature-spec dict written to ``output``."""
+        seed: int = 0, buckets=None, multihot=None, bad_rows: str = "skip", overwrite: bool = False,
+        runtime=None) -> dict:
+    """The whole NVTabular pipeline on ``runtime`` (a ``preproc.runtime.dask_cluster.Runtime``; default
+    CPU threads); returns the feature-spec dict written to ``output``."""
     from merlin.io import Dataset
 
     from preproc.dataio import textio
     from preproc.dataio.output import atomic_dir, verify_against_spec
+    from preproc.runtime import dask_cluster
+
+    runtime = runtime or dask_cluster.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
 
     default_buckets, default_multihot = default_sizes("reference")
     buckets = dict(buckets or default_buckets)
@@ -474,16 +529,22 @@ def run(input_dir: str, output: str, num_files: int = 1, split_days: int = 11, t
     clicked = tables["events"][tables["events"]["display_id"].isin(tables["clicks_train"]["display_id"])]
     rows = joined_frame(tables, split_displays(clicked, split_days, train_fraction, seed))
     attributes = attribute_frames(tables)
-    workflow = make_workflow(attributes, document_lists(attributes, multihot, seed), buckets, multihot, seed)
+    lists = document_lists(attributes, multihot, seed)
+    # JoinExternal moves its table to the partitions' device itself; lists go to cudf as Python lists
+    workflow = make_workflow(attributes, lists if runtime.cpu else to_cudf(lists), buckets, multihot, seed)
     train_rows, test_rows = rows[rows["is_train"]].drop(columns="is_train"), rows[~rows["is_train"]].drop(
         columns="is_train")
     expected = {"train": len(train_rows), "test": len(test_rows)}
     check_split_sizes(expected, input_dir)
-    log.info("outbrain (nvtabular): %d train and %d test rows", expected["train"], expected["test"])
-    train_ds, test_ds = Dataset(train_rows, cpu=True), Dataset(test_rows, cpu=True)
-    workflow.fit(train_ds)
-    train = workflow.transform(train_ds).to_ddf().compute()
-    test = workflow.transform(test_ds).to_ddf().compute()
+    log.info("outbrain (nvtabular): %d train and %d test rows on %s", expected["train"], expected["test"],
+             runtime.describe())
+    if not runtime.cpu:   # cudf partitions: the GPU runs NVTabular's operators and the statistics
+        train_rows, test_rows = to_cudf(train_rows), to_cudf(test_rows)
+    with dask_cluster.start(runtime):
+        train_ds, test_ds = Dataset(train_rows, cpu=runtime.cpu), Dataset(test_rows, cpu=runtime.cpu)
+        workflow.fit(train_ds)
+        train = to_host(workflow.transform(train_ds).to_ddf().compute())
+        test = to_host(workflow.transform(test_ds).to_ddf().compute())
     layout = feature_layout("reference", buckets, multihot)
     with atomic_dir(output, overwrite, verify=lambda stage: verify_against_spec(stage, expected)) as stage:
         train_files = write_parts(train, stage, "train", num_files, layout, by_display=False)

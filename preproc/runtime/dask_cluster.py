@@ -10,6 +10,16 @@ slurm/dask-cluster.sh) to a :class:`Runtime`:
   partitions unless the workers are dask-cuda workers (``gpus_per_node > 0``).
 * ``gpu``: GPUs are visible and cudf imports (``--device auto``), or ``--device
   gpu`` -> ``dask_cuda.LocalCUDACluster``, one worker per GPU, cudf partitions.
+  Host memory: each worker's ``memory_limit`` is ``NODE_MEMORY_SHARE`` of the node's
+  memory divided by the workers. distributed 2023.1.1 applies a given limit to
+  *every* worker process and divides only ``"auto"`` by their number
+  (``distributed/worker_memory.py: parse_memory_limit``; ``LocalCUDACluster`` and
+  ``dask-cuda-worker --memory-limit`` of dask-cuda 23.02 say "per process"), so the
+  node's memory given as is would let 8 workers each grow to it before spilling.
+  slurm/dask-cluster.sh splits the same share over a node's dask-cuda workers.
+  RMM: ``$RECSYS_DASK_RMM_POOL_SIZE`` (e.g. ``60GB``, or ``0.8`` of the GPU) gives each
+  worker an RMM pool of that size (dask-cuda's ``rmm_pool_size``, per worker); none
+  by default.
 * ``cpu``: otherwise -> dask's threaded scheduler in this process (a thread per
   core), pandas partitions (``merlin.io.Dataset(cpu=True)``).
 
@@ -22,6 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import subprocess
 from typing import Iterator, Mapping
@@ -32,6 +43,11 @@ log = logging.getLogger("preproc.nvt")
 DEVICES = ("auto", "cpu", "gpu")
 SCHEDULER_FILE_ENV = "RECSYS_DASK_SCHEDULER_FILE"
 GPUS_ENV = "RECSYS_DASK_GPUS"
+RMM_POOL_ENV = "RECSYS_DASK_RMM_POOL_SIZE"
+# Of a node's memory, the share its dask workers may fill together (the rest: OS, driver, pinned
+# memory); slurm/allocation-cluster.sh's default_worker_memory_gb is the shell twin (85 %).
+NODE_MEMORY_SHARE = 0.85
+_RMM_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,21 +57,36 @@ class Runtime:
     workers: int              # dask workers (GPUs for gpu; nodes unknown for multinode: 0)
     threads_per_worker: int
     scheduler_file: str | None = None
-    memory_limit_gb: float | None = None
+    memory_limit_gb: float | None = None    # host memory limit of EACH worker process
+    rmm_pool_size: str | None = None         # RMM pool per GPU worker (dask-cuda), None: no pool
 
     def describe(self) -> str:
         if self.mode == "multinode":
             return f"multinode dask cluster (scheduler file {self.scheduler_file}), {'pandas' if self.cpu else 'cudf'}"
         if self.mode == "gpu":
-            return f"GPU: dask-cuda LocalCUDACluster, {self.workers} worker(s), one per GPU, cudf"
+            memory = f", {self.memory_limit_gb:g} GiB host memory each" if self.memory_limit_gb else ""
+            rmm = f", RMM pool {self.rmm_pool_size}" if self.rmm_pool_size else ""
+            return f"GPU: dask-cuda LocalCUDACluster, {self.workers} worker(s), one per GPU{memory}{rmm}, cudf"
         return f"CPU: dask threaded scheduler, {self.threads_per_worker} thread(s), pandas"
 
 
+def worker_memory_gb(node_memory_gb: float | None, workers: int) -> float | None:
+    """Host memory limit of each of a node's ``workers`` dask worker processes: the node's share
+    split evenly (distributed applies a given limit per worker process), at least 1 GiB."""
+    if not node_memory_gb:
+        return None
+    return round(max(1.0, NODE_MEMORY_SHARE * float(node_memory_gb) / max(1, int(workers))), 2)
+
+
 def choose_runtime(device: str, gpus: int, cores: int, cudf_available: bool, scheduler_file: str | None = None,
-                   memory_gb: float | None = None, cluster_gpus: int = 0) -> Runtime:
-    """The runtime for a request; raises PreprocError (one line) for an impossible one."""
+                   memory_gb: float | None = None, cluster_gpus: int = 0, rmm_pool_size: str | None = None) -> Runtime:
+    """The runtime for a request (``memory_gb``: the node's memory); raises PreprocError (one line)
+    for an impossible one."""
     if device not in DEVICES:
         raise PreprocError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+    if rmm_pool_size is not None and not _RMM_SIZE.match(str(rmm_pool_size)):
+        raise PreprocError(f"${RMM_POOL_ENV}: {rmm_pool_size!r} is not a size (e.g. 60GB) or a fraction "
+                           "of the GPU's memory (e.g. 0.8)")
     cores = max(1, int(cores))
     if scheduler_file:
         if device == "gpu" and cluster_gpus == 0:
@@ -70,8 +101,9 @@ def choose_runtime(device: str, gpus: int, cores: int, cudf_available: bool, sch
         if not cudf_available:
             raise PreprocError("--device gpu: cudf does not import (install RAPIDS cudf and dask-cuda)")
     if device != "cpu" and gpus > 0 and cudf_available:
-        return Runtime("gpu", cpu=False, workers=gpus, threads_per_worker=1, memory_limit_gb=memory_gb)
-    return Runtime("cpu", cpu=True, workers=1, threads_per_worker=cores, memory_limit_gb=memory_gb)
+        return Runtime("gpu", cpu=False, workers=gpus, threads_per_worker=1,
+                       memory_limit_gb=worker_memory_gb(memory_gb, gpus), rmm_pool_size=rmm_pool_size or None)
+    return Runtime("cpu", cpu=True, workers=1, threads_per_worker=cores, memory_limit_gb=worker_memory_gb(memory_gb, 1))
 
 
 def visible_gpus(environ: Mapping[str, str] | None = None) -> int:
@@ -103,7 +135,8 @@ def detect(device: str, cores: int, memory_gb: float | None = None,
     cluster_gpus = int(environ.get(GPUS_ENV) or 0) if scheduler_file else 0
     gpus = 0 if device == "cpu" or scheduler_file else visible_gpus(environ)
     return choose_runtime(device, gpus, cores, cudf_available=gpus > 0 and cudf_importable(),
-                          scheduler_file=scheduler_file, memory_gb=memory_gb, cluster_gpus=cluster_gpus)
+                          scheduler_file=scheduler_file, memory_gb=memory_gb, cluster_gpus=cluster_gpus,
+                          rmm_pool_size=environ.get(RMM_POOL_ENV) or None)
 
 
 @contextlib.contextmanager
@@ -132,7 +165,8 @@ def start(runtime: Runtime) -> Iterator[object]:
     memory = f"{runtime.memory_limit_gb:.2f}GiB" if runtime.memory_limit_gb else "auto"
     from dask_cuda import LocalCUDACluster
 
-    cluster = LocalCUDACluster(n_workers=runtime.workers, memory_limit=memory, dashboard_address=None)
+    cluster = LocalCUDACluster(n_workers=runtime.workers, memory_limit=memory, rmm_pool_size=runtime.rmm_pool_size,
+                               dashboard_address=None)
     try:
         with Client(cluster) as client:
             log.info("nvtabular: %s", runtime.describe())

@@ -34,10 +34,18 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   (``/tmp``); exported as ``SPARK_LOCAL_DIRS`` and set as ``spark.local.dir``.
   Shuffle of the full Criteo run needs about 3 TB there.
 * GPUs without a RAPIDS jar: a CPU plan (logged as such). With the jar:
-  ``spark.plugins=com.nvidia.spark.SQLPlugin``, ``spark.jars``, executor GPU
-  amount 1, task GPU amount ``1 / cores per executor`` clamped to [0.01, 0.5],
-  ``spark.rapids.sql.concurrentGpuTasks=2``, the pinned pool above, and the GPU
-  discovery script shipped as ``preproc/runtime/gpu-discovery.sh``.
+  ``spark.plugins=com.nvidia.spark.SQLPlugin``, ``spark.jars``, and the executor
+  cores and executor/task GPU amounts of ``slurm/spark_layout.py`` (the one rule,
+  which the submission layer also writes into the job script: one GPU per
+  executor, task amount ``1 / executor cores``), ``spark.rapids.sql.concurrentGpuTasks=2``,
+  the pinned pool above, and the GPU discovery script shipped as
+  ``preproc/runtime/gpu-discovery.sh``.
+* GPUs are never requested in local mode: Spark does not schedule GPUs there
+  (spark-rapids maintainers, NVIDIA/spark-rapids#4873, #8651: resource requests
+  hang it, and it uses one GPU at most). A RAPIDS run needs a standalone master
+  (``slurm/spark-standalone.sh``, which ``recsys-submit preprocess`` starts for it
+  even on one node); without one it is refused, and ``--dry-run`` plans that
+  standalone cluster (``PLANNED_MASTER``).
 """
 from __future__ import annotations
 
@@ -50,6 +58,7 @@ import sys
 from pathlib import Path
 
 from preproc.errors import PreprocError
+from slurm.spark_layout import gpu_executors, gpu_resource_conf
 
 log = logging.getLogger("preproc.spark")
 
@@ -83,7 +92,7 @@ class SparkSettings:
     master: str
     conf: dict
     env: dict
-    mode: str  # "local-cpu", "local-gpu", "cluster-cpu", "cluster-gpu"
+    mode: str  # "local-cpu", "cluster-cpu", "cluster-gpu" (never GPUs in local mode)
     executors_per_node: int
     executor_cores: int
 
@@ -120,15 +129,22 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None, plan_only: 
     if shape.gpus_per_node and shape.node_cores < shape.gpus_per_node:
         raise PreprocError(f"--node-cores: {shape.node_cores} cores cannot feed {shape.gpus_per_node} GPUs")
     master = shape.master or environ.get("SPARK_MASTER_URL")
+    gpu = bool(shape.gpus_per_node and shape.rapids_jar)
     if not master and shape.nodes > 1:
         if not plan_only:
             raise PreprocError(f"--nodes: {shape.nodes} nodes need a Spark standalone cluster: give --spark-master "
                                f"URL, or submit with `recsys-submit preprocess --mode multinode` (its "
                                f"slurm/spark-standalone.sh exports $SPARK_MASTER_URL)")
         master = PLANNED_MASTER
+    if not master and gpu and plan_only:
+        master = PLANNED_MASTER      # what recsys-submit starts for a RAPIDS run on one node
     master = master or f"local[{shape.node_cores}]"
     local = master.startswith("local")
-    gpu = bool(shape.gpus_per_node and shape.rapids_jar)
+    if local and gpu:
+        raise PreprocError(f"--rapids-jar: Spark's local mode ({master}) schedules no GPUs (it hangs on GPU "
+                           "requests and uses one GPU at most): run under a standalone master, e.g. "
+                           "`recsys-submit preprocess` (starts slurm/spark-standalone.sh on the job's node), "
+                           "slurm/spark-standalone.sh --gpus-per-node G -- <this command>, or --spark-master URL")
     if shape.gpus_per_node and not shape.rapids_jar:
         log.info("%d GPUs per node but no RAPIDS jar (--rapids-jar): CPU plan", shape.gpus_per_node)
 
@@ -147,7 +163,7 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None, plan_only: 
         share_gb = 0.5 * shape.node_memory_gb
     else:
         if gpu:
-            executors, cores = shape.gpus_per_node, shape.node_cores // shape.gpus_per_node
+            executors, cores = gpu_executors(shape.node_cores, shape.gpus_per_node)
         else:
             cores = min(CPU_EXECUTOR_CORES, shape.node_cores)
             executors = max(1, shape.node_cores // cores)
@@ -178,14 +194,10 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None, plan_only: 
             "spark.rapids.sql.enabled": "true",
             "spark.rapids.sql.concurrentGpuTasks": "2",
             "spark.rapids.memory.pinnedPool.size": pinned,
-            "spark.executor.resource.gpu.amount": "1",
             "spark.executor.resource.gpu.discoveryScript": DISCOVERY_SCRIPT,
-            "spark.task.resource.gpu.amount": f"{min(0.5, max(0.01, 1.0 / cores)):.4g}",
             "spark.rapids.sql.explain": "NOT_ON_GPU",
         })
-        if local:
-            conf["spark.driver.resource.gpu.amount"] = "1"
-            conf["spark.driver.resource.gpu.discoveryScript"] = DISCOVERY_SCRIPT
+        conf.update(gpu_resource_conf(shape.node_cores, shape.gpus_per_node))
     # executors run the same interpreter as the driver (a shared venv/container path on clusters)
     env = {"PYSPARK_PYTHON": environ.get("PYSPARK_PYTHON") or sys.executable}
     local_dirs = shape.local_dirs or environ.get("SPARK_LOCAL_DIRS")

@@ -1,5 +1,7 @@
-"""Golden files: the whole rendered sbatch text of the DGX A100 (one node, several nodes) and
-DGX A100 pod (container) scripts, so that any change to rendering shows up as a diff.
+"""Golden files: the whole rendered sbatch text of the DGX A100 scripts (no container) and of every
+job kind with the DGX A100 pod profile (a pyxis container), so that any change to rendering shows
+up as a diff; and checks that with the pod profile every step, daemon and driver runs in the
+container (docs/submitting.md, "Containers").
 
 The files are tests/jobs/golden/<case>.sbatch.  Volatile parts are normalised before the
 comparison: the run directory -> <run_dir>, the checkout -> <repo>, this interpreter -> <python>,
@@ -16,6 +18,7 @@ and read the diff (git diff tests/jobs/golden) before committing it: the binding
 import difflib
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,10 +33,45 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 REPO = str(Path(__file__).resolve().parents[2])
 UPDATE = os.environ.get("RECSYS_UPDATE_GOLDEN") == "1"
 
+def _study_point():
+    """The JobRequest of one point of a study (docs/studies/dlrm-strong.yaml), as `recsys-submit
+    study` submits it."""
+    from jobs.profiles.loader import load_profile
+    from jobs.study.spec import expand, load_spec
+
+    spec = load_spec(str(Path(REPO) / "docs" / "studies" / "dlrm-strong.yaml"))
+    points = expand(spec, load_profile("dgxa100-pod"))
+    return points[-1].request(spec, "dgxa100-pod")
+
+
+def _preprocess(mode, engine="spark", **extra):
+    return JobRequest(kind="preprocess", dataset="criteo", preprocess_mode=mode, preprocess_engine=engine,
+                      input="/data/criteo/raw", output="/data/criteo/parquet", **extra)
+
+
+# case -> (request, profile, index of the plan's script to compare). Every job kind with the
+# dgxa100-pod profile (a pyxis container: every step, daemon and driver runs in it); the
+# dgxa100 ones (no container) pin that such scripts do not change.
 CASES = {
-    "dgxa100-1node": (JobRequest(kind="train", model="dlrm", nodes=1), "dgxa100"),
-    "dgxa100-2nodes": (JobRequest(kind="train", model="dlrm", nodes=2), "dgxa100"),
-    "dgxa100-pod-4nodes": (JobRequest(kind="train", model="wide_deep", nodes=4), "dgxa100-pod"),
+    "dgxa100-1node": (lambda: JobRequest(kind="train", model="dlrm", nodes=1), "dgxa100", 0),
+    "dgxa100-2nodes": (lambda: JobRequest(kind="train", model="dlrm", nodes=2), "dgxa100", 0),
+    "dgxa100-preprocess-multinode-spark": (lambda: _preprocess("multinode", nodes=2), "dgxa100", 0),
+    "dgxa100-pod-4nodes": (lambda: JobRequest(kind="train", model="wide_deep", nodes=4), "dgxa100-pod", 0),
+    "dgxa100-pod-evaluate": (lambda: JobRequest(kind="evaluate", model="dlrm", nodes=1,
+                                                engine_args=["--data-path", "/data/criteo/parquet"]),
+                             "dgxa100-pod", 0),
+    "dgxa100-pod-benchmark": (lambda: JobRequest(kind="benchmark", model="dlrm", nodes=2), "dgxa100-pod", 0),
+    "dgxa100-pod-study-point": (_study_point, "dgxa100-pod", 0),
+    "dgxa100-pod-preprocess-single": (lambda: _preprocess("single", nodes=1), "dgxa100-pod", 0),
+    # RAPIDS on one node: a Spark standalone master and worker inside the allocation, not local mode
+    "dgxa100-pod-preprocess-single-rapids": (
+        lambda: _preprocess("single", nodes=1, engine_args=["--rapids-jar", "/opt/rapids/rapids-4-spark.jar"]),
+        "dgxa100-pod", 0),
+    "dgxa100-pod-preprocess-array-dictionary": (lambda: _preprocess("array", shards=4), "dgxa100-pod", 0),
+    "dgxa100-pod-preprocess-array-transform": (lambda: _preprocess("array", shards=4), "dgxa100-pod", 1),
+    "dgxa100-pod-preprocess-multinode-spark": (lambda: _preprocess("multinode", nodes=2), "dgxa100-pod", 0),
+    "dgxa100-pod-preprocess-multinode-nvtabular": (lambda: _preprocess("multinode", "nvtabular", nodes=2),
+                                                   "dgxa100-pod", 0),
 }
 
 
@@ -54,9 +92,9 @@ def normalise(text, run_dir):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rendered_script_matches_golden_file(case, tmp_path):
-    request, profile = CASES[case]
+    make_request, profile, index = CASES[case]
     run_dir = str(tmp_path / "runs" / "golden-run")
-    [(spec, text)] = render_plan([request], profile, run_dir=run_dir)
+    spec, text = render_plan([make_request()], profile, run_dir=run_dir)[index]
     exports = f"export RECSYS_JOB_PROFILE={profile}\nexport RECSYS_JOB_PROFILE_SHA256={spec.profile.content_sha256()}\n"
     assert f"\n{exports}" in text
     got = normalise(text, run_dir)
@@ -74,3 +112,101 @@ def test_rendered_script_matches_golden_file(case, tmp_path):
         pytest.fail(f"rendered {case} script differs from {path} "
                     f"(intended? regenerate with RECSYS_UPDATE_GOLDEN=1 and review):\n{diff}",
                     pytrace=False)
+
+
+def _step(text):
+    """The script's step: from `# --- the step ---` to the `&` that backgrounds it."""
+    return text.split("# --- the step ---\n", 1)[1].split(" &\nrecsys_step_pid=$!", 1)[0]
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][1] == "dgxa100-pod"))
+def test_container_profile_runs_the_step_in_the_container(case, tmp_path):
+    """dgxa100-pod: the srun ranks get the job's container flags; a multinode step hands them to
+    its cluster helper (which starts the daemons and the driver with them); never a bare python."""
+    make_request, profile, index = CASES[case]
+    _, text = render_plan([make_request()], profile, run_dir=str(tmp_path / "run"))[index]
+    step = _step(text)
+    assert "export RECSYS_CONTAINER_SRUN_FLAGS" in text
+    assert '"--container-name=recsys-${SLURM_JOB_ID:-local}"' in text
+    assert re.search(r"--container-env=PYTHONPATH,NCCL_SOCKET_IFNAME,OMPI_MCA_btl,CUDA_DEVICE_MAX_CONNECTIONS\b", text)
+    if step.split("} ", 1)[1].startswith("srun "):
+        assert step.index('"${recsys_container[@]}"') < step.index(" python -m ")
+    else:
+        helper = re.match(r'PYTHONPATH=\S+ bash "\$RECSYS_SLURM_DIR/(spark-standalone|dask-cluster)\.sh" ', step)
+        assert helper, step
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][1] == "dgxa100"))
+def test_host_profile_has_no_container_pieces(case, tmp_path):
+    make_request, profile, index = CASES[case]
+    _, text = render_plan([make_request()], profile, run_dir=str(tmp_path / "run"))[index]
+    assert "container" not in text.replace('echo "container="', "")
+    assert "PYTHONPATH" not in text
+
+
+def test_helpers_get_the_rendered_container_flags_word_for_word(tmp_path):
+    """The rendered container section, run by bash, and slurm/allocation-cluster.sh sourced after
+    it: the helpers' srun prefix is the script's flags, the job id expanded, one word each."""
+    _, text = render_plan([_preprocess("multinode", nodes=2)], "dgxa100-pod", run_dir=str(tmp_path / "run"))[0]
+    block = text.split("# --- container (pyxis)", 1)[1].split("# --- record what ran where ---", 1)[0]
+    block = block.split("\n", 1)[1]
+    script = (f"set -euo pipefail\n{block}\n"
+              f"source {REPO}/slurm/allocation-cluster.sh\n"
+              "container_env SPARK_HOME SPARK_MASTER_URL\n"
+              "printf 'here=%s\\n' \"${here[@]}\"; printf 'container=%s\\n' \"${container[@]}\"\n")
+    env = dict(os.environ, SLURM_JOB_ID="4242", SLURMD_NODENAME="dgx-001")
+    out = subprocess.run(["bash", "-c", script], env=env, text=True, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    here = [line[5:] for line in out.stdout.splitlines() if line.startswith("here=")]
+    container = [line[10:] for line in out.stdout.splitlines() if line.startswith("container=")]
+    run = os.path.abspath(str(tmp_path / "run"))
+    assert container == [
+        "--container-image=nvcr.io/nvidia/tensorflow:23.12-tf2-py3",
+        "--container-name=recsys-4242",
+        f"--container-mounts=/raid/datasets:/data:ro,/lustre/checkpoints:/checkpoints,{REPO}:{REPO}:ro,{run}:{run}",
+        "--container-env=PYTHONPATH,NCCL_SOCKET_IFNAME,OMPI_MCA_btl,CUDA_DEVICE_MAX_CONNECTIONS,"
+        "RECSYS_PYTHON,SPARK_HOME,SPARK_MASTER_URL",
+        "--container-workdir=/workspace"]
+    assert here == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--overlap",
+                    "--kill-on-bad-exit=1", "--nodelist=dgx-001"] + container
+    # without a container (no RECSYS_CONTAINER_SRUN_FLAGS) the helpers exec their commands as before
+    bare = (f"set -euo pipefail\nsource {REPO}/slurm/allocation-cluster.sh\ncontainer_env SPARK_HOME\n"
+            "printf 'here=%s\\n' \"${here[@]}\"; echo \"n=${#container[@]}\"\n")
+    env.pop("RECSYS_CONTAINER_SRUN_FLAGS", None)
+    out = subprocess.run(["bash", "-c", bare], env=env, text=True, capture_output=True, timeout=30)
+    assert out.returncode == 0 and out.stdout == "here=env\nn=0\n", (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("helper", ["spark-standalone.sh", "dask-cluster.sh"])
+def test_cluster_helpers_start_every_process_through_the_container_prefix(helper):
+    """Each python, daemon and driver a helper starts on its node goes through "${here[@]}"; each
+    srun over the nodes carries the container flags (empty without a container)."""
+    lines = (Path(REPO) / "slurm" / helper).read_text().splitlines()
+    code = [line for line in lines if not line.lstrip().startswith("#")]
+    starts = [line for line in code if re.search(r'(^|\$\()"\$PY"|^"\$@" &|^"\$SPARK_HOME/bin/spark-class"', line.strip())]
+    assert not starts, f"{helper}: started outside the container prefix: {starts}"
+    assert sum('"${here[@]}" "$@" &' in line for line in code) == 1
+    for i, line in enumerate(code):
+        if re.match(r"\s*srun ", line):
+            command = " ".join(code[i:i + 3])
+            assert '${container[@]+"${container[@]}"}' in command, f"{helper}: srun without the container flags: {line}"
+
+
+def test_other_batch_commands_become_a_container_step(tmp_path):
+    """A batch step that is not a cluster helper still runs its Python in the container: one
+    srun task with the job's flags (no plan makes one today; the backend must not run it bare)."""
+    import dataclasses
+
+    from jobs.backends.slurm.script import render
+
+    [(spec, _)] = render_plan([_preprocess("single", nodes=1)], "dgxa100-pod", run_dir=str(tmp_path / "run"))
+    step = _step(render(dataclasses.replace(spec, launcher="batch"), str(tmp_path / "run")))
+    assert re.match(r'PYTHONPATH=\S+ srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --overlap '
+                    r'--kill-on-bad-exit=1 "\$\{recsys_container\[@\]\}" \\\n    python -m preproc criteo run ', step), step
+
+
+def test_run_dir_pyxis_cannot_mount_is_refused(tmp_path):
+    from jobs.errors import RequestError
+
+    with pytest.raises(RequestError, match=r"^--runs-dir: .* contains ',' or ':'"):
+        render_plan([_preprocess("single", nodes=1)], "dgxa100-pod", run_dir=str(tmp_path / "a,b"))

@@ -251,6 +251,8 @@ def test_wide_deep_defaults_give_the_reference_model(tmp_path):
     (["--engine", "nvtabular", "--buckets", "page_topics=9"], "--buckets: bad entry"),
     (["--engine", "nvtabular", "--ctr-smoothing", "3"], "--ctr-smoothing: applies to --feature-set legacy only"),
     (["--engine", "pandas"], "invalid choice: 'pandas'"),
+    # the GPU path is asked for on this CPU-only machine: refused before any work, as for Criteo
+    (["--engine", "nvtabular", "--device", "gpu"], "--device gpu: no GPU visible on this node"),
 ])
 def test_cli_bad_input_one_line_error(raw, tmp_path, extra, message):
     proc = run_cli("run", "--input", str(raw / "raw"), "--output", str(tmp_path / "out"), *extra, timeout=120)
@@ -289,3 +291,18 @@ def test_nvtabular_bad_rows_as_spark(tmp_path):
     assert len(tables["clicks_train"]) == good_rows + 1  # " 7 , 8 ,1": fields are trimmed, as Spark does
     with pytest.raises(PreprocError, match="clicks_train.csv: 3 bad rows"):
         outbrain_nvt.load_tables(paths, "fatal")
+
+
+def test_nvtabular_device_choice_and_host_operators(raw, tmp_path):
+    """--device picks the runtime as for Criteo (the dry run names it); operators written for pandas
+    pass pandas partitions through untouched (cudf ones take the host round trip: GPU only)."""
+    from preproc.outbrain import nvt as outbrain_nvt
+
+    proc = run_cli("run", "--engine", "nvtabular", "--input", str(raw / "raw"), "--output", str(tmp_path / "o"),
+                   "--dry-run", "--device", "auto", "--node-cores", "3", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "# engine nvtabular: CPU: dask threaded scheduler, 3 thread(s), pandas" in proc.stdout, proc.stdout
+    frame = pd.DataFrame({"platform": [1, 7, None]})
+    out = outbrain_nvt.PlatformId().transform(None, frame)
+    assert type(out) is pd.DataFrame and out["platform"].tolist() == [1, 0, 0]
+    assert outbrain_nvt.to_host(frame) is frame

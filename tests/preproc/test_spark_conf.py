@@ -61,11 +61,41 @@ def test_local_mode_and_master_from_environment():
     assert "spark.master=spark://node1:7177" in s.describe()
 
 
-def test_local_gpu_mode_and_overrides():
-    s = spark_settings(ClusterShape(node_cores=16, node_memory_gb=64, gpus_per_node=1, rapids_jar=JAR,
-                                    shuffle_partitions=64), environ={})
-    assert s.mode == "local-gpu" and s.conf["spark.driver.resource.gpu.amount"] == "1"
+def test_gpus_are_never_requested_in_local_mode():
+    """spark-rapids: local mode schedules no GPUs (resource requests hang it, one GPU at most): a
+    RAPIDS run without a standalone master is refused, a dry run plans the standalone cluster."""
+    shape = ClusterShape(node_cores=16, node_memory_gb=64, gpus_per_node=1, rapids_jar=JAR, shuffle_partitions=64)
+    with pytest.raises(PreprocError, match=r"^--rapids-jar: Spark's local mode \(local\[16\]\) schedules no GPUs"):
+        spark_settings(shape, environ={})
+    with pytest.raises(PreprocError, match="^--rapids-jar: Spark's local mode"):
+        spark_settings(ClusterShape(node_cores=4, node_memory_gb=8, gpus_per_node=1, rapids_jar=JAR,
+                                    master="local[4]"), environ={})
+    from preproc.runtime.spark import PLANNED_MASTER
+    s = spark_settings(shape, environ={}, plan_only=True)
+    assert s.master == PLANNED_MASTER and s.mode == "cluster-gpu"
+    assert s.conf["spark.executor.cores"] == "16" and s.conf["spark.task.resource.gpu.amount"] == "0.0625"
+    assert not any(k.startswith("spark.driver.resource") for k in s.conf)
     assert s.conf["spark.sql.shuffle.partitions"] == "64"
+    # the standalone master slurm/spark-standalone.sh exports makes the same shape a real GPU run
+    s = spark_settings(shape, environ={"SPARK_MASTER_URL": "spark://n1:7077"})
+    assert s.mode == "cluster-gpu" and s.conf["spark.executor.resource.gpu.amount"] == "1"
+    # CPUs only: local mode as before
+    assert spark_settings(ClusterShape(node_cores=16, node_memory_gb=64), environ={}).master == "local[16]"
+
+
+@pytest.mark.parametrize("cores, amount", [(1, "1"), (2, "0.5"), (3, "0.333333"), (5, "0.2"), (7, "0.142857"),
+                                           (32, "0.03125"), (100, "0.01"), (128, "0.0078125")])
+def test_task_gpu_amount_gives_one_task_slot_per_executor_core(cores, amount):
+    """spark.task.resource.gpu.amount = 1/spark.executor.cores (spark-rapids FAQ); Spark makes
+    floor(1/amount) slots of a GPU, so the amount is rounded down, never up (0.1429 would give 6)."""
+    import math
+
+    from slurm.spark_layout import task_gpu_amount
+    assert task_gpu_amount(cores) == amount
+    assert math.floor(1 / float(amount)) == cores
+    s = spark_settings(ClusterShape(node_cores=cores * 4, node_memory_gb=256, gpus_per_node=4, rapids_jar=JAR,
+                                    master="spark://n1:7077"), environ={})
+    assert s.conf["spark.executor.cores"] == str(cores) and s.conf["spark.task.resource.gpu.amount"] == amount
 
 
 @pytest.mark.parametrize("shape, flag", [

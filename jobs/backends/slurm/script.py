@@ -135,11 +135,77 @@ def _quote_command(argv):
     return [quote(arg) for arg in argv]
 
 
-def step_lines(spec, run_dir, container_name=None):
-    """The step as a list of already-quoted argv pieces (one per line in the script)."""
+# One container name per job, expanded when the job runs: every step of the job (its ranks, the
+# preprocessing driver and daemons) and every requeue of it (Slurm keeps the job id; an array task
+# has its own) finds the same named container instead of unpacking the image again. pyxis keeps
+# named containers after the job (unless its plugstack sets container_scope=job): docs/submitting.md.
+CONTAINER_NAME = "recsys-${SLURM_JOB_ID:-local}"
+
+
+def container_flags(spec, run_dir):
+    """The pyxis srun flags of a container profile, each one shell word (already quoted).
+
+    The steps run this checkout's code (bind.sh, the engines, preproc) and write into the run dir:
+    both are mounted at their host paths, and the checkout is put on PYTHONPATH. Every variable
+    the profile's `env:` and the job set is named in --container-env, so that its value wins over
+    the image's own (pyxis keeps an image's values over the host's for all other names)."""
     profile = spec.profile
+    container = profile.container
+    code = os.path.dirname(slurm_dir())
+    run = os.path.abspath(run_dir)
+    for what, path in (("--runs-dir", run), ("the checkout", code)):
+        if "," in path or ":" in path:
+            raise RequestError(f"{what}: {path!r} contains ',' or ':', which pyxis --container-mounts cannot take")
+    mounts = list(container.mounts) + [f"{code}:{code}:ro", f"{run}:{run}"]
+    for key, value in (("image", container.image), ("workdir", container.workdir or ""),
+                       ("mounts", ",".join(mounts))):
+        if any(c in value for c in "\n\r"):
+            raise RequestError(f"profile {profile.name}: container.{key}: {value!r} spans lines")
+    names = ["PYTHONPATH"] + [k for k in dict(profile.env or {}, **spec.env) if k != "PYTHONPATH"]
+    flags = [shlex.quote(f"--container-image={container.image}"), f'"--container-name={CONTAINER_NAME}"',
+             shlex.quote("--container-mounts=" + ",".join(mounts)),
+             shlex.quote("--container-env=" + ",".join(names))]
+    if container.workdir:
+        flags.append(shlex.quote(f"--container-workdir={container.workdir}"))
+    return flags
+
+
+def container_block(spec, run_dir):
+    """The script's container section (empty without a container, so such scripts do not change):
+    the pyxis flags as the array every srun of the script uses, and exported one a line as
+    RECSYS_CONTAINER_SRUN_FLAGS for the slurm/ helpers (spark-standalone.sh, dask-cluster.sh),
+    which run their daemons and the driver with them (allocation-cluster.sh)."""
+    if spec.profile.container is None:
+        return ""
+    return ("\n\n# --- container (pyxis): every step of this job runs in it, under one name per job "
+            "(its steps and requeues reuse it) ---\n"
+            "recsys_container=(\n    " + "\n    ".join(container_flags(spec, run_dir)) + "\n)\n"
+            "RECSYS_CONTAINER_SRUN_FLAGS=$(printf '%s\\n' \"${recsys_container[@]}\")\n"
+            "export RECSYS_CONTAINER_SRUN_FLAGS")
+
+
+def _python_path_prefix():
+    code = os.path.dirname(slurm_dir())
+    return f"PYTHONPATH={shlex.quote(code)}" + "${PYTHONPATH:+:$PYTHONPATH} "
+
+
+def step_lines(spec, run_dir):
+    """The step as a list of already-quoted argv pieces (one per line in the script).
+
+    With a container profile every piece of Python runs in the container: srun rank steps get the
+    script's "${recsys_container[@]}" flags; a batch step whose command is a slurm/ cluster helper
+    passes them on through RECSYS_CONTAINER_SRUN_FLAGS (the helper starts its daemons and the
+    driver in the container); any other batch command becomes a one-task srun step in it."""
+    profile = spec.profile
+    container = profile.container
     if spec.launcher == "batch":
-        return [" ".join(_quote_command(spec.command))]
+        argv = _quote_command(spec.command)
+        if container is None:
+            return [" ".join(argv)]
+        if len(spec.command) > 1 and isinstance(spec.command[1], SlurmHelper):
+            return [_python_path_prefix() + " ".join(argv)]
+        srun = ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]
+        return [_python_path_prefix() + " ".join(srun) + ' "${recsys_container[@]}"', " ".join(argv)]
     _, rank_out = log_paths(spec, run_dir)
     mpi = profile.mpi or "pmix"
     srun = ["srun", f"--mpi={mpi}", "-N", str(spec.nodes),
@@ -147,19 +213,10 @@ def step_lines(spec, run_dir, container_name=None):
             f"--ntasks={spec.nodes * spec.ntasks_per_node}", "--kill-on-bad-exit=1"]
     pieces = [" ".join(shlex.quote(a) for a in srun),
               " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
-    container = profile.container
     if container is not None:
-        # The ranks run this checkout's code (bind.sh, the engines) and write into the run dir:
-        # both are mounted at their host paths, and the packages are put on PYTHONPATH (which
-        # --container-env keeps over the image's own value).
-        code = os.path.dirname(slurm_dir())
-        mounts = list(container.mounts) + [f"{code}:{code}:ro", f"{os.path.abspath(run_dir)}:{os.path.abspath(run_dir)}"]
-        flags = [f"--container-image={container.image}", f"--container-name={container_name or 'recsys'}",
-                 "--container-mounts=" + ",".join(mounts), "--container-env=PYTHONPATH"]
-        if container.workdir:
-            flags.append(f"--container-workdir={container.workdir}")
-        pieces[0] = f"PYTHONPATH={shlex.quote(code)}" + "${PYTHONPATH:+:$PYTHONPATH} " + pieces[0]
-        pieces.append(" ".join(shlex.quote(f) for f in flags))
+        # PYTHONPATH reaches the ranks over the image's own value (--container-env names it)
+        pieces[0] = _python_path_prefix() + pieces[0]
+        pieces.append('"${recsys_container[@]}"')
     argv = _quote_command(rank_command(spec))
     if argv[:2] == ["bash", '"$RECSYS_SLURM_DIR/bind.sh"']:
         cut = argv.index("--") + 1
@@ -196,8 +253,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
     saved as `script_path` (what its comment tells the reader to sbatch), or only printed."""
     profile = spec.profile
     container = profile.container
-    container_name = f"recsys-{token or spec.key}"
-    step = " \\\n    ".join(step_lines(spec, run_dir, container_name))
+    step = " \\\n    ".join(step_lines(spec, run_dir))
     title = (f"{spec.kind} {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
              f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
     env = dict(profile.env or {})
@@ -217,6 +273,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
         setup="\n".join(profile.setup or []) or "# (none)",
         env=_exports(env),
         bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
+        container_block=container_block(spec, run_dir),
         container=shlex.quote(container.image if container is not None else ""),
         requeue="yes" if spec.requeue else "no",
         checkpoint_dir=quote(spec.checkpoint_dir or ""),
