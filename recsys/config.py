@@ -79,15 +79,18 @@ class TrainConfig:
     adam_eps: Optional[float] = None
     # performance and parallelism
     amp: bool = False
+    device: Optional[str] = None     # --device: auto / cpu / gpu; None: $RECSYS_DEVICE, else auto
     xla: bool = False
     no_tf32: bool = False
     benchmark_warmup_steps: int = 20
     benchmark_steps: int = 100
     breakdown_steps: int = 0
+    steps_per_call: int = 8          # --steps-per-call: training steps per compiled call (recsys.engine)
     embedding_placement: str = "auto"
     embedding_memory_gb: Optional[float] = None
     column_slice_threshold: Optional[int] = None
     data_parallel_threshold: Optional[int] = None
+    embedding_implementation: str = "horovod-alltoall"   # the model-parallel layer (recsys.embeddings.group)
     sparse_as_dense: bool = False
     affinity: str = "off"
     intra_op_threads: int = 0
@@ -213,14 +216,16 @@ class TrainConfig:
                 dense_params=cfg.dense_parameters, dense_slots=slots(self.optimizer),
                 budget_bytes=None if budget is None else int(budget * 1e9),
                 column_slice_threshold=self.column_slice_threshold,
-                data_parallel_threshold=self.data_parallel_threshold)
+                data_parallel_threshold=self.data_parallel_threshold,
+                implementation=self.embedding_implementation, local_batch=self.batch_size // self.world_size,
+                local_eval_batch=max(1, self.eval_batch_size // self.world_size) if self.eval_batch_size else None)
         except PlacementError as e:
             _fail(str(e))
         return replace(cfg, placement=placement)
 
     # --- checks ------------------------------------------------------------------
     def _check_values(self):
-        for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints"):
+        for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints", "steps_per_call"):
             if getattr(self, flag) < 1:
                 _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
         for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps", "breakdown_steps"):
@@ -242,6 +247,9 @@ class TrainConfig:
             v = getattr(self, flag)
             if v is not None and not 0 <= v < 1:
                 _fail(f"--{_flag(flag)} must be in [0, 1), got {v}")
+        if self.embedding_implementation == "distributed-embeddings" and self.xla:
+            _fail("--embedding-implementation distributed-embeddings cannot be used with --xla (its gradient tape "
+                  "runs Horovod collectives, which are not XLA ops)")
         if self.embedding_placement == "model_parallel" and self.xla:
             _fail("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
         for flag in ("column_slice_threshold", "data_parallel_threshold"):

@@ -23,7 +23,7 @@ from recsys.checkpoint import StopRequest, note_attempt
 from recsys.config import TrainConfig
 from recsys.distributed import gradient_payload_bytes
 from recsys.embeddings.alltoall import ModelParallelEmbedding
-from recsys.embeddings.group import EmbeddingGroup
+from recsys.embeddings.group import EmbeddingGroup, broadcast, distributed_tape, uses_distributed_embeddings
 from recsys.errors import DataError, DivergedError, data_error_message
 from recsys.logger import process_start
 
@@ -89,6 +89,11 @@ class Engine:
         self._grad_fn = (tf.function(self._gradients, jit_compile=True, reduce_retracing=True)
                          if config.xla else self._gradients)
         self._train_step = tf.function(self._train_step_impl, reduce_retracing=True)
+        self._train_steps = tf.function(self._train_steps_impl, reduce_retracing=True)
+        # Several steps per call on one rank only: Horovod keys a collective by its op's name, and
+        # inside a compiled loop the names carry per-process graph counters (while/cond/then/_178 on
+        # one rank, _186 on the other: a 2-rank model-parallel run deadlocked on its alltoall).
+        self._steps_per_call = config.steps_per_call if dist.size == 1 else 1
         self._predict = tf.function(self._predict_impl, jit_compile=bool(config.xla), reduce_retracing=True)
 
     # --- building ----------------------------------------------------------
@@ -102,6 +107,7 @@ class Engine:
             inner.build(variables)
         self._local_ids = self.task.local_variable_ids(self.model)
         self._seeded_ids, self._table_seeds = self.task.seeded_tables(self.model)
+        self._de = uses_distributed_embeddings(self.model)   # its tape and broadcast (docs/embeddings.md)
         # The divergence guard's weight checks: the dense (replicated) weights at every log interval,
         # every weight before a checkpoint and an evaluation.
         tables = {id(v) for m in self.model.submodules if isinstance(m, EmbeddingGroup) for v in m.variables}
@@ -136,7 +142,10 @@ class Engine:
                 self.log.info("embedding table seeds differ across ranks: broadcasting the tables from rank 0")
                 seeded = set()
         shared = [v for v in self.model.variables if id(v) not in self._local_ids and id(v) not in seeded]
-        self.dist.broadcast_variables(shared, root_rank=0)
+        if self._de:          # distributed-embeddings' own: every variable but its shards, as `shared`
+            broadcast(self.model.variables, root_rank=0)
+        else:
+            self.dist.broadcast_variables(shared, root_rank=0)
         if self.dist.is_chief:
             nbytes = lambda vs: sum(int(v.shape.num_elements()) * v.dtype.size for v in vs)  # noqa: E731
             self.log.record("initial_state", broadcast_variables=len(shared), broadcast_bytes=nbytes(shared),
@@ -153,7 +162,7 @@ class Engine:
             logits = self.model(inputs, training=True)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
             scaled = self.loss_scaler.get_scaled_loss(loss) if self.loss_scaler is not None else loss
-        grads = tape.gradient(scaled, variables)
+        grads = (distributed_tape(tape) if self._de else tape).gradient(scaled, variables)
         if self.loss_scaler is not None:
             grads = self.loss_scaler.get_unscaled_gradients(grads)
         return loss, grads
@@ -168,9 +177,9 @@ class Engine:
         """The gradient exchange of a step (fused step and split step): ``(loss, stop, grads)``."""
         grads = list(grads)
         local = list(grads)
-        shared = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
-        # Model-parallel table shards (distributed-embeddings) get their gradients through its
-        # alltoall and belong to this rank only: only the other gradients are averaged.
+        shared = [] if self._de else [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
+        # Model-parallel table shards get their gradients through the alltoall and belong to this rank
+        # only: only the other gradients are averaged (distributed-embeddings' tape did it all already).
         # The loss and the stop flag ride along in the same allreduce (no extra collective).
         reduced, (loss, stop) = self.dist.allreduce_gradients(
             [grads[k] for k in shared], sparse_as_dense=self.config.sparse_as_dense,
@@ -226,6 +235,30 @@ class Engine:
         loss, stop, grads = self._reduced_gradients(inputs, labels)
         self._apply_gradients(grads)
         return loss, stop
+
+    def _train_steps_impl(self, iterator, n):
+        """Up to ``n`` fused steps on ``iterator``'s batches in one call (``steps_per_call``): the
+        per-call host work (Python dispatch, argument packing, the loss read-back) is paid once per
+        ``n`` steps. Returns (every step's mean loss over ranks [k], the last step's stop flag);
+        k < n when the data ends, when a rank was asked to stop, or (without --amp) after a
+        non-finite loss, so that the guard stops the run at that step with no step after it trained."""
+        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[])
+        stop = tf.constant(0.0)
+        i = tf.constant(0)
+        go = tf.constant(True)
+        while go:
+            batch = iterator.get_next_as_optional()
+            if batch.has_value():
+                inputs, labels = batch.get_value()
+                loss, stop = self._train_step_impl(inputs, labels)
+                losses = losses.write(i, loss)
+                i += 1
+                go = (i < n) & (stop <= 0)
+                if not self.config.amp:
+                    go = go & tf.math.is_finite(loss)
+            else:
+                go = tf.constant(False)
+        return losses.stack(), stop
 
     def _predict_impl(self, inputs):
         return tf.sigmoid(self.model(inputs, training=False))
@@ -299,37 +332,44 @@ class Engine:
                 if skip:
                     ds = ds.skip(skip)
                 t_last, n_last = time.perf_counter(), 0
-                for inputs, labels in self._data(ds):
-                    if max_steps and int(self.global_step.numpy()) >= max_steps:
+                it = iter(ds)
+                while True:
+                    before = int(self.global_step.numpy())
+                    if max_steps and before >= max_steps:
                         break
+                    # A call ends at the next log step and at --max-steps: the guard's weight check,
+                    # the step record and the end of the run stay where one step per call puts them.
+                    n = min(self._steps_per_call, c.log_every - before % c.log_every,
+                            (max_steps - before) if max_steps else self._steps_per_call)
                     t0 = time.perf_counter()
                     if stop.requested:
                         self._stop_flag.assign(1.0)
-                    loss, stop_any = self._train_step(inputs, labels)
-                    step = int(self.global_step.numpy())
+                    step_losses, stop_any = self._train_call(it, n)
+                    if not step_losses:
+                        break                                   # the epoch's data has ended
                     if self._startup_s is None:
                         self._startup_s = round(time.time() - process_start(), 3)
-                    # The stop flag is read every step anyway: reading the loss too costs no extra sync.
-                    loss_v = float(loss.numpy())
-                    if math.isfinite(loss_v):
-                        nonfinite_in_a_row = 0
-                        self._check_explosion(step, loss_v, losses)
-                    else:
-                        nonfinite_in_a_row += 1
-                        if not c.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
-                            self._diverged(step, f"the training loss is {loss_v}")
-                    losses[1:] = [(step, loss_v)]    # keeps the first, replaces the last
-                    n_last += 1
-                    if step % c.log_every == 0 or (max_steps and step >= max_steps):
-                        self._check_weights(step, loss_v, dense_only=True)
-                        now = time.perf_counter()
-                        self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
-                                      total_steps=total, lr=self._current_lr())
-                        t_last, n_last = now, 0
-                    if step > c.benchmark_warmup_steps:
-                        timed_steps += 1
-                        timed_seconds += time.perf_counter() - t0
-                    if float(stop_any.numpy()) > 0:      # every rank sees the same reduced flag
+                    per_step = (time.perf_counter() - t0) / len(step_losses)
+                    for step, loss_v in enumerate(step_losses, start=before + 1):
+                        if math.isfinite(loss_v):
+                            nonfinite_in_a_row = 0
+                            self._check_explosion(step, loss_v, losses)
+                        else:
+                            nonfinite_in_a_row += 1
+                            if not c.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
+                                self._diverged(step, f"the training loss is {loss_v}")
+                        losses[1:] = [(step, loss_v)]    # keeps the first, replaces the last
+                        n_last += 1
+                        if step % c.log_every == 0 or (max_steps and step >= max_steps):
+                            self._check_weights(step, loss_v, dense_only=True)
+                            now = time.perf_counter()
+                            self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
+                                          total_steps=total, lr=self._current_lr())
+                            t_last, n_last = now, 0
+                        if step > c.benchmark_warmup_steps:
+                            timed_steps += 1
+                            timed_seconds += per_step
+                    if stop_any > 0:      # every rank sees the same reduced flag
                         interrupted = True
                         raise StopTraining
                 at_max = max_steps and int(self.global_step.numpy()) >= max_steps
@@ -352,25 +392,33 @@ class Engine:
             stop.restore_handlers()
         return self._summary("train", timed_steps, timed_seconds, metrics, losses, interrupted)
 
-    def _data(self, ds):
-        """Iterate a dataset, turning a reader's data error (raised inside tf.data) into one line.
+    def _train_call(self, it, n):
+        """Up to ``n`` training steps on the batches of iterator ``it``: ``([loss per step], stop flag)``,
+        no loss when the data has ended. One step per call (``steps_per_call`` 1, and every run of more
+        than one rank) is the fused step fed from Python; more run in one compiled loop
+        (:meth:`_train_steps_impl`).
 
-        Before raising, the steps trained so far are checkpointed: bad data found late loses nothing.
-        """
-        it = iter(ds)
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            except tf.errors.OpError as err:
-                message = data_error_message(err)
-                if message is None:
-                    raise
-                if self.global_step.numpy() > 0 and self._saved_step != int(self.global_step.numpy()):
-                    self.save("data-error")
-                raise DataError(message) from None
-            yield batch
+        A reader's data error (raised inside tf.data) becomes one line; before raising, the steps
+        trained so far (those of this call before the bad batch included) are checkpointed: bad data
+        found late loses nothing."""
+        try:
+            if self._steps_per_call == 1:
+                try:
+                    inputs, labels = next(it)
+                except StopIteration:
+                    return [], 0.0
+                loss, stop_any = self._train_step(inputs, labels)
+                # The stop flag is read every step anyway: reading the loss too costs no extra sync.
+                return [float(loss.numpy())], float(stop_any.numpy())
+            losses, stop_any = self._train_steps(it, tf.constant(n, tf.int32))
+            return [float(v) for v in losses.numpy()], float(stop_any.numpy())
+        except tf.errors.OpError as err:
+            message = data_error_message(err)
+            if message is None:
+                raise
+            if self.global_step.numpy() > 0 and self._saved_step != int(self.global_step.numpy()):
+                self.save("data-error")
+            raise DataError(message) from None
 
     def _check_explosion(self, step, loss_v, losses):
         """A finite loss far above the run's first one (EXPLOSION_LOSS_FACTOR) is a divergence."""

@@ -102,7 +102,7 @@ def _pieces(group, rank):
         out.update(group._mp.replicated_map())
         return out, bool(group._mp.dp_tables) and rank == 0
     if group._dist is not None:
-        return {}, False                       # distributed-embeddings: same world size only
+        return {}, False                       # distributed-embeddings: whole tables, see _gather_distributed
     return {(t, 0, group.dims[t]): layer.embeddings for t, layer in enumerate(group.tables)}, rank == 0
 
 
@@ -132,6 +132,37 @@ def _saved_pieces(path, meta):
                     saved.setdefault((p["group"], p["table"], slot), []).append(
                         (p["col_start"], p["col_end"], os.path.join(rank_dir(path, r), name)))
     return saved
+
+
+def _distributed_tables(group, optimizers, fetch, np):
+    """Whole tables (and their optimizer slots) into a distributed-embeddings group through its global
+    ``set_weights``: ``fetch(table, slot or None)`` gives the table's saved column pieces (or None);
+    each rank reads only the slices DE gives it. Returns (slots restored, slots restarted)."""
+    from recsys.embeddings import de_adapter
+    layer = group._dist
+
+    def lazy(pieces, t):
+        rows, dim = group.cardinalities[t], group.dims[t]
+        return de_adapter.LazyTable((rows, dim), lambda r0, r1, c0, c1: _assemble(pieces, c0, c1, (rows, c1 - c0),
+                                                                                  np)[r0:r1])
+    tables = []
+    for t in range(len(group.cardinalities)):
+        pieces = fetch(t, None)
+        if not pieces:
+            raise CheckpointError(f"no saved values of {group.name} table {t} in the checkpoint")
+        tables.append(lazy(pieces, t))
+    de_adapter.set_global(layer, tables)
+    slot_vars = [table_slots(optimizers, v) for v in layer.weights]
+    restored, restarted = set(), set()
+    for slot in sorted(set().union(*slot_vars)):
+        saved = [fetch(t, slot) for t in range(len(group.cardinalities))]
+        if all(saved):
+            de_adapter.set_global_slots(layer, [sv[slot] for sv in slot_vars],
+                                        [lazy(p, t) for t, p in enumerate(saved)])
+            restored.add(slot)
+        else:
+            restarted.add(slot)
+    return restored, restarted
 
 
 def has_local_tables(model):
@@ -177,7 +208,8 @@ class ShardedCheckpointer(AtomicCheckpointer):
             dist.barrier()
             raise write_failure(final, error or OSError(f"{failed} rank(s) could not write their part"), previous)
         if dist.is_chief:
-            groups = {g.name: {"cardinalities": g.cardinalities, "dims": g.dims} for g in _groups(self.model)}
+            groups = {g.name: {"cardinalities": g.cardinalities, "dims": g.dims, "implementation": g.implementation,
+                               "layout": g.layout} for g in _groups(self.model)}
             info = dict(meta, step=int(step), saved_at=time.time(), format=FORMAT, world_size=dist.size,
                         writers=self._writers(), sharded_model=self.sharded_model, groups=groups,
                         signature=self.signature)
@@ -200,6 +232,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
     def _write_own(self, tmp, np):
         """This rank's part of a checkpoint: its TF checkpoint, its table slices, then DONE."""
         dist = self.dist
+        gathered = self._gather_distributed()       # a collective: first, before anything can fail alone
         if dist.rank in self._writers():
             d = rank_dir(tmp, dist.rank)
             os.makedirs(d)
@@ -219,8 +252,37 @@ class ShardedCheckpointer(AtomicCheckpointer):
                         np.save(os.path.join(d, slots[slot]), slot_var.numpy())
                     listing.append({"group": group.name, "table": t, "col_start": c0, "col_end": c1,
                                     "shape": list(var.shape), "file": name + ".npy", "slots": slots})
+            for group_name, tables in gathered.items():       # rank 0: whole distributed-embeddings tables
+                for t, (table, table_slot_values) in enumerate(tables):
+                    name = f"{group_name}.t{t}.c0-{table.shape[1]}"
+                    np.save(os.path.join(d, name + ".npy"), table)
+                    slots = {}
+                    for slot, value in sorted(table_slot_values.items()):
+                        slots[slot] = f"{name}.{slot}.npy"
+                        np.save(os.path.join(d, slots[slot]), value)
+                    listing.append({"group": group_name, "table": t, "col_start": 0, "col_end": int(table.shape[1]),
+                                    "shape": list(table.shape), "file": name + ".npy", "slots": slots})
             _write_json(os.path.join(d, TABLES), listing)
             _write_json(os.path.join(d, DONE), {"rank": dist.rank, "saved_at": time.time()})
+
+    def _gather_distributed(self):
+        """{group: [(whole table, {slot: whole array})]} of every distributed-embeddings group, on rank 0
+        (empty elsewhere), through DE's global ``get_weights`` (the slots cut the same way). Every rank
+        calls it: the gathers are collectives."""
+        from recsys.embeddings import de_adapter
+        out = {}
+        for group in _groups(self.model):
+            layer = group._dist
+            if layer is None:
+                continue
+            tables = de_adapter.get_global(layer)
+            slot_vars = [table_slots(self.optimizers, v) for v in layer.weights]
+            slots = {slot: de_adapter.get_global_slots(layer, [sv[slot] for sv in slot_vars])
+                     for slot in sorted(set().union(*slot_vars))}
+            if tables is not None:
+                out[group.name] = [(table, {slot: values[t] for slot, values in slots.items()})
+                                   for t, table in enumerate(tables)]
+        return out
 
     def restore(self, path=None):
         import numpy as np
@@ -230,7 +292,9 @@ class ShardedCheckpointer(AtomicCheckpointer):
         meta = validate(path, self.signature)
         if meta.get("format") != FORMAT:
             return self._restore_replicated(path, meta)
-        same_layout = meta["world_size"] == self.dist.size and meta["sharded_model"] == self.sharded_model
+        same_layout = (meta["world_size"] == self.dist.size and meta["sharded_model"] == self.sharded_model
+                       and all(meta["groups"].get(g.name, {}).get("layout", g.layout) == g.layout
+                               for g in _groups(self.model)))
         if same_layout:
             src = rank_dir(path, self.dist.rank if self.sharded_model else 0)
             self.checkpoint.read(os.path.join(src, PREFIX)).assert_existing_objects_matched()
@@ -241,6 +305,12 @@ class ShardedCheckpointer(AtomicCheckpointer):
             saved = _saved_pieces(path, meta)
             resharded, restarted = set(), set()
             for group in _groups(self.model):
+                if group._dist is not None:         # distributed-embeddings: whole tables in, each rank its share
+                    done, missing = _distributed_tables(group, self.optimizers,
+                                                        lambda t, slot, g=group.name: saved.get((g, t, slot)), np)
+                    resharded |= done
+                    restarted |= missing
+                    continue
                 pieces, _ = _pieces(group, self.dist.rank)
                 for (t, c0, c1), var in pieces.items():
                     var.assign(_assemble(saved.get((group.name, t, None), []), c0, c1, tuple(var.shape), np))
@@ -275,15 +345,27 @@ class ShardedCheckpointer(AtomicCheckpointer):
         tf.train.Checkpoint(model=self.model, **self.counters).read(prefix).expect_partial()
         reader = tf.train.load_checkpoint(prefix)
         shapes = reader.get_variable_to_shape_map()
+
+        def saved_table(group, t):
+            key = f"model/{group.name}/tables/{t}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+            want = [group.cardinalities[t], group.dims[t]]
+            if list(shapes.get(key, [])) != want:
+                raise CheckpointError(f"{path}: checkpoint of another model (no {group.name} table {t} of "
+                                      f"shape {want})")
+            return key
+        import numpy as np
         for group in _groups(self.model):
+            if group._dist is not None:     # whole tables through DE's set_weights; each rank cuts its share
+                from recsys.embeddings import de_adapter
+                keys = [saved_table(group, t) for t in range(len(group.cardinalities))]
+                de_adapter.set_global(group._dist, [de_adapter.LazyTable(
+                    (group.cardinalities[t], group.dims[t]),
+                    lambda r0, r1, c0, c1, key=key: np.asarray(reader.get_tensor(key)[r0:r1, c0:c1], np.float32))
+                    for t, key in enumerate(keys)])
+                continue
             pieces, _ = _pieces(group, self.dist.rank)
             for (t, c0, c1), var in pieces.items():
-                key = f"model/{group.name}/tables/{t}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
-                want = [group.cardinalities[t], group.dims[t]]
-                if list(shapes.get(key, [])) != want:
-                    raise CheckpointError(f"{path}: checkpoint of another model (no {group.name} table {t} of "
-                                          f"shape {want})")
-                var.assign(reader.get_tensor(key)[:, c0:c1])
+                var.assign(reader.get_tensor(saved_table(group, t))[:, c0:c1])
         for opt in self.optimizers:            # learning-rate schedules continue from the step
             opt.iterations.assign(self.counters["global_step"])
         if self.log is not None and self.dist.is_chief:
@@ -347,7 +429,7 @@ def checkpoint_weights(path):
         m = table_re.match(key)
         if m and not sharded:
             out[f"table:{m.group(1)}/{int(m.group(2))}"] = reader.get_tensor(key)
-        elif not m and "/_mp/" not in key:
+        elif not m and "/_mp/" not in key and "/de_world" not in key:
             out[f"dense:{key}"] = reader.get_tensor(key)
     if sharded:
         meta = read_meta(path)

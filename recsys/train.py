@@ -25,6 +25,7 @@ import socket
 import tempfile
 
 from recsys.config import TrainConfig
+from recsys.embeddings.placement import IMPLEMENTATIONS
 from recsys.errors import EngineError
 from recsys.models.defaults import MODEL_DEFAULTS
 from slurm.cpulist import parse_cpulist
@@ -144,6 +145,10 @@ def build_parser(parser_class=_Parser):
     n.add_argument("--adam-eps", type=float, help="Adam epsilon; " + _ref("adam_eps"))
     pf = p.add_argument_group("performance and parallelism")
     pf.add_argument("--amp", action="store_true", help="mixed precision (mixed_float16 + dynamic loss scaling)")
+    pf.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None,
+                    help="cpu: a CPU run even where GPUs were given (no GPU check); gpu: refuse when TensorFlow "
+                         "sees no GPU; auto: refuse when Slurm / CUDA_VISIBLE_DEVICES / nvidia-smi give GPUs that "
+                         "TensorFlow does not see (default: $RECSYS_DEVICE, else auto; recsys.devices)")
     pf.add_argument("--xla", action="store_true", help="XLA-compile the forward/backward pass (jit_compile)")
     pf.add_argument("--no-tf32", action="store_true", help="disable TF32 matmuls on Ampere+ (on by default)")
     pf.add_argument("--benchmark-warmup-steps", type=int, default=20,
@@ -153,10 +158,13 @@ def build_parser(parser_class=_Parser):
                     help="benchmark mode: after the timed steps, N more as a split step whose phases (input wait, "
                          "compute, embedding exchange, gradient exchange, optimizer) are timed one by one: the "
                          "summary's step_breakdown (0: none)")
+    pf.add_argument("--steps-per-call", type=int, default=8,
+                    help="training steps per compiled call on one rank (a call also ends at each --log-every "
+                         "step and at --max-steps; signals are seen between calls); 1: one step per call. Runs "
+                         "of several ranks always use 1 (docs/benchmarks.md)")
     pf.add_argument("--embedding-placement", choices=("auto", "replicated", "model_parallel"), default="auto",
                     help="model_parallel: each rank holds its share of the tables (recsys.embeddings), ids and "
-                         "vectors exchanged with alltoall (NVIDIA distributed-embeddings when importable, else "
-                         "Horovod); auto: model parallel when replicated tables do not fit --embedding-memory-gb")
+                         "vectors exchanged with alltoall (--embedding-implementation); auto: model parallel when replicated tables do not fit --embedding-memory-gb")
     pf.add_argument("--embedding-memory-gb", type=float, default=None,
                     help="memory budget per rank for embeddings + dense weights (default: $RECSYS_EMBEDDING_MEMORY_GB "
                          "from the profile, else the job's or node's memory / ranks on the node)")
@@ -165,6 +173,10 @@ def build_parser(parser_class=_Parser):
                          "(tables are also split automatically until memory is balanced)")
     pf.add_argument("--data-parallel-threshold", type=int, default=None,
                     help="model-parallel: keep tables with fewer elements than this replicated")
+    pf.add_argument("--embedding-implementation", choices=IMPLEMENTATIONS, default=IMPLEMENTATIONS[0],
+                    help="the model-parallel embedding layer: horovod-alltoall (this project's, CPU and GPU ranks) "
+                         "or distributed-embeddings (NVIDIA's, GPU ranks; only when named here: a failing "
+                         "import stops the run; docs/embeddings.md)")
     pf.add_argument("--sparse-as-dense", action="store_true",
                     help="allreduce embedding gradients densely instead of allgathering IndexedSlices")
     pf.add_argument("--affinity", choices=AFFINITY, default="off",
@@ -286,6 +298,8 @@ def run(config):
     """Everything after argument checks: TF set-up, Horovod, data, model, the chosen mode."""
     from recsys.tfcompat import prepare
     tf_notes = prepare()    # before TensorFlow's import: a TF/Keras the engine cannot run on is one line, exit 2
+    from recsys import devices
+    device_mode, _ = devices.device_mode(config.device, os.environ)   # a bad $RECSYS_DEVICE: one line, exit 2
     from recsys.distributed import Distributed
     from recsys.logger import RunLogger
     cpus = None
@@ -301,6 +315,7 @@ def run(config):
     tf.config.experimental.enable_tensor_float_32_execution(not config.no_tf32)
     dist = Distributed(use_horovod=config.world_size > 1)
     gpus = tf.config.list_physical_devices("GPU")
+    _check_devices(tf, device_mode, len(gpus))    # GPUs given but TensorFlow sees none: one line, exit 2
     if gpus:
         tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
@@ -309,6 +324,14 @@ def run(config):
     _log_notes(config, len(gpus), log)
     for line in tf_notes:
         log.info(line, warning="tensorflow_version")
+    for kind, line in (("horovod_without_nccl", devices.nccl_warning(
+            len(gpus), dist.hvd is not None, bool(dist.hvd is not None and dist.hvd.nccl_built()))),
+            ("amp_on_cpu", devices.amp_warning(config.amp, len(gpus)))):
+        if line:
+            log.info(line, warning=kind)
+    if config.embedding_implementation == "distributed-embeddings":
+        from recsys.embeddings.de_adapter import load
+        load()      # asked for by name: an import failure is one line with the real error, exit 2
     temporary = None
     try:
         if config.amp:
@@ -349,6 +372,24 @@ def run(config):
     return 0
 
 
+def _check_devices(tf, mode, tf_gpus):
+    """recsys.devices.check on this process: GPUs given (Slurm, CUDA_VISIBLE_DEVICES, nvidia-smi)
+    that TensorFlow does not see stop the run before any work (EngineError, exit 2)."""
+    from recsys import devices
+    if mode == "cpu" or tf_gpus:
+        return
+    smi = devices.nvidia_smi_list()
+    expected = devices.expected_gpus(os.environ, smi)
+    if not expected.count and mode != "gpu":
+        return
+    from recsys.tfcompat import detect
+    found = detect()
+    error = devices.check(expected, mode, tf_gpus, found.distribution, found.tensorflow or "",
+                          tf.test.is_built_with_cuda(), devices.count_nvidia_smi(smi))
+    if error:
+        raise EngineError(error)
+
+
 def _log_notes(config, gpus, log):
     """The configuration's warnings (a short run, a configuration too slow for this hardware):
     one line each on stderr and in the JSON log, before the first step."""
@@ -369,8 +410,7 @@ def _log_placement(config, dist, log):
         return
     placement = config.placement
     if placement.model_parallel:
-        from recsys.embeddings.group import model_parallel_implementation
-        implementation = model_parallel_implementation()
+        implementation = placement.implementation
         log.info(f"embedding tables model parallel on {dist.size} ranks ({placement.reason}); "
                  f"implementation: {implementation}")
     else:

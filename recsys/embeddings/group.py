@@ -1,33 +1,38 @@
 """The EmbeddingGroup layer: one group's tables, replicated or model parallel as the run's placement says.
 
-Model parallel uses NVIDIA distributed-embeddings when it is importable (GPU
-nodes with its CUDA op; not on PyPI, shipped in NVIDIA's Merlin TensorFlow
-containers), else :class:`recsys.embeddings.alltoall.ModelParallelEmbedding`
-on Horovod alltoall, which runs on CPU and GPU ranks. The alltoall layer takes
-the group's plan from the placement; distributed-embeddings plans by itself
-from the same thresholds.
+Model parallel uses the placement's implementation (``--embedding-implementation``):
+``horovod-alltoall`` (the default), :class:`recsys.embeddings.alltoall.ModelParallelEmbedding`,
+which runs on CPU and GPU ranks and takes the group's plan from the placement; or, only when
+asked for, NVIDIA ``distributed-embeddings`` (GPU nodes with its CUDA op; not on PyPI, shipped in
+NVIDIA's Merlin TensorFlow containers), which plans by itself from the same thresholds and is
+used through its documented contract (:mod:`recsys.embeddings.de_adapter`).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
+from recsys.embeddings import de_adapter
 from recsys.embeddings.alltoall import ModelParallelEmbedding
 from recsys.embeddings.combine import combine
-from recsys.embeddings.seeding import ColumnSeededUniform, SeededEmbedding, new_table_seed
+from recsys.embeddings.seeding import SeededEmbedding, new_table_seed
 
 
-def distributed_embeddings_module():
-    """The model-parallel module of distributed-embeddings, or None when not importable."""
-    try:
-        from distributed_embeddings.python.layers import dist_model_parallel as dmp
-    except Exception:  # ImportError, or its CUDA op failing to load on a CPU node
-        return None
-    return dmp
+def uses_distributed_embeddings(model):
+    """True when a layer of ``model`` is NVIDIA distributed-embeddings: the engine then takes the
+    gradients through its tape (:func:`distributed_tape`) and broadcasts with :func:`broadcast`."""
+    return any(isinstance(m, EmbeddingGroup) and m.implementation == de_adapter.IMPLEMENTATION
+               for m in model.submodules)
 
 
-def model_parallel_implementation():
-    """Which model-parallel implementation this process would run."""
-    return "distributed-embeddings" if distributed_embeddings_module() is not None else "horovod-alltoall"
+distributed_tape = de_adapter.distributed_tape
+broadcast = de_adapter.broadcast
+
+
+def _pad_rows(ids, rows):
+    """[n, ...] ids padded with -1 (no id) to ``rows`` rows, with that static shape."""
+    n = tf.shape(ids)[0]
+    pad = [[0, rows - n]] + [[0, 0]] * (ids.shape.rank - 1)
+    return tf.ensure_shape(tf.pad(ids, pad, constant_values=-1), [rows] + ids.shape.as_list()[1:])
 
 
 class EmbeddingGroup(tf.keras.layers.Layer):
@@ -44,49 +49,104 @@ class EmbeddingGroup(tf.keras.layers.Layer):
         self.cardinalities, self.dims, self.combiners = group.cardinalities, group.widths, group.combiners
         self.seed = new_table_seed()
         self.model_parallel = placement is not None and placement.model_parallel
-        self._dist = self._mp = None
+        self._mp = None
+        self._de_attr = None
         self.tables = []
-        if self.model_parallel and distributed_embeddings_module() is None:
+        if self.model_parallel and placement.implementation == de_adapter.IMPLEMENTATION:
+            # All inputs of a DE layer go in one kind: ragged with a combiner when any table is multi-hot
+            # (DE 4cb42d4 returns a rank's exchanged dense inputs before its ragged ones, whatever the
+            # table order: a mix feeds tables the wrong ids), else dense one-hot ids.
+            self._ragged = any(c is not None for c in self.combiners)
+            layer = de_adapter.make_layer(self.cardinalities, self.dims, [self._ragged] * len(self.dims),
+                                          column_slice_threshold=placement.column_slice_threshold,
+                                          data_parallel_threshold=placement.data_parallel_threshold)
+            # Tracked under a name of its layout: a checkpoint of another layout (world size, thresholds)
+            # has other shard shapes, and its keys then do not match (the tables come back whole,
+            # through set_weights: recsys.sharded_checkpoint); the same layout restores as saved.
+            self._de_attr = de_adapter.layout_name(layer)
+            setattr(self, self._de_attr, layer)
+            self._batch_rows = (placement.local_batch, placement.local_eval_batch)
+        elif self.model_parallel:
             self._mp = ModelParallelEmbedding(self.cardinalities, self.dims, self.combiners, self.seed,
                                               placement.plan(group.name), hvd=hvd, name="mp")
-            return
-        if self.model_parallel:     # distributed-embeddings builds the tables itself, from their initializer
-            self.tables = [tf.keras.layers.Embedding(c, d, embeddings_initializer=ColumnSeededUniform(self.seed, i),
-                                                     name=f"table_{i}")
-                           for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
-            dmp = distributed_embeddings_module()
-            kw = ({} if placement.data_parallel_threshold is None
-                  else {"data_parallel_threshold": placement.data_parallel_threshold})
-            self._dist = dmp.DistributedEmbedding(self.tables, strategy="memory_balanced",
-                                                  column_slice_threshold=placement.column_slice_threshold, **kw)
         else:
             self.tables = [SeededEmbedding(c, d, self.seed, i, name=f"table_{i}")
                            for i, (c, d) in enumerate(zip(self.cardinalities, self.dims))]
 
     @property
+    def _dist(self):
+        """The distributed-embeddings layer, or None."""
+        return getattr(self, self._de_attr) if self._de_attr else None
+
+    @property
+    def layout(self):
+        """What must match for this group's shards to restore as saved: the implementation, and for
+        distributed-embeddings its layout (the name without the rank)."""
+        return self._de_attr.replace(f"_rank{self._dist.rank}_", "_") if self._de_attr else self.implementation
+
+    @property
     def implementation(self):
         return ("horovod-alltoall" if self._mp is not None else
-                "distributed-embeddings" if self._dist is not None else "replicated")
+                de_adapter.IMPLEMENTATION if self._de_attr else "replicated")
 
     def local_variables(self):
         """Variables that live on this rank only (neither broadcast nor allreduced)."""
         if self._mp is not None:
             return self._mp.local_variables()
-        return list(self.trainable_variables) if self._dist is not None else []
+        return [v for v in self._dist.weights if de_adapter.is_local(v)] if self._de_attr else []
 
     def seeded_variables(self):
-        """Tables every rank initialises identically from this group's seed (``ColumnSeededUniform``),
-        so the engine need not broadcast them: replicated tables, and the small tables a
-        model-parallel layer keeps replicated. distributed-embeddings' tables are local."""
+        """Tables every rank initialises identically from this group's seed, so the engine need not
+        broadcast them: replicated tables, and the small tables a model-parallel layer keeps
+        replicated. distributed-embeddings' data-parallel tables go through its broadcast instead."""
         if self._mp is not None:
             return list(self._mp.dp_tables.values())
-        return [] if self._dist is not None else [t.embeddings for t in self.tables]
+        return [] if self._de_attr else [t.embeddings for t in self.tables]
 
-    def call(self, ids):
+    def build(self, input_shape):
+        layer = self._dist
+        if layer is not None and not layer.built:
+            layer.build(list(input_shape))      # DE refuses ranks with different batch sizes here
+            # Whole seeded tables in through DE's set_weights: the replicated run's values (DE's own
+            # initialisers would start every column slice at column 0 and give a concatenated
+            # table its first table's initializer); each rank computes only its own slices.
+            with tf.init_scope():
+                de_adapter.set_global(layer, [de_adapter.seeded_table(self.seed, i, c, d) for i, (c, d)
+                                              in enumerate(zip(self.cardinalities, self.dims))])
+        super().build(input_shape)
+
+    def call(self, ids, training=None):
         if self._mp is not None:
             return self._mp(ids)
-        if self._dist is not None:
-            outs = self._dist([tf.maximum(i, 0) for i in ids])
-        else:
-            outs = [t(tf.maximum(i, 0)) for t, i in zip(self.tables, ids)]
+        if self._de_attr:
+            return self._call_distributed(ids, training)
+        outs = [t(tf.maximum(i, 0)) for t, i in zip(self.tables, ids)]
         return [combine(o, i, c) for o, i, c in zip(outs, ids, self.combiners)]
+
+    def _call_distributed(self, ids, training):
+        """DE needs one batch size on every rank: every batch is padded to the per-rank batch of its
+        kind (training: ``--batch-size``, evaluation: ``--eval-batch-size``, over the ranks; the last
+        evaluation batch is short, lockstep's are empty), with that static shape, and its outputs are
+        cut back (padded rows get no gradient). Multi-hot ids go in ragged (padding -1 dropped) to the ``sum``
+        combiner (then every input of the group does, see __init__); a mean divides by the row's id count (0 for an empty row, as ``combine``)."""
+        train_rows, eval_rows = self._batch_rows
+        rows = train_rows if training else eval_rows
+        n = tf.shape(ids[0])[0]
+        if rows:
+            check = tf.debugging.assert_less_equal(
+                n, rows, message=f"{self.name}: distributed-embeddings needs every batch of at most {rows} rows "
+                                 f"per rank (the same on every rank)")
+            with tf.control_dependencies([check]):
+                ids = [_pad_rows(i, rows) for i in ids]
+        if self._ragged:        # one-hot rows as ragged rows of one id ([B, 1], as DE's examples do)
+            feeds = [tf.ragged.boolean_mask(i, i >= 0) if i.shape.rank > 1 else
+                     tf.RaggedTensor.from_tensor(tf.maximum(i, 0)[:, None]) for i in ids]
+        else:
+            feeds = [tf.maximum(i, 0) for i in ids]
+        outs = self._dist(feeds)
+        result = []
+        for o, i, c in zip(outs, ids, self.combiners):
+            if i.shape.rank > 1 and c == "mean":
+                o = o / tf.maximum(tf.reduce_sum(tf.cast(i >= 0, o.dtype), axis=1, keepdims=True), 1.0)
+            result.append(o[:n] if rows else o)
+        return result

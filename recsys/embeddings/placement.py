@@ -16,6 +16,9 @@ from recsys.embeddings.planner import OPTIMIZER_SLOTS, Plan, PlacementError, pla
 from recsys.embeddings.tables import Table, TableGroup
 
 BYTES_PER_PARAM = 4      # fp32 tables: mixed precision keeps float32 variables
+# The model-parallel layer (--embedding-implementation): our Horovod alltoall layer unless
+# NVIDIA distributed-embeddings is asked for (never picked by itself).
+IMPLEMENTATIONS = ("horovod-alltoall", "distributed-embeddings")
 
 
 def slots(optimizer):
@@ -45,6 +48,9 @@ class Placement:
     capacity_bytes: Optional[int] = None
     column_slice_threshold: Optional[int] = None     # elements
     data_parallel_threshold: Optional[int] = None    # elements
+    implementation: str = IMPLEMENTATIONS[0]         # the model-parallel layer (--embedding-implementation)
+    local_batch: Optional[int] = None                # rows per rank of a training / an evaluation batch:
+    local_eval_batch: Optional[int] = None           # distributed-embeddings pads every batch to them
 
     @property
     def model_parallel(self):
@@ -113,7 +119,8 @@ def _gib(n):
 
 
 def place(mode, reason, world_size, groups, *, dense_params=0, dense_slots=0, budget_bytes=None,
-          column_slice_threshold=None, data_parallel_threshold=None):
+          column_slice_threshold=None, data_parallel_threshold=None, implementation=IMPLEMENTATIONS[0],
+          local_batch=None, local_eval_batch=None):
     """The :class:`Placement` of ``groups`` in ``mode`` (no decision, nothing refused)."""
     model_parallel = mode == "model_parallel"
     if not model_parallel:
@@ -124,19 +131,24 @@ def place(mode, reason, world_size, groups, *, dense_params=0, dense_slots=0, bu
                   for g in groups)
     return Placement(mode, reason, world_size, plans,
                      dense_bytes=int(dense_params) * BYTES_PER_PARAM * (1 + dense_slots), capacity_bytes=budget_bytes,
-                     column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold)
+                     column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold,
+                     implementation=implementation, local_batch=local_batch, local_eval_batch=local_eval_batch)
 
 
 def choose_placement(requested, world_size, groups, *, dense_params=0, dense_slots=0, budget_bytes=None,
-                     column_slice_threshold=None, data_parallel_threshold=None, model="dlrm") -> Placement:
+                     column_slice_threshold=None, data_parallel_threshold=None, model="dlrm",
+                     implementation=IMPLEMENTATIONS[0], local_batch=None, local_eval_batch=None) -> Placement:
     """Resolve ``--embedding-placement`` (auto | replicated | model_parallel) for a run.
 
     ``groups``: the model's TableGroups (a plain ``[(name, rows, width)]`` list is one group
     without optimizer slots). Raises PlacementError with a one-line message naming the flag when
     the request cannot run."""
     groups = _as_groups(groups)
+    if implementation not in IMPLEMENTATIONS:
+        raise PlacementError(f"--embedding-implementation {implementation}: not one of {', '.join(IMPLEMENTATIONS)}")
     kw = dict(dense_params=dense_params, dense_slots=dense_slots, budget_bytes=budget_bytes,
-              column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold)
+              column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold,
+              implementation=implementation, local_batch=local_batch, local_eval_batch=local_eval_batch)
     if requested == "model_parallel" and world_size < 2:
         # One rank holds every table either way: the 1-GPU point of a scaling study that runs
         # model parallel at every other size (its placement record says why).
