@@ -24,6 +24,8 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Tuple
 
+from slurm.cpulist import parse_cpulist
+
 DEVICE_ENV = "RECSYS_DEVICE"
 MODES = ("auto", "cpu", "gpu")
 # What the [gpu] extra installs (setup.cfg): the fix offered for a CPU-only TensorFlow.
@@ -45,14 +47,12 @@ class Expected:
 
 
 def _count_list(value: str) -> int:
-    """Entries of a GPU list: "0,1", "0-3" (Slurm may compress ranges), "GPU-uuid,GPU-uuid"."""
-    total = 0
-    for item in (v.strip() for v in value.split(",")):
-        if not item:
-            continue
-        m = re.fullmatch(r"(\d+)-(\d+)", item)
-        total += int(m.group(2)) - int(m.group(1)) + 1 if m else 1
-    return total
+    """Entries of a GPU list: indices as Slurm writes them ("0,1", "0-3": the cpulist syntax, read
+    by the project's one parser of it), else one per entry ("GPU-uuid,MIG-uuid")."""
+    try:
+        return len(parse_cpulist(value))
+    except ValueError:
+        return sum(1 for v in value.split(",") if v.strip())
 
 
 def count_nvidia_smi(output: Optional[str]) -> Optional[int]:

@@ -142,6 +142,16 @@ def _quote_command(argv):
 CONTAINER_NAME = "recsys-${SLURM_JOB_ID:-local}"
 
 
+def job_env(spec):
+    """The variables the script exports: the profile's `env:`, then the job's own (which win)."""
+    return dict(spec.profile.env or {}, **spec.env)
+
+
+def _checkout():
+    """This checkout (the parent of slurm/): mounted into a container and put on PYTHONPATH."""
+    return os.path.dirname(slurm_dir())
+
+
 def container_flags(spec, run_dir):
     """The pyxis srun flags of a container profile, each one shell word (already quoted).
 
@@ -151,7 +161,7 @@ def container_flags(spec, run_dir):
     the image's own (pyxis keeps an image's values over the host's for all other names)."""
     profile = spec.profile
     container = profile.container
-    code = os.path.dirname(slurm_dir())
+    code = _checkout()
     run = os.path.abspath(run_dir)
     for what, path in (("--runs-dir", run), ("the checkout", code)):
         if "," in path or ":" in path:
@@ -161,7 +171,7 @@ def container_flags(spec, run_dir):
                        ("mounts", ",".join(mounts))):
         if any(c in value for c in "\n\r"):
             raise RequestError(f"profile {profile.name}: container.{key}: {value!r} spans lines")
-    names = ["PYTHONPATH"] + [k for k in dict(profile.env or {}, **spec.env) if k != "PYTHONPATH"]
+    names = ["PYTHONPATH"] + [k for k in job_env(spec) if k != "PYTHONPATH"]
     flags = [shlex.quote(f"--container-image={container.image}"), f'"--container-name={CONTAINER_NAME}"',
              shlex.quote("--container-mounts=" + ",".join(mounts)),
              shlex.quote("--container-env=" + ",".join(names))]
@@ -185,8 +195,7 @@ def container_block(spec, run_dir):
 
 
 def _python_path_prefix():
-    code = os.path.dirname(slurm_dir())
-    return f"PYTHONPATH={shlex.quote(code)}" + "${PYTHONPATH:+:$PYTHONPATH} "
+    return f"PYTHONPATH={shlex.quote(_checkout())}" + "${PYTHONPATH:+:$PYTHONPATH} "
 
 
 def step_lines(spec, run_dir):
@@ -256,8 +265,6 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
     step = " \\\n    ".join(step_lines(spec, run_dir))
     title = (f"{spec.kind} {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
              f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
-    env = dict(profile.env or {})
-    env.update(spec.env)
     return _template().substitute(
         directives="\n".join(directives(spec, run_dir, ids, token)),
         title=title,
@@ -271,7 +278,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
         profile_sha256=shlex.quote(profile.content_sha256()),
         task_env=task_env(spec),
         setup="\n".join(profile.setup or []) or "# (none)",
-        env=_exports(env),
+        env=_exports(job_env(spec)),
         bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
         container_block=container_block(spec, run_dir),
         container=shlex.quote(container.image if container is not None else ""),
