@@ -23,7 +23,7 @@ import inspect
 
 import numpy as np
 
-from recsys.embeddings.seeding import SEED_BLOCK_ROWS, _column_block
+from recsys.embeddings.seeding import SEED_BLOCK_ROWS, column_values
 from recsys.errors import EngineError
 
 IMPLEMENTATION = "distributed-embeddings"
@@ -114,8 +114,6 @@ class LazyTable:
 def seeded_table(seed, table, rows, width):
     """The values a replicated run gives table ``table`` of a group (recsys.embeddings.seeding: the
     same (seed, table, column, block) draws), as a :class:`LazyTable`."""
-    lim = rows ** -0.5
-
     def fetch(r0, r1, c0, c1):
         out = np.empty((r1 - r0, c1 - c0), np.float32)
         for block in range(r0 // SEED_BLOCK_ROWS, -(-r1 // SEED_BLOCK_ROWS)):
@@ -123,7 +121,7 @@ def seeded_table(seed, table, rows, width):
             n = min(SEED_BLOCK_ROWS, rows - b0)
             lo, hi = max(r0, b0), min(r1, b0 + n)
             for c in range(c0, c1):
-                values = _column_block(seed, table * 100003 + c, block, n, lim).numpy()
+                values = column_values(seed, table, c, block, rows).numpy()
                 out[lo - r0:hi - r0, c - c0] = values[lo - b0:hi - b0]
         return out
     return LazyTable((rows, width), fetch)

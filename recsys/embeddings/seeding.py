@@ -20,6 +20,14 @@ def _column_block(seed, key, block, rows, lim):
                                        minval=-lim, maxval=lim, dtype=tf.float32)
 
 
+def column_values(seed, table, column, block, rows):
+    """[n] values of column ``column``, block of rows ``block``, of a table with ``rows`` rows:
+    U(-1/sqrt(rows), 1/sqrt(rows)) from (seed, table, column, block) alone. The one place that
+    keys the draws (our layers fill whole blocks; distributed-embeddings reads slices of them)."""
+    n = min(SEED_BLOCK_ROWS, rows - block * SEED_BLOCK_ROWS)
+    return _column_block(seed, table * 100003 + column, block, n, rows ** -0.5)
+
+
 def seeded_blocks(seed, table, col_start, rows, width):
     """Yield (first row, [n, width] block) of the seeded values of columns col_start.. of a table
     with ``rows`` rows, U(-1/sqrt(rows), 1/sqrt(rows)).
@@ -27,11 +35,9 @@ def seeded_blocks(seed, table, col_start, rows, width):
     A value depends only on (seed, table, column, block of SEED_BLOCK_ROWS rows), so a column is
     the same whichever rank or slice holds it: a model-parallel run starts from exactly the
     weights of a replicated one."""
-    lim = rows ** -0.5
     for r0 in range(0, rows, SEED_BLOCK_ROWS):
-        n, block = min(SEED_BLOCK_ROWS, rows - r0), r0 // SEED_BLOCK_ROWS
         # eager ops, one per column: no tf.function to trace in every process (0.5 s each)
-        yield r0, tf.stack([_column_block(seed, table * 100003 + col_start + c, block, n, lim)
+        yield r0, tf.stack([column_values(seed, table, col_start + c, r0 // SEED_BLOCK_ROWS, rows)
                             for c in range(width)], axis=1)
 
 
