@@ -54,22 +54,6 @@ def fill_seeded(variable, seed, table, col_start=0):
                                                  tf.range(r0, r0 + int(block.shape[0]))))
 
 
-class ColumnSeededUniform(tf.keras.initializers.Initializer):
-    """The values of :func:`seeded_blocks` as a Keras initializer (one whole tensor), for layers
-    built by others (distributed-embeddings); our layers use :func:`fill_seeded`."""
-
-    def __init__(self, seed, table, col_start=0):
-        self.seed, self.table, self.col_start = int(seed), int(table), int(col_start)
-
-    def __call__(self, shape, dtype=None, **kwargs):
-        rows, width = int(shape[0]), int(shape[1])
-        blocks = [b for _, b in seeded_blocks(self.seed, self.table, self.col_start, rows, width)]
-        return tf.cast(tf.concat(blocks, 0), tf.as_dtype(dtype or tf.float32))
-
-    def get_config(self):
-        return {"seed": self.seed, "table": self.table, "col_start": self.col_start}
-
-
 class SeededEmbedding(tf.keras.layers.Embedding):
     """A Keras Embedding whose table is filled in place from (seed, table, column), see :func:`fill_seeded`."""
 

@@ -39,9 +39,10 @@ def test_plain_sgd_keeps_no_slot_and_updates_only_the_gradient_rows():
 def test_seeded_tables_are_the_same_whichever_slice_or_block_holds_a_column():
     """A table is filled in place a block of rows at a time; a column's values depend only on
     (seed, table, column, block), so a column slice, the whole table and the one-tensor
-    initializer that distributed-embeddings gets all agree bitwise."""
+    table that distributed-embeddings gets (de_adapter.seeded_table) all agree bitwise."""
     import tensorflow as tf
-    from recsys.embeddings.seeding import SEED_BLOCK_ROWS, ColumnSeededUniform, fill_seeded
+    from recsys.embeddings.de_adapter import seeded_table
+    from recsys.embeddings.seeding import SEED_BLOCK_ROWS, fill_seeded
     rows = SEED_BLOCK_ROWS + 123                                   # two blocks, the second short
     full = tf.Variable(tf.zeros([rows, 8]))
     fill_seeded(full, seed=11, table=3)
@@ -49,7 +50,7 @@ def test_seeded_tables_are_the_same_whichever_slice_or_block_holds_a_column():
     fill_seeded(part, seed=11, table=3, col_start=5)
     whole = full.numpy()
     np.testing.assert_array_equal(part.numpy(), whole[:, 5:8])
-    np.testing.assert_array_equal(ColumnSeededUniform(11, 3)([rows, 8]).numpy(), whole)
+    np.testing.assert_array_equal(np.asarray(seeded_table(11, 3, rows, 8)), whole)
     lim = rows ** -0.5
     assert (np.abs(whole) < lim).all() and whole.std() > lim / 3    # U(-1/sqrt(rows), 1/sqrt(rows)), filled
     assert not np.array_equal(whole[:123], whole[SEED_BLOCK_ROWS:])  # blocks are not repeats
