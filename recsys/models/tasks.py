@@ -101,7 +101,16 @@ class Task:
         return self._steps
 
     def sample_batch(self):
-        return next(iter(self.benchmark_dataset().take(1)))
+        """One batch of this rank's training data (to build the model), read by the reader's numpy side.
+
+        Not through a tf.data iterator: an iterator of the repeating dataset dropped after one batch is
+        destroyed while its reader threads still run Python (the parquet and Merlin generators, the
+        split-binary reads), and the destructor holds the GIL they wait for. A Wide & Deep engine hung
+        there once (2026-11-26: the main thread in the prefetch iterator's destructor, two generator
+        threads in GeneratorDataset waiting)."""
+        reader = make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
+                             reader=self.config.reader)
+        return tf.nest.map_structure(tf.convert_to_tensor, next(iter(reader.numpy_batches())))
 
     def _sum(self, arr):
         return self.dist.allreduce_sum(np.asarray(arr, dtype=np.float64))
@@ -239,6 +248,10 @@ class NCFTask(Task):
 
     def benchmark_dataset(self):
         return self.train_dataset(0).repeat()
+
+    def sample_batch(self):
+        # NCF's batches come from the sampler (tensor slices: no Python in tf.data's threads).
+        return next(iter(self.benchmark_dataset().take(1)))
 
     def steps_per_epoch(self):
         if len(self.sampler) < self.global_batch:

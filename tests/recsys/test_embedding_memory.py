@@ -36,6 +36,34 @@ def test_plain_sgd_keeps_no_slot_and_updates_only_the_gradient_rows():
     assert len(opt3.variables) == 2
 
 
+def test_plain_sgd_applies_repeated_rows_without_keras_deduplication():
+    """Keras deduplicates a sparse gradient (tf.unique + unsorted_segment_sum per table) before any
+    update; plain SGD's scatter sums a repeated id's rows itself, so its step has neither op, and the
+    result is Keras's deduplicated sum (docs/benchmarks.md: 3.7 ms of DLRM's 22 ms step)."""
+    import tensorflow as tf
+    from recsys.optim import make_optimizer
+    table = np.arange(40, dtype=np.float32).reshape(10, 4) / 7
+    ids = tf.constant(np.array([3, 7, 3, 3, 0], np.int32))
+    values = tf.constant(np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4))
+
+    def graph_ops(momentum):
+        var = tf.Variable(table)
+        opt = make_optimizer("sgd", 0.5, momentum=momentum)
+        opt.build([var])
+        step = tf.function(lambda: opt.apply_gradients([(tf.IndexedSlices(values, ids, tf.constant([10, 4])), var)]))
+        ops = {op.type for op in step.get_concrete_function().graph.get_operations()}
+        step()
+        return ops, var.numpy()
+    plain, got = graph_ops(0.0)
+    keras, _ = graph_ops(0.9)
+    assert {"Unique", "UnsortedSegmentSum"} <= keras                 # Keras's own path deduplicates
+    assert not {"Unique", "UnsortedSegmentSum"} & plain and "ResourceScatterSub" in plain
+    dedup = tf.math.unsorted_segment_sum(values, tf.unique(ids)[1], 3).numpy()   # rows 3, 7, 0
+    want = table.copy()
+    want[[3, 7, 0]] -= np.float32(0.5) * dedup
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 def test_seeded_tables_are_the_same_whichever_slice_or_block_holds_a_column():
     """A table is filled in place a block of rows at a time; a column's values depend only on
     (seed, table, column, block), so a column slice, the whole table and the one-tensor
