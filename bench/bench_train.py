@@ -94,17 +94,16 @@ def _engine_throughput(engine, config, steps, warmup, it, steps_per_call=None):
         engine._steps_per_call = saved
 
 
-_FORWARD_BACKWARD = {}      # the compiled loop of each engine, traced once
-
-
-def _forward_backward_throughput(engine, config, steps, warmup, it):
-    """Samples/s of the model's forward+backward alone (``Engine._gradients``: loss and every gradient,
-    no update, no exchange) on iterator ``it``'s batches (the reader from disk, or in-memory ones),
-    ``steps`` of them in one compiled loop, each after the previous one: the graph that ``model.fit``'s
-    step runs too, before its optimizer. No training loop on this model, so fed, can be faster: its
-    rate over fit's is the most any loop can gain over fit here (the "ceiling" columns)."""
+def _forward_backward(engine, config):
+    """A measure of the model's forward+backward alone (``Engine._gradients``: loss and every gradient,
+    no update, no exchange): ``measure(steps, warmup, it)`` -> samples/s over iterator ``it``'s batches
+    (the reader from disk, or in-memory ones), ``steps`` of them in one compiled loop (traced once),
+    each after the previous one: the graph that ``model.fit``'s step runs too, before its optimizer.
+    No training loop on this model, so fed, can be faster: its rate over fit's is the most any loop
+    can gain over fit here (the "ceiling" columns)."""
     import tensorflow as tf
 
+    @tf.function
     def run(iterator, n):
         def body(i, done):
             inputs, labels = next(iterator)
@@ -117,11 +116,13 @@ def _forward_backward_throughput(engine, config, steps, warmup, it):
         # a control dependency on every op instead would also stop grappler's MatMul+BiasAdd+Relu fusion.
         return tf.while_loop(lambda i, _: i < n, body, [tf.constant(0), tf.constant(0.0)],
                              parallel_iterations=1)[1]
-    run = _FORWARD_BACKWARD.setdefault(id(engine), tf.function(run))
-    run(it, tf.constant(warmup)).numpy()
-    t0 = time.perf_counter()
-    run(it, tf.constant(steps)).numpy()
-    return steps * config.batch_size / (time.perf_counter() - t0)
+
+    def measure(steps, warmup, it):
+        run(it, tf.constant(warmup)).numpy()
+        t0 = time.perf_counter()
+        run(it, tf.constant(steps)).numpy()
+        return steps * config.batch_size / (time.perf_counter() - t0)
+    return measure
 
 
 def _fit_model(config, task, steps, warmup):
@@ -280,26 +281,31 @@ def main(argv=None):
         # feed, kept for the whole run: an iterator dropped mid-stream is destroyed while its reader
         # threads run Python, under the GIL its destructor holds (recsys/models/tasks.py).
         disk, memory = iter(task.benchmark_dataset()), iter(fitted[3])
-        eng, one, mem, fit, fb, fbm = [], [], [], [], [], []
+        forward_backward = _forward_backward(engine, config)
+        measures = {        # in the order of each round and of the table's columns
+            "eng": lambda: _engine_throughput(engine, config, a.steps, a.warmup, disk),
+            "fit": lambda: _fit_throughput(fitted, config, a.steps, a.warmup),
+            "one": lambda: _engine_throughput(engine, config, a.steps, a.warmup, disk, steps_per_call=1),
+            "mem": lambda: _engine_throughput(engine, config, a.steps, a.warmup, memory),
+            "fb": lambda: forward_backward(a.steps, a.warmup, disk),
+            "fbm": lambda: forward_backward(a.steps, a.warmup, memory),
+        }
+        readings = {key: [] for key in measures}
         for r in range(a.warmup_rounds + a.repeats):
-            if r == a.warmup_rounds:     # the rounds before are untimed: the first ones after tracing are slow
-                eng, one, mem, fit, fb, fbm = [], [], [], [], [], []
-            eng.append(_engine_throughput(engine, config, a.steps, a.warmup, disk))
-            fit.append(_fit_throughput(fitted, config, a.steps, a.warmup))
-            one.append(_engine_throughput(engine, config, a.steps, a.warmup, disk, steps_per_call=1))
-            mem.append(_engine_throughput(engine, config, a.steps, a.warmup, memory))
-            fb.append(_forward_backward_throughput(engine, config, a.steps, a.warmup, disk))
-            fbm.append(_forward_backward_throughput(engine, config, a.steps, a.warmup, memory))
+            for key, measure in measures.items():
+                value = measure()
+                if r >= a.warmup_rounds:     # the rounds before are untimed: the first ones after tracing are slow
+                    readings[key].append(value)
             loads.append(_load()[0])
-        eng, one, mem, fit, fb, fbm = (statistics.median(v) for v in (eng, one, mem, fit, fb, fbm))
-        rows.append((model, " ".join(CONFIG[model]), eng, one, mem, fit, fb, fbm))
+        m = {key: statistics.median(v) for key, v in readings.items()}
+        rows.append((model, " ".join(CONFIG[model]), m["eng"], m["one"], m["mem"], m["fit"], m["fb"], m["fbm"]))
         if model == "dlrm":
             # The peak is read before and after the reference MLPs (the best reading): on a shared
             # machine a single reading can land in a busier moment than the MLP step it is compared with.
             peak = _matmul_peak()
             ref = _reference_mlp_flops()
             peak = max(peak, _matmul_peak(), _matmul_peak(2048, 3))
-            flops_line = (3 * engine.model.mlp_flops_per_sample() * eng, ref, peak)
+            flops_line = (3 * engine.model.mlp_flops_per_sample() * m["eng"], ref, peak)
     load, cores = max(loads), _load()[1]
     busy1 = _busy_seconds()
     others = max(0.0, ((busy1[0] - busy0[0]) - (busy1[1] - busy0[1])) / (time.perf_counter() - wall0))

@@ -76,6 +76,21 @@ def summary(log):
     return s[-1]
 
 
+def in_process_task(argv, log_path=None, **overrides):
+    """(config, task, dist, log) of a one-rank run of ``recsys-train argv`` in this process: the
+    configuration resolved as the CLI resolves it, then ``overrides`` (TrainConfig fields) applied."""
+    import dataclasses
+    from recsys.distributed import Distributed
+    from recsys.feature_spec import FeatureSpec
+    from recsys.logger import RunLogger
+    from recsys.models.tasks import TASKS
+    from recsys.train import build_parser, resolve
+    config = dataclasses.replace(resolve(build_parser().parse_args([str(a) for a in argv])), **overrides)
+    dist = Distributed(use_horovod=False)
+    log = RunLogger(str(log_path) if log_path else None, enabled=bool(log_path))
+    return config, TASKS[config.model](config, FeatureSpec.from_yaml(config.feature_spec), dist, log), dist, log
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """``tiny_data(model)`` -> directory of a small synthetic dataset (generated once per session)."""

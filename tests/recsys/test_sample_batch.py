@@ -7,24 +7,14 @@ the GIL they wait for: a Wide & Deep engine hung there once (recsys/models/tasks
 import numpy as np
 import pytest
 
-
-def _task(model, data_dir):
-    from recsys.distributed import Distributed
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
-    from recsys.models.tasks import TASKS
-    from recsys.train import build_parser, resolve
-    config = resolve(build_parser().parse_args(["--model", model, "--data-path", str(data_dir),
-                                                "--batch-size", "256"]))
-    return TASKS[model](config, FeatureSpec.from_yaml(config.feature_spec), Distributed(use_horovod=False),
-                        RunLogger(None, enabled=False))
+from conftest import in_process_task
 
 
 @pytest.mark.parametrize("model", ["dlrm", "wide_deep"])
 def test_sample_batch_is_a_training_batch_read_without_tf_data(model, tiny_data, monkeypatch):
     import tensorflow as tf
     from recsys.data import make_dataset
-    task = _task(model, tiny_data(model))
+    _, task, _, _ = in_process_task(["--model", model, "--data-path", tiny_data(model), "--batch-size", "256"])
     # read to its end (an iterator dropped mid-stream is what the sample batch avoids)
     first = list(make_dataset(task.spec, "train", task.local_batch))[0]
 

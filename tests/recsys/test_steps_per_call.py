@@ -5,28 +5,17 @@ engine (no Horovod: one rank): the per-step losses, the step records (the log in
 the divergence guard's step must agree. Each assertion fails if the compiled loop skips, repeats or
 reorders a step, ends a call past a log step, or trains on after a non-finite loss.
 """
-import dataclasses
-
 import numpy as np
 import pytest
 
-from conftest import SMALL
+from conftest import SMALL, in_process_task
 
 
 def _engine(data, args, steps_per_call, log_path=None):
     import tensorflow as tf
-    from recsys.distributed import Distributed
     from recsys.engine import Engine
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
-    from recsys.models.tasks import TASKS
-    from recsys.train import build_parser, resolve
-    config = resolve(build_parser().parse_args(["--data-path", str(data), *map(str, args)]))
-    config = dataclasses.replace(config, steps_per_call=steps_per_call)
     tf.keras.utils.set_random_seed(0)
-    dist = Distributed(use_horovod=False)
-    log = RunLogger(str(log_path) if log_path else None, enabled=bool(log_path))
-    task = TASKS[config.model](config, FeatureSpec.from_yaml(config.feature_spec), dist, log)
+    config, task, dist, log = in_process_task(["--data-path", data, *args], log_path, steps_per_call=steps_per_call)
     return Engine(config, task, dist, log)
 
 
