@@ -23,8 +23,9 @@ is a training step of DLRM's MLPs alone at the reference sizes. Prints a table a
     python bench/bench_train.py [--models dlrm,wide_deep,ncf] [--steps 60] [--warmup 10] [--threads 0]
 
 It prints the 1-minute load average over the run, the core count and what other processes used of
-the cores (/proc/stat less this process); when the load at the start is above the core count, or
-other processes used more than a tenth of the cores, it prints the figures but no verdict (exit 3).
+the cores (/proc/stat less this process; of it, what the hypervisor stole from this VM); when the load
+at the start is above the core count, or others used more than a tenth of the cores, it prints the
+figures but no verdict (exit 3).
 Verdict: engine / fit >= 1.2x for every model with the reader from disk (exit 0 met, 1 not met).
 """
 from __future__ import annotations
@@ -234,16 +235,18 @@ def _load():
 
 
 def _busy_seconds():
-    """(CPU seconds every process has used, CPU seconds this one has), from /proc/stat and getrusage:
-    their difference over a stretch is what other processes took of the cores (the load average
-    counts this benchmark's own threads too)."""
+    """(CPU seconds every process and the hypervisor have used, CPU seconds this one has, seconds
+    stolen by the hypervisor), from /proc/stat and getrusage: the difference of the first two over a
+    stretch is what others took of the cores (the load average counts this benchmark's own threads
+    too). Steal is time a virtual CPU was ready to run but the host ran something else: on a shared
+    VM it slows every reading without showing as load."""
     import resource
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     ticks = os.sysconf("SC_CLK_TCK")
     total = (sum(fields[:8]) - fields[3] - fields[4]) / ticks          # all but idle and iowait
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return total, usage.ru_utime + usage.ru_stime
+    return total, usage.ru_utime + usage.ru_stime, fields[7] / ticks
 
 
 def main(argv=None):
@@ -308,12 +311,15 @@ def main(argv=None):
             flops_line = (3 * engine.model.mlp_flops_per_sample() * m["eng"], ref, peak)
     load, cores = max(loads), _load()[1]
     busy1 = _busy_seconds()
-    others = max(0.0, ((busy1[0] - busy0[0]) - (busy1[1] - busy0[1])) / (time.perf_counter() - wall0))
+    span = time.perf_counter() - wall0
+    others = max(0.0, ((busy1[0] - busy0[0]) - (busy1[1] - busy0[1])) / span)
+    steal = (busy1[2] - busy0[2]) / span
     from recsys.config import TrainConfig
     spc = a.steps_per_call or TrainConfig.steps_per_call
     print(f"\n{started}; CPU cores available: {len(os.sched_getaffinity(0))} (os.cpu_count {cores}); "
           f"1-minute load average {min(loads):.2f}-{load:.2f} during the run (this benchmark's threads "
-          f"included; other processes used {others:.2f} cores on average); TF {tf.__version__}; "
+          f"included; others used {others:.2f} cores on average: other processes and what the hypervisor "
+          f"stole, alone {steal:.2f}); TF {tf.__version__}; "
           f"median of {a.repeats} alternating runs of {a.steps} timed steps after {a.warmup} warm-up steps "
           f"and {a.warmup_rounds} untimed round(s); "
           f"engine at {spc} steps per call\n")
@@ -337,7 +343,8 @@ def main(argv=None):
               f"of the MLPs alone): {ref / 1e9:.2f} GFLOP/s = {ref / peak:.1%} of that peak (goal >= 50 %)")
     print("\nreproduce: python " + " ".join(shlex.quote(x) for x in [sys.argv[0]] + (argv or sys.argv[1:])))
     if loads[0] > cores or others > OTHERS_MAX * cores:
-        print(f"no verdict: the load was {loads[0]:.2f} when the run started and other processes used {others:.2f} "
+        print(f"no verdict: the load was {loads[0]:.2f} when the run started and others (processes, hypervisor "
+              f"steal) used {others:.2f} "
               f"of the {cores} cores during it (limits: {cores} and {OTHERS_MAX * cores:.2f}; figures printed, "
               f"not judged)")
         return 3

@@ -82,6 +82,41 @@ class SGD(tf.keras.optimizers.SGD):
             variable.assign_sub(gradient * lr)
 
 
+class Adam(tf.keras.optimizers.Adam):
+    """Keras Adam whose update is TensorFlow's fused ``ResourceApplyAdam`` kernel, one op per variable.
+
+    Keras 2.15 spells the update as about ten ops per variable (scalar powers, ``m``, ``v`` and the
+    variable each updated through their own temporaries), and an embedding gradient (IndexedSlices)
+    first goes through ``tf.unique`` and ``unsorted_segment_sum`` and is then applied as full-table
+    passes anyway (``m -= m * (1 - beta_1)``, then a scatter; the same for ``v``; then the whole table).
+    Here a sparse gradient is summed into a dense one (repeated ids add up, as Keras's deduplication
+    makes them) and every variable is updated by the fused kernel, whose formula is Keras's dense one
+    (``m += (g - m)(1 - beta_1)``, ``v += (g^2 - v)(1 - beta_2)``,
+    ``var -= m alpha / (sqrt(v) + epsilon)``, ``alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t)``).
+    The slots are Keras's own ``m`` and ``v`` (checkpoints are unchanged). AMSGrad is Keras's update.
+    """
+
+    def _deduplicate_sparse_grad(self, grads):
+        if self.amsgrad:
+            return super()._deduplicate_sparse_grad(grads)
+        return list(grads)
+
+    def update_step(self, gradient, variable):
+        if self.amsgrad:
+            return super().update_step(gradient, variable)
+        dtype = variable.dtype
+        index = self._index_dict[self._var_key(variable)]
+        step = tf.cast(self.iterations + 1, dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, tf.shape(variable)[0])
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle, m=self._momentums[index].handle, v=self._velocities[index].handle,
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(self.learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype), grad=gradient)
+
+
 def make_optimizer(name, learning_rate, **kw):
     """A Keras (2.15, non-legacy) optimizer by name: sgd, adagrad, adam, rmsprop, ftrl."""
     name = name.lower()
@@ -90,8 +125,8 @@ def make_optimizer(name, learning_rate, **kw):
     if name == "adagrad":
         return tf.keras.optimizers.Adagrad(learning_rate, initial_accumulator_value=kw.get("initial_accumulator", 0.0) or 1e-8)
     if name == "adam":
-        return tf.keras.optimizers.Adam(learning_rate, beta_1=kw.get("beta1", 0.9), beta_2=kw.get("beta2", 0.999),
-                                        epsilon=kw.get("eps", 1e-8))
+        return Adam(learning_rate, beta_1=kw.get("beta1", 0.9), beta_2=kw.get("beta2", 0.999),
+                    epsilon=kw.get("eps", 1e-8))
     if name == "rmsprop":
         # W&D reference: rho 0.5, no momentum.
         return tf.keras.optimizers.RMSprop(learning_rate, rho=kw.get("rho", 0.5), momentum=0.0,
