@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from slurm.node_memory import NODE_MEMORY_PERCENT
 from slurm.spark_layout import gpu_resource_conf
 
 from . import engine_args
@@ -218,10 +219,10 @@ def _spark_standalone(shape):
 
 def _dask_cluster(shape):
     """A dask scheduler + one worker per node (dask-cuda workers on GPU nodes) for NVTabular. The
-    node's workers share 85 % of its memory: slurm/dask-cluster.sh gives each of them its part
+    node's workers share ``NODE_MEMORY_PERCENT`` of its memory: slurm/dask-cluster.sh gives each of them its part
     (distributed's --memory-limit is per worker process)."""
     return (["bash", SlurmHelper("dask-cluster.sh"), "--gpus-per-node", str(shape["gpus"]),
-             "--node-memory-gb", str(max(1, shape["memory_gb"] * 85 // 100)), "--"],
+             "--node-memory-gb", str(max(1, shape["memory_gb"] * NODE_MEMORY_PERCENT // 100)), "--"],
             ["--nodes", str(shape["nodes"])])
 
 

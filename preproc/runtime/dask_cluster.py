@@ -38,15 +38,13 @@ import subprocess
 from typing import Iterator, Mapping
 
 from preproc.errors import PreprocError
+from slurm.node_memory import NODE_MEMORY_SHARE
 
 log = logging.getLogger("preproc.nvt")
 DEVICES = ("auto", "cpu", "gpu")
 SCHEDULER_FILE_ENV = "RECSYS_DASK_SCHEDULER_FILE"
 GPUS_ENV = "RECSYS_DASK_GPUS"
 RMM_POOL_ENV = "RECSYS_DASK_RMM_POOL_SIZE"
-# Of a node's memory, the share its dask workers may fill together (the rest: OS, driver, pinned
-# memory); slurm/allocation-cluster.sh's default_worker_memory_gb is the shell twin (85 %).
-NODE_MEMORY_SHARE = 0.85
 _RMM_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?)?$")
 
 

@@ -16,7 +16,7 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   DGX A100: 256 cores, 8 GPUs -> 8 x 32); on CPUs, 5-core executors
   (``node_cores // 5``, at least one executor; 80 cores -> 16 x 5).
 * Memory: the driver gets ``min(32, 5 % of node memory)`` GiB (at least 1). Of
-  the node memory, 85 % minus the driver is shared by the executors of the node;
+  the node memory, ``NODE_MEMORY_SHARE`` (85 %) minus the driver is shared by the executors of the node;
   each executor's share is split 90 % heap (``spark.executor.memory``) and 10 %
   ``memoryOverhead``, plus the RAPIDS pinned pool (``min(16, 10 % of share)`` GiB)
   in the overhead when on GPUs. In local mode the driver JVM does all the work
@@ -58,6 +58,7 @@ import sys
 from pathlib import Path
 
 from preproc.errors import PreprocError
+from slurm.node_memory import NODE_MEMORY_SHARE
 from slurm.spark_layout import gpu_executors, gpu_resource_conf
 
 log = logging.getLogger("preproc.spark")
@@ -167,7 +168,7 @@ def spark_settings(shape: ClusterShape, environ: dict | None = None, plan_only: 
         else:
             cores = min(CPU_EXECUTOR_CORES, shape.node_cores)
             executors = max(1, shape.node_cores // cores)
-        share_gb = max(1.0, (0.85 * shape.node_memory_gb - driver_gb) / executors)
+        share_gb = max(1.0, (NODE_MEMORY_SHARE * shape.node_memory_gb - driver_gb) / executors)
         heap_gb = 0.9 * share_gb
         overhead_gb = share_gb - int(heap_gb)
         conf.update({

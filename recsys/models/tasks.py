@@ -95,9 +95,15 @@ class Task:
             if line:
                 self.log.info(line, warning="numerical_scale")
 
+    def _train_reader(self):
+        """This rank's numpy-side training reader, the ``--reader`` one: it counts the epoch's steps and
+        reads the sample batch (the Merlin reader counts as the tf.data one does: it wraps it)."""
+        return make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
+                           reader=self.config.reader)
+
     def steps_per_epoch(self):
         if self._steps is None:
-            self._steps = make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size).num_batches
+            self._steps = self._train_reader().num_batches
         return self._steps
 
     def sample_batch(self):
@@ -108,9 +114,7 @@ class Task:
         split-binary reads), and the destructor holds the GIL they wait for. A Wide & Deep engine hung
         there once (2026-11-26: the main thread in the prefetch iterator's destructor, two generator
         threads in GeneratorDataset waiting)."""
-        reader = make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
-                             reader=self.config.reader)
-        return tf.nest.map_structure(tf.convert_to_tensor, next(iter(reader.numpy_batches())))
+        return tf.nest.map_structure(tf.convert_to_tensor, next(iter(self._train_reader().numpy_batches())))
 
     def _sum(self, arr):
         return self.dist.allreduce_sum(np.asarray(arr, dtype=np.float64))

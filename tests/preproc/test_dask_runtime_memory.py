@@ -52,3 +52,27 @@ def test_rmm_pool_from_the_environment():
     assert runtime.rmm_pool_size == "0.8" and "RMM pool 0.8" in runtime.describe()
     with pytest.raises(PreprocError, match=r"^\$RECSYS_DASK_RMM_POOL_SIZE: '60 GB; rm' is not a size"):
         choose_runtime("gpu", 2, 16, cudf_available=True, rmm_pool_size="60 GB; rm")
+
+
+def _bash(script, *args, env=None):
+    import subprocess
+    return subprocess.run(["bash", "-c", script, "_", *args], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_the_shell_helpers_use_the_same_memory_share_and_pool_sizes():
+    """slurm/allocation-cluster.sh and slurm/dask-cluster.sh run before any Python in the job;
+    their twins of NODE_MEMORY_SHARE and of the RMM size rule must say what Python says."""
+    import os
+    import re
+    from pathlib import Path
+
+    from preproc.runtime.dask_cluster import _RMM_SIZE
+    slurm = Path(__file__).resolve().parents[2] / "slurm"
+    for mem_mb in (1024 * 1024, 512000, 96 * 1024, 4096):       # DGX A100, DGX-2-ish, a small node
+        out = _bash(f'source "{slurm}/allocation-cluster.sh"; default_worker_memory_gb',
+                    env={**os.environ, "SLURM_MEM_PER_NODE": str(mem_mb)})
+        assert int(out.stdout) == max(1, int(NODE_MEMORY_SHARE * mem_mb / 1024)), (mem_mb, out.stderr)
+    pattern = re.search(r"\[\[ \$RMM_POOL =~ (\S+) \]\]", (slurm / "dask-cluster.sh").read_text()).group(1)
+    for size in ("60GB", "0.8", "16GiB", "512M", "1", "60 GB", "0.8x", "GB", "-1", "60GB; rm", ""):
+        in_shell = _bash(f'[[ "$1" =~ {pattern} ]]', size).returncode == 0
+        assert in_shell == bool(_RMM_SIZE.match(size)), size
