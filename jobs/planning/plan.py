@@ -219,8 +219,8 @@ def _spark_standalone(shape):
 
 def _dask_cluster(shape):
     """A dask scheduler + one worker per node (dask-cuda workers on GPU nodes) for NVTabular. The
-    node's workers share ``NODE_MEMORY_PERCENT`` of its memory: slurm/dask-cluster.sh gives each of them its part
-    (distributed's --memory-limit is per worker process)."""
+    node's workers share ``NODE_MEMORY_PERCENT`` of its memory: slurm/dask-cluster.sh gives each of
+    them its part (distributed's --memory-limit is per worker process)."""
     return (["bash", SlurmHelper("dask-cluster.sh"), "--gpus-per-node", str(shape["gpus"]),
              "--node-memory-gb", str(max(1, shape["memory_gb"] * NODE_MEMORY_PERCENT // 100)), "--"],
             ["--nodes", str(shape["nodes"])])

@@ -16,10 +16,10 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   DGX A100: 256 cores, 8 GPUs -> 8 x 32); on CPUs, 5-core executors
   (``node_cores // 5``, at least one executor; 80 cores -> 16 x 5).
 * Memory: the driver gets ``min(32, 5 % of node memory)`` GiB (at least 1). Of
-  the node memory, ``NODE_MEMORY_SHARE`` (85 %) minus the driver is shared by the executors of the node;
-  each executor's share is split 90 % heap (``spark.executor.memory``) and 10 %
-  ``memoryOverhead``, plus the RAPIDS pinned pool (``min(16, 10 % of share)`` GiB)
-  in the overhead when on GPUs. In local mode the driver JVM does all the work
+  the node memory, ``NODE_MEMORY_SHARE`` (85 %, slurm/node_memory.py) minus the driver is
+  shared by the executors of the node; each executor's share is split 90 % heap
+  (``spark.executor.memory``) and 10 % ``memoryOverhead``, plus the RAPIDS pinned pool
+  (``min(16, 10 % of share)`` GiB) in the overhead when on GPUs. In local mode the driver JVM does all the work
   and gets 50 % of the node memory (Python workers need the rest).
 * ``spark.sql.shuffle.partitions``: on a cluster ``max(2 x total cores, input
   bytes / 2 GiB)`` when the stage knows its input size (the reference's 600 for
