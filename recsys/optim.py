@@ -107,14 +107,14 @@ class Adam(tf.keras.optimizers.Adam):
         dtype = variable.dtype
         index = self._index_dict[self._var_key(variable)]
         step = tf.cast(self.iterations + 1, dtype)
+        beta1, beta2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         if isinstance(gradient, tf.IndexedSlices):
             gradient = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, tf.shape(variable)[0])
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle, m=self._momentums[index].handle, v=self._velocities[index].handle,
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
-            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(self.learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
-            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype), grad=gradient)
+            beta1_power=tf.pow(beta1, step), beta2_power=tf.pow(beta2, step),
+            lr=tf.cast(self.learning_rate, dtype), beta1=beta1, beta2=beta2,
+            epsilon=tf.cast(self.epsilon, dtype), grad=gradient)
 
 
 def make_optimizer(name, learning_rate, **kw):
