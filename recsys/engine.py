@@ -5,9 +5,10 @@ data and metric). The train step is ``loss -> gradients`` (XLA-compiled with
 ``--xla``), then a Horovod allreduce of the gradients (outside XLA: Horovod ops
 are not XLA ops), then one ``apply_gradients`` per optimizer group (W&D has
 two). Under ``--amp`` the first optimizer is a LossScaleOptimizer whose
-dynamic scale is used for the whole loss; other groups are applied only when
-the unscaled gradients are finite, i.e. exactly when the scaled optimizer
-applies its own.
+dynamic scale is used for the whole loss. Whether a step is applied (and the scale grows or
+halves) is decided for all ranks at once: each rank's "some gradient of mine is not finite" joins
+the allreduce the step already makes (a model-parallel shard's gradient lives on its owner only),
+and every optimizer group applies, or skips, on that shared answer (docs/engine.md, "--amp").
 """
 from __future__ import annotations
 
@@ -28,8 +29,14 @@ from recsys.errors import DataError, DivergedError, data_error_message
 from recsys.logger import process_start
 
 
-# Weight digests (replica consistency check in the summary) only for models up to this size.
+# Full weight digests (bitwise run comparisons in the summary) only for models up to this size.
 DIGEST_MAX_PARAMS = 50_000_000
+# The replica check, at any size: rows of every replicated variable sampled at fixed positions.
+REPLICA_SAMPLE_ROWS = 64
+# Test-only: "RANK:STEP" makes that rank's first model-parallel shard gradient non-finite at that
+# step, as an fp16 overflow on the shard's owner would (tests/recsys/test_amp_sync.py).
+NONFINITE_HOOK_ENV = "RECSYS_TEST_NONFINITE_SHARD_GRAD"
+DRIFT_ADVICE = "data parallelism keeps replicas equal: a rank applied what another did not; please report it"
 # Under --amp a non-finite loss is a step the loss scaler skips; this many in a row is divergence.
 AMP_MAX_SKIPPED_STEPS = 50
 # A finite loss above this many times the run's first loss (and above EXPLOSION_MIN_LOSS) is a
@@ -73,6 +80,7 @@ class Engine:
         self._exchange_logged = False
         self._split = None                        # the split step's functions (--breakdown-steps), once built
         self._build()
+        self._nonfinite_hook = self._nonfinite_hook_step()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
                                    **{f"optimizer_{n}": o for n, o, _ in self.groups})
@@ -114,6 +122,10 @@ class Engine:
         floats = [v for v in self.model.weights if v.dtype.is_floating]
         self._dense_weights = [v for v in floats if id(v) not in tables]
         self._all_weights = floats
+        # What data parallelism keeps equal on every rank: all but this rank's model-parallel shards,
+        # and the loss scale (the replica check, _replica_digest).
+        self._replicated_weights = [v for v in self.model.weights if id(v) not in self._local_ids]
+        self._replica_sample_fn = tf.function(self._replica_sample)
         self._finite_fn = tf.function(lambda vs: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in vs]))
 
     def state_variables(self):
@@ -165,31 +177,64 @@ class Engine:
         grads = (distributed_tape(tape) if self._de else tape).gradient(scaled, variables)
         if self.loss_scaler is not None:
             grads = self.loss_scaler.get_unscaled_gradients(grads)
+        if self._nonfinite_hook is not None:
+            grads = self._poison_shard_gradient(grads, variables)
         return loss, grads
 
+    def _nonfinite_hook_step(self):
+        """The step of :data:`NONFINITE_HOOK_ENV` for this rank, or None (unset: no op is added)."""
+        import os
+        value = os.environ.get(NONFINITE_HOOK_ENV, "")
+        if not value:
+            return None
+        rank, _, step = value.partition(":")
+        if int(rank) != self.dist.rank:
+            return None
+        if not any(id(v) in self._local_ids for v in self._variables()):
+            raise RuntimeError(f"{NONFINITE_HOOK_ENV}={value}: rank {rank} holds no model-parallel shard")
+        return int(step)
+
+    def _poison_shard_gradient(self, grads, variables):
+        """Test-only: +inf into this rank's first shard gradient at the hook's step."""
+        k = next(k for k, v in enumerate(variables) if id(v) in self._local_ids)
+        g = grads[k]
+        bad = tf.where(self.global_step + 1 == self._nonfinite_hook, np.inf, 0.0)
+        values = g.values if isinstance(g, tf.IndexedSlices) else g
+        values = values + tf.cast(bad, values.dtype)
+        grads = list(grads)
+        grads[k] = tf.IndexedSlices(values, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) else values
+        return grads
+
     def _reduced_gradients(self, inputs, labels):
-        """(mean loss over ranks, stop flag summed over ranks, gradients): averaged over ranks, embedding
-        gradients kept IndexedSlices (allgathered) unless --sparse-as-dense; local shards' as they are."""
+        """(mean loss over ranks, stop flag summed over ranks, gradients, all finite on every rank):
+        averaged over ranks, embedding gradients kept IndexedSlices (allgathered) unless
+        --sparse-as-dense; local shards' as they are."""
         loss, grads = self._grad_fn(inputs, labels)
         return self._exchange_gradients(loss, grads)
 
     def _exchange_gradients(self, loss, grads):
-        """The gradient exchange of a step (fused step and split step): ``(loss, stop, grads)``."""
+        """The gradient exchange of a step (fused step and split step): ``(loss, stop, grads, finite)``;
+        ``finite`` (None without --amp): no rank had a non-finite gradient, the same on every rank."""
         grads = list(grads)
         local = list(grads)
         shared = [] if self._de else [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
         # Model-parallel table shards get their gradients through the alltoall and belong to this rank
         # only: only the other gradients are averaged (distributed-embeddings' tape did it all already).
-        # The loss and the stop flag ride along in the same allreduce (no extra collective).
-        reduced, (loss, stop) = self.dist.allreduce_gradients(
-            [grads[k] for k in shared], sparse_as_dense=self.config.sparse_as_dense,
-            extras=[tf.cast(loss, tf.float32), tf.identity(self._stop_flag)])
+        # The loss, the stop flag and (--amp) this rank's non-finite flag ride along in the same
+        # allreduce (no extra collective): a shard's overflow is seen by its owner only, and a rank
+        # that skipped a step while the others applied it would train on apart.
+        extras = [tf.cast(loss, tf.float32), tf.identity(self._stop_flag)]
+        if self.loss_scaler is not None:
+            extras.append(1.0 - tf.cast(_all_finite(grads), tf.float32))
+        reduced, extras = self.dist.allreduce_gradients(
+            [grads[k] for k in shared], sparse_as_dense=self.config.sparse_as_dense, extras=extras)
         for k, g in zip(shared, reduced):
             grads[k] = g
         if not self._exchange_logged:          # at the first trace: how the gradients travel
             self._exchange_logged = True
             self._log_gradient_exchange(local, shared)
-        return loss, stop, grads
+        finite = (extras[2] <= 0.0) if self.loss_scaler is not None else None
+        return extras[0], extras[1], grads, finite
 
     def _log_gradient_exchange(self, grads, shared):
         """``gradient_exchange`` record: how many of this rank's gradients are averaged as IndexedSlices
@@ -207,33 +252,46 @@ class Engine:
                         allreduced_dense_bytes=dense_bytes, local=len(variables) - len(shared),
                         sparse_as_dense=sparse_as_dense)
 
-    def _apply_gradients(self, grads):
-        """Every optimizer group applies its (reduced) gradients; the step counters advance."""
+    def _apply_gradients(self, grads, finite=None):
+        """Every optimizer group applies its (reduced) gradients; the step counters advance.
+
+        Under --amp ``finite`` is the decision every rank shares (:meth:`_exchange_gradients`; None:
+        this rank's own gradients, right for one rank): all groups apply, or none does, and the
+        dynamic loss scale is updated by Keras's own rule fed that decision, never by a rank's
+        local view (LossScaleOptimizer.apply_gradients would decide from this rank's gradients)."""
+        if self.loss_scaler is not None and finite is None:
+            finite = _all_finite(grads)
         i = 0
-        finite = None
         for k, (_, opt, variables) in enumerate(self.groups):
             g = grads[i:i + len(variables)]
             i += len(variables)
             pairs = [(gg, v) for gg, v in zip(g, variables) if gg is not None]
-            if self.loss_scaler is None or k == 0:
+            if self.loss_scaler is None:
                 opt.apply_gradients(pairs)
+                continue
+            if k == 0:
+                _update_loss_scale(opt, finite)
+                inner = opt.inner_optimizer
             else:
-                if finite is None:
-                    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(
-                        gg.values if isinstance(gg, tf.IndexedSlices) else gg)) for gg in grads if gg is not None])
+                inner = opt
 
-                def apply(opt=opt, pairs=pairs):
-                    opt.apply_gradients(pairs)
-                    return tf.constant(True)
-                tf.cond(finite, apply, lambda: tf.constant(False))
+            def apply(inner=inner, pairs=pairs):
+                inner.apply_gradients(pairs)
+                return tf.constant(True)
+
+            def skip(inner=inner, scaled=k == 0):
+                if scaled:       # as Keras's skipped step: the optimizer's iterations still count it
+                    inner.iterations.assign_add(1)
+                return tf.constant(False)
+            tf.cond(finite, apply, skip)
         self.global_step.assign_add(1)
         self.step_in_epoch.assign_add(1)
         return tf.identity(self.global_step)
 
     def _train_step_impl(self, inputs, labels):
         """One step; returns (mean loss over ranks, > 0 when any rank was asked to stop)."""
-        loss, stop, grads = self._reduced_gradients(inputs, labels)
-        self._apply_gradients(grads)
+        loss, stop, grads, finite = self._reduced_gradients(inputs, labels)
+        self._apply_gradients(grads, finite)
         return loss, stop
 
     def _train_steps_impl(self, iterator, n):
@@ -275,6 +333,41 @@ class Engine:
         for v in self.model.weights:
             h.update(np.ascontiguousarray(v.numpy()).tobytes())
         return h.hexdigest()
+
+    def _replica_sample(self):
+        """Fixed rows of every replicated variable (at most REPLICA_SAMPLE_ROWS, evenly spaced, first
+        and last included; read by gather, never the whole variable), and the loss scale state."""
+        out = []
+        for v in self._replicated_weights:
+            n = int(v.shape[0]) if v.shape.rank else 0
+            if n <= REPLICA_SAMPLE_ROWS:
+                out.append(tf.reshape(tf.convert_to_tensor(v), [-1]))
+            else:
+                rows = np.unique(np.linspace(0, n - 1, REPLICA_SAMPLE_ROWS).round().astype(np.int64))
+                out.append(tf.reshape(tf.gather(v, rows), [-1]))
+        if self.loss_scaler is not None:
+            out += [tf.reshape(self.loss_scaler.loss_scale, [-1]),
+                    tf.reshape(tf.cast(self.loss_scaler.dynamic_counter, tf.float32), [-1])]
+        return out
+
+    def replica_digest(self):
+        """SHA-1 of a fixed sample of what every rank must hold alike (all but its model-parallel
+        shards, plus the loss scale): cheap at any model size, bitwise like the full digest."""
+        h = hashlib.sha1()
+        for t in self._replica_sample_fn():
+            h.update(np.ascontiguousarray(t.numpy()).tobytes())
+        return h.hexdigest()
+
+    def _check_replicas(self, step):
+        """Replicas that drifted apart (a collective: every rank calls it) stop the run as a divergence;
+        returns every rank's digest."""
+        digests = self.dist.allgather_object(self.replica_digest())
+        if len(set(digests)) > 1:
+            apart = [r for r, d in enumerate(digests) if d != digests[0]]
+            self._diverged(step, f"the replicated weights of rank(s) {apart} differ from rank 0's (sampled digests "
+                                 f"{digests[0][:8]} vs {digests[apart[0]][:8]}): the replicas drifted apart",
+                          advice=DRIFT_ADVICE)
+        return digests
 
     # --- checkpoints ----------------------------------------------------------
     def restore(self, path=None):
@@ -447,13 +540,15 @@ class Engine:
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
             loss = f" while the loss is {loss_v:.4g}" if loss_v is not None and math.isfinite(loss_v) else ""
             self._diverged(step, f"non-finite weights ({bad[0]}{more}){loss}")
+        if not dense_only and self.dist.size > 1:
+            self._check_replicas(step)
 
-    def _diverged(self, step, what):
+    def _diverged(self, step, what, advice=None):
         latest = self.checkpointer.latest() if self.checkpointer is not None else None
         if self.dist.is_chief:
             self.log.record("diverged", step=step, reason=what, last_checkpoint=latest)
         hint = "--lr or --linear-lr" if self.config.model == "wide_deep" else "--lr"
-        raise DivergedError(f"step {step}: {what}: the run diverged (lower {hint}?); "
+        raise DivergedError(f"step {step}: {what}: the run diverged ({advice or f'lower {hint}?'}); "
                             + (f"last good checkpoint {latest}" if latest else "no checkpoint written"))
 
     def _warn_schedule(self, total):
@@ -579,12 +674,15 @@ class Engine:
                 return tf.nest.pack_sequence_as(split[key], list(flat), expand_composites=True)
 
             def gradient_exchange(loss, flat):
-                loss, _, reduced = self._exchange_gradients(loss, unflatten(flat))
+                loss, _, reduced, finite = self._exchange_gradients(loss, unflatten(flat))
                 split["reduced"] = list(reduced)
-                return loss, tf.nest.flatten(split["reduced"], expand_composites=True)
+                # --amp: the shared decision goes to the optimizer unit (a bool, not None, for tf.function)
+                return loss, tf.nest.flatten(split["reduced"], expand_composites=True), \
+                    tf.constant(True) if finite is None else finite
 
-            def optimizer(flat):
-                return self._apply_gradients(unflatten(flat, "reduced" if self.dist.size > 1 else "structure"))
+            def optimizer(flat, finite=None):
+                return self._apply_gradients(unflatten(flat, "reduced" if self.dist.size > 1 else "structure"),
+                                             finite if self.loss_scaler is not None else None)
 
             def exchange(ids_per_layer):
                 sent = tf.constant(0, tf.int64)
@@ -620,12 +718,13 @@ class Engine:
         loss, grads, ids = f["gradients"](inputs, labels)
         loss_v = float(self._sync(loss))
         t_grads = t_exchanged = time.perf_counter()
-        reduced = grads                             # one rank: allreduce_gradients is the identity
+        reduced, finite = grads, None               # one rank: allreduce_gradients is the identity
         if self.dist.size > 1:
-            loss, reduced = f["gradient_exchange"](loss, grads)
+            loss, reduced, finite = f["gradient_exchange"](loss, grads)
+            finite = finite if self.loss_scaler is not None else None     # --amp's shared decision
             loss_v = float(self._sync(loss))
             t_exchanged = time.perf_counter()
-        self._sync(f["optimizer"](reduced))
+        self._sync(f["optimizer"](reduced) if finite is None else f["optimizer"](reduced, finite))
         t_end = time.perf_counter()
         # Outside the step: the embedding exchange alone on this step's ids, the ranks aligned first
         # (so that it times the exchange, not a wait for a slower rank), and the bytes.
@@ -640,7 +739,8 @@ class Engine:
             grads = f["unflatten"](grads)
             shared = [k for k, v in enumerate(self._variables()) if id(v) not in self._local_ids]
             gradient_bytes = sum(b or 0 for b in gradient_payload_bytes(
-                [grads[k] for k in shared], self.config.sparse_as_dense, extras=[loss, self._stop_flag]))
+                [grads[k] for k in shared], self.config.sparse_as_dense,
+                extras=[loss, self._stop_flag] + ([tf.cast(finite, tf.float32)] if finite is not None else [])))
         step = t_end - t_start
         parts = dict(input_wait=t_input - t_start, compute=(t_grads - t_input) - exchange_s,
                      embedding_exchange=exchange_s, gradient_exchange=t_exchanged - t_grads,
@@ -715,8 +815,13 @@ class Engine:
         if sum(int(np.prod(v.shape)) for v in self.model.weights) <= DIGEST_MAX_PARAMS:
             out["weights_digest"] = self.weights_digest()
             if self.dist.size > 1:
-                # Data parallelism must keep replicas identical: record every rank's digest.
+                # every rank's whole weights (its model-parallel shards too), for bitwise comparisons
                 out["replica_weight_digests"] = self.dist.allgather_object(out["weights_digest"])
+        drifted = False
+        if self.dist.size > 1:
+            # Data parallelism must keep replicas identical, at any model size: a sampled digest.
+            out["replica_state_digests"] = self.dist.allgather_object(self.replica_digest())
+            drifted = len(set(out["replica_state_digests"])) > 1
         if step_times:
             out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
         if breakdown is not None:
@@ -728,5 +833,28 @@ class Engine:
         if self.dist.is_chief:          # only rank 0 writes the record: the others skip git and scontrol
             out["provenance"] = provenance.collect(nodes)
         self.log.summary(**out)
+        if drifted:                     # recorded, then the run fails: its weights are not one model
+            digests = out["replica_state_digests"]
+            self._diverged(out["step"], f"the replicas drifted apart (sampled digests per rank: "
+                                        f"{', '.join(d[:8] for d in digests)})", advice=DRIFT_ADVICE)
         return out
 
+
+
+def _all_finite(grads):
+    """One scalar bool: every gradient (IndexedSlices: its values) is finite."""
+    checks = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+              for g in grads if g is not None]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _update_loss_scale(optimizer, finite):
+    """Keras's dynamic loss-scale update (grow after its growth steps, halve on an overflow), fed the
+    decision ``finite`` that every rank shares instead of this rank's gradients. Its state object
+    (``LossScaleOptimizer._loss_scale``: run here on 2.15.1, read in the Keras 2 / tf-keras sources)
+    checks the gradients it is given, so it is handed one scalar, finite exactly when ``finite`` holds."""
+    state = getattr(optimizer, "_loss_scale", None)
+    if not hasattr(state, "update"):
+        raise TypeError(f"--amp: this Keras's LossScaleOptimizer keeps no dynamic loss-scale state "
+                        f"(_loss_scale is {type(state).__name__})")
+    state.update([tf.where(finite, 0.0, np.inf)])

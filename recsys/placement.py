@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recsys.embeddings.placement import OPTIMIZER_SLOTS, place, slots
+from recsys.embeddings.placement import IMPLEMENTATIONS, OPTIMIZER_SLOTS, place, slots
 from recsys.embeddings.planner import PlacementError
 from recsys.models.defaults import MODEL_DEFAULTS
 from recsys.models.embedding_tables import dense_params, model_groups, spec_channels
@@ -58,6 +58,9 @@ def _parse(argv):
                    help="keep tables with fewer than N elements replicated on every rank, as recsys-train")
     p.add_argument("--replicated", action="store_true",
                    help="plan without model parallelism (every rank holds every table)")
+    p.add_argument("--embedding-implementation", choices=IMPLEMENTATIONS, default=IMPLEMENTATIONS[0],
+                   help="the run's model-parallel layer, as recsys-train (distributed-embeddings keeps a group "
+                        "it cannot spread over every rank data parallel)")
     args = p.parse_args(argv)
     _check(args)
     return args
@@ -114,7 +117,8 @@ def _placement(args, groups, dense, optimizer, gpus, mode=None):
     return place(mode, reason, gpus, groups, dense_params=dense, dense_slots=slots(optimizer),
                  budget_bytes=int(args.gpu_memory_gb * 1e9 * args.memory_fraction),
                  column_slice_threshold=args.column_slice_threshold,
-                 data_parallel_threshold=args.data_parallel_threshold)
+                 data_parallel_threshold=args.data_parallel_threshold,
+                 implementation=args.embedding_implementation)
 
 
 def gpus_that_fit(fits, start):

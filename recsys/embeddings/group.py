@@ -35,6 +35,25 @@ def _pad_rows(ids, rows):
     return tf.ensure_shape(tf.pad(ids, pad, constant_values=-1), [rows] + ids.shape.as_list()[1:])
 
 
+def ragged_feed(ids):
+    """DE's ragged input for one table's [B] or [B, hot] ids (padding -1), and the rows to zero after
+    the lookup (None: none can be empty).
+
+    DE 1.0's ``embedding_lookup`` (``python/ops/embedding_lookup_ops.py`` at 4cb42d4) assumes "no
+    empty sample": a ragged batch with as many ids as rows is looked up as one id per row, so
+    ``[[5, 6], [], [7]]`` sums to ``[5, 6, 7]`` instead of ``[11, 0, 7]``. No row is ever empty
+    here: a row without ids (a multi-hot feature with no value, an evaluation padding row) gets id
+    0, and its output is zeroed afterwards, so row 0 takes an exactly zero gradient from it, as the
+    replicated lookup's padding does (``combine``). With no empty row, the shortcut is taken only
+    when every row has exactly one id, where it is right."""
+    if ids.shape.rank == 1:
+        return tf.RaggedTensor.from_tensor(tf.maximum(ids, 0)[:, None]), None
+    valid = ids >= 0
+    empty = tf.logical_not(tf.reduce_any(valid, axis=1))
+    keep = tf.concat([valid[:, :1] | empty[:, None], valid[:, 1:]], axis=1)
+    return tf.ragged.boolean_mask(tf.maximum(ids, 0), keep), empty
+
+
 class EmbeddingGroup(tf.keras.layers.Layer):
     """The tables of one :class:`recsys.embeddings.tables.TableGroup`; call(list of [B] or [B, hot]
     id tensors, in table order) -> list of [B, width].
@@ -57,9 +76,14 @@ class EmbeddingGroup(tf.keras.layers.Layer):
             # (DE 4cb42d4 returns a rank's exchanged dense inputs before its ragged ones, whatever the
             # table order: a mix feeds tables the wrong ids), else dense one-hot ids.
             self._ragged = any(c is not None for c in self.combiners)
+            data_parallel_threshold = placement.data_parallel_threshold
+            if placement.data_parallel_group(group.name):
+                # DE cannot give every rank a piece of this group (the placement says why): every
+                # table at or under DE's data-parallel threshold, so DE keeps them all data parallel.
+                data_parallel_threshold = max(c * d for c, d in zip(self.cardinalities, self.dims))
             layer = de_adapter.make_layer(self.cardinalities, self.dims, [self._ragged] * len(self.dims),
                                           column_slice_threshold=placement.column_slice_threshold,
-                                          data_parallel_threshold=placement.data_parallel_threshold)
+                                          data_parallel_threshold=data_parallel_threshold)
             # Tracked under a name of its layout: a checkpoint of another layout (world size, thresholds)
             # has other shard shapes, and its keys then do not match (the tables come back whole,
             # through set_weights: recsys.sharded_checkpoint); the same layout restores as saved.
@@ -127,8 +151,9 @@ class EmbeddingGroup(tf.keras.layers.Layer):
         """DE needs one batch size on every rank: every batch is padded to the per-rank batch of its
         kind (training: ``--batch-size``, evaluation: ``--eval-batch-size``, over the ranks; the last
         evaluation batch is short, lockstep's are empty), with that static shape, and its outputs are
-        cut back (padded rows get no gradient). Multi-hot ids go in ragged (padding -1 dropped) to the ``sum``
-        combiner (then every input of the group does, see __init__); a mean divides by the row's id count (0 for an empty row, as ``combine``)."""
+        cut back (padded rows get no gradient). Multi-hot ids go in ragged (padding -1 dropped, never an empty
+        row: :func:`ragged_feed`) to the ``sum`` combiner (then every input of the group does, see __init__);
+        a mean divides by the row's id count (0 for an empty row, as ``combine``)."""
         train_rows, eval_rows = self._batch_rows
         rows = train_rows if training else eval_rows
         n = tf.shape(ids[0])[0]
@@ -138,14 +163,16 @@ class EmbeddingGroup(tf.keras.layers.Layer):
                                  f"per rank (the same on every rank)")
             with tf.control_dependencies([check]):
                 ids = [_pad_rows(i, rows) for i in ids]
+        empty = [None] * len(ids)
         if self._ragged:        # one-hot rows as ragged rows of one id ([B, 1], as DE's examples do)
-            feeds = [tf.ragged.boolean_mask(i, i >= 0) if i.shape.rank > 1 else
-                     tf.RaggedTensor.from_tensor(tf.maximum(i, 0)[:, None]) for i in ids]
+            feeds, empty = zip(*[ragged_feed(i) for i in ids])
         else:
             feeds = [tf.maximum(i, 0) for i in ids]
-        outs = self._dist(feeds)
+        outs = self._dist(list(feeds))
         result = []
-        for o, i, c in zip(outs, ids, self.combiners):
+        for o, i, c, e in zip(outs, ids, self.combiners, empty):
+            if e is not None:       # rows without ids: 0 (they were looked up as id 0, see ragged_feed)
+                o = o * tf.cast(tf.logical_not(e), o.dtype)[:, None]
             if i.shape.rank > 1 and c == "mean":
                 o = o / tf.maximum(tf.reduce_sum(tf.cast(i >= 0, o.dtype), axis=1, keepdims=True), 1.0)
             result.append(o[:n] if rows else o)

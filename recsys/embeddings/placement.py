@@ -37,6 +37,47 @@ def plan_for_group(cardinalities, dims, world_size, column_slice_threshold=None,
                           data_parallel_threshold=data_parallel_threshold and data_parallel_threshold * BYTES_PER_PARAM)
 
 
+def distributed_embeddings_slices(tables, world_size, column_slice_threshold=None, data_parallel_threshold=None):
+    """How many model-parallel pieces NVIDIA distributed-embeddings cuts a group's ``[(rows, width)]``
+    into on ``world_size`` ranks (thresholds in elements), by the rules of its
+    ``DistEmbeddingStrategy`` (``dist_model_parallel.py`` at 4cb42d4): a table of at most
+    ``data_parallel_threshold`` elements stays data parallel; without a column-slice threshold, one
+    is chosen by halving the largest table until there are as many pieces as ranks; a table is then
+    cut into the smallest power of two of column slices under the threshold, but never more than
+    the ranks or its width. With fewer pieces than ranks some rank gets none, and DE stops at build
+    ("Not enough table after slicing"): 1-wide tables (Wide & Deep's wide group) cannot be cut."""
+    sizes = [(rows * width, width) for rows, width in tables
+             if not (data_parallel_threshold and rows * width <= data_parallel_threshold)]
+    if not sizes:
+        return 0
+    threshold = column_slice_threshold
+    if threshold is None:
+        pending = sorted(size for size, _ in sizes)
+        while world_size > len(pending):
+            largest = pending.pop()
+            threshold = largest - 1
+            pending = sorted(pending + [largest // 2, largest // 2])
+    pieces = 0
+    for size, width in sizes:
+        n = 1
+        while threshold is not None and size / n > threshold:
+            n *= 2
+        pieces += 1 if n == 1 else min(n, world_size, width)
+    return pieces
+
+
+def _unspreadable_by_distributed_embeddings(group, world_size, column_slice_threshold, data_parallel_threshold):
+    """Why DE cannot give every rank a piece of ``group``, or None when it can."""
+    tables = list(zip(group.cardinalities, group.widths))
+    pieces = distributed_embeddings_slices(tables, world_size, column_slice_threshold, data_parallel_threshold)
+    if pieces == 0 or pieces >= world_size:
+        return None
+    narrow = sum(1 for w in group.widths if w == 1)
+    what = f"{narrow} of its tables are 1 wide and cannot be cut by columns" if narrow else "its tables are too few"
+    return (f"distributed-embeddings cuts its {len(tables)} tables into {pieces} model-parallel pieces, fewer than "
+            f"the {world_size} ranks ({what}): data parallel")
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where every group's tables live, and what a rank then holds."""
@@ -51,10 +92,17 @@ class Placement:
     implementation: str = IMPLEMENTATIONS[0]         # the model-parallel layer (--embedding-implementation)
     local_batch: Optional[int] = None                # rows per rank of a training / an evaluation batch:
     local_eval_batch: Optional[int] = None           # distributed-embeddings pads every batch to them
+    # Groups of a model-parallel run kept data parallel on every rank, with why: ((name, reason), ...)
+    # (distributed-embeddings cannot give each rank a piece of them).
+    data_parallel_groups: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def model_parallel(self):
         return self.mode == "model_parallel"
+
+    def data_parallel_group(self, group_name):
+        """True when ``group_name`` is kept data parallel inside this model-parallel run."""
+        return any(name == group_name for name, _ in self.data_parallel_groups)
 
     def plan(self, group_name) -> Plan:
         for group, plan in self.groups:
@@ -88,6 +136,7 @@ class Placement:
             "rank_bytes": self.rank_bytes, "embedding_bytes": self.embedding_bytes, "dense_bytes": self.dense_bytes,
             "column_slice_threshold": self.column_slice_threshold,
             "data_parallel_threshold": self.data_parallel_threshold,
+            "data_parallel_groups": {name: why for name, why in self.data_parallel_groups},
             "groups": [{"name": g.name, "optimizer": g.optimizer,
                         "tables": [[t.name, t.rows, t.width, t.combiner] for t in g.tables],
                         "embedding_bytes": p.embedding_bytes,
@@ -100,8 +149,10 @@ class Placement:
         """Lines for humans: every group's ranks (at most ``max_ranks`` each), then the totals."""
         shown = min(self.world_size, max_ranks or self.world_size)
         lines = [f"embedding placement: {self.mode.replace('_', ' ')} on {self.world_size} rank(s) ({self.reason})"]
+        why = dict(self.data_parallel_groups)
         for group, plan in self.groups:
-            lines.append(f"  {group.name}: {len(group.tables)} tables, optimizer {group.optimizer or '-'}")
+            lines.append(f"  {group.name}: {len(group.tables)} tables, optimizer {group.optimizer or '-'}"
+                         + (f"; {why[group.name]}" if group.name in why else ""))
             lines += [f"    {line}" for line in rank_lines(plan)[:shown]]
         lines.append(f"  per rank with the dense part ({_gib(self.dense_bytes)}): "
                      + ", ".join(f"rank {r} {_gib(b)}" for r, b in enumerate(self.rank_bytes[:shown]))
@@ -125,14 +176,22 @@ def place(mode, reason, world_size, groups, *, dense_params=0, dense_slots=0, bu
     model_parallel = mode == "model_parallel"
     if not model_parallel:
         column_slice_threshold = data_parallel_threshold = None
+    data_parallel_groups = ()
+    if model_parallel and implementation == "distributed-embeddings" and world_size > 1:
+        # Decided here, before submission, not by DE failing at model build on the ranks.
+        data_parallel_groups = tuple((g.name, why) for g in groups for why in [_unspreadable_by_distributed_embeddings(
+            g, world_size, column_slice_threshold, data_parallel_threshold)] if why)
+    dp_names = {name for name, _ in data_parallel_groups}
     plans = tuple((g, plan_for_group(g.cardinalities, g.widths, world_size, column_slice_threshold,
                                      data_parallel_threshold, names=[t.name for t in g.tables],
-                                     optimizer_slots=slots(g.optimizer), model_parallel=model_parallel))
+                                     optimizer_slots=slots(g.optimizer),
+                                     model_parallel=model_parallel and g.name not in dp_names))
                   for g in groups)
     return Placement(mode, reason, world_size, plans,
                      dense_bytes=int(dense_params) * BYTES_PER_PARAM * (1 + dense_slots), capacity_bytes=budget_bytes,
                      column_slice_threshold=column_slice_threshold, data_parallel_threshold=data_parallel_threshold,
-                     implementation=implementation, local_batch=local_batch, local_eval_batch=local_eval_batch)
+                     implementation=implementation, local_batch=local_batch, local_eval_batch=local_eval_batch,
+                     data_parallel_groups=data_parallel_groups)
 
 
 def choose_placement(requested, world_size, groups, *, dense_params=0, dense_slots=0, budget_bytes=None,
