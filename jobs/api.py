@@ -10,14 +10,14 @@
     comparison, paths = compare_studies([baseline_dir, record.study_dir])  # compare.{md,csv,json,png}
 """
 
-from .errors import RequestError, SlurmCommandError, SubmitError
+from .errors import RequestError, SlurmCommandError, StorageError, SubmitError
 from .planning.request import JobRequest, build_chain
 from .profiles import ProfileError, list_profiles
 from .schedulers import backend_class, capabilities
 from .submit import dry_run, load, render_plan, render_text, submit
 
-__all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "ProfileError",
-           "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
+__all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "StorageError",
+           "ProfileError", "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
            "log_files", "cancel", "requeue", "find_run", "load_profile", "list_profiles", "runs_in_foreground",
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
            "study_progress_line", "report_study", "compare_studies", "dry_run_study", "reference_study",
@@ -111,23 +111,60 @@ def logs(run_dir, rank=None, key=None):
 
 
 def _backend(run_dir):
-    from .runs.records import RunRecord
+    from .recovery import load_settled
 
-    record = RunRecord.load(run_dir)
+    record = load_settled(run_dir)      # a job an interrupted submission left is found first
     return backend_class(record.scheduler)(), record
 
 
-def cancel(run_dir):
-    """Cancel every job of a run (one scancel call on Slurm); returns the ids."""
-    backend, record = _backend(run_dir)
-    backend.cancel(run_dir, record.jobs)
-    return [j.job_id for j in record.jobs]
+def _unfinished(action, run_dir, backend, record):
+    """(the run's jobs not known to have ended, "job KEY (ID) is STATE" of those that ended),
+    from one poll of the backend. A job Slurm has not reported yet (UNKNOWN) counts as
+    unfinished: the scheduler decides. Every job ended: RequestError, one line with their
+    states (a requeue would re-run a COMPLETED job, a cancel would do nothing)."""
+    from . import states
+
+    polled = {job.key: job for job in backend.poll(run_dir, record).jobs}
+    unfinished, ended = [], []
+    for job in record.jobs:
+        seen = polled.get(job.key)
+        if seen is not None and seen.tasks and all(s in states.TERMINAL for s in seen.tasks.values()):
+            ended.append(f"job {job.key} ({job.job_id}) is {seen.state}")
+        else:
+            unfinished.append(job)
+    if not unfinished:
+        why = ("requeue only restarts queued or running jobs; submit again" if action == "requeue"
+               else "nothing to cancel")
+        raise RequestError(f"{action}: run {run_dir}: {', '.join(ended)}; {why}")
+    return unfinished, ended
 
 
-def requeue(run_dir):
-    """Requeue every job of a run (one scontrol call on Slurm); returns the ids."""
+def cancel(run_dir, log=None):
+    """Cancel the jobs of a run that are queued or running (one poll, then one scancel on
+    Slurm); returns their ids. Jobs that already ended are left alone and named to `log` (a
+    callable taking one line); a run whose jobs have all ended is refused (RequestError)."""
     backend, record = _backend(run_dir)
-    return backend.requeue(run_dir, record.jobs) or []
+    if not record.jobs:
+        return []
+    jobs, ended = _unfinished("cancel", run_dir, backend, record)
+    if ended and log:
+        log(f"cancel: left alone, already ended: {', '.join(ended)}")
+    backend.cancel(run_dir, jobs)
+    return [j.job_id for j in jobs]
+
+
+def requeue(run_dir, log=None):
+    """Requeue the jobs of a run that are queued or running (one poll, then one scontrol call
+    on Slurm); returns their ids. Jobs that already ended are left alone and named to `log`; a
+    run whose jobs have all ended is refused (RequestError): Slurm would run a COMPLETED job
+    again without a word."""
+    backend, record = _backend(run_dir)
+    if not record.jobs:
+        return backend.requeue(run_dir, []) or []
+    jobs, ended = _unfinished("requeue", run_dir, backend, record)
+    if ended and log:
+        log(f"requeue: left alone, already ended: {', '.join(ended)}")
+    return backend.requeue(run_dir, jobs) or []
 
 
 def run_study(spec, profile, runs_dir=None, max_concurrent=None):
@@ -164,10 +201,14 @@ def dry_run_study(spec, profile):
     return points, matches, warning
 
 
-def find_study(study=None, runs_dir=None):
-    """A study directory from a path, a name under the runs dir, or (None) the newest study."""
+def find_study(study=None, runs_dir=None, wait=False):
+    """A study directory from a path, a name under the runs dir, or (None) the newest study.
+    `wait`: a named study not created yet is looked for again for a while (a watch started
+    alongside its `study run`; jobs.study.run.find_study_to_watch)."""
     from .study import run as study_run
 
+    if wait:
+        return study_run.find_study_to_watch(study, runs_dir)
     return study_run.find_study(study, runs_dir)
 
 

@@ -6,8 +6,10 @@ argument errors start fast on login nodes.
 """
 
 import argparse
+import contextlib
 import os
 import sys
+import warnings
 
 from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_ENGINES, PREPROCESS_MODES
 from .vocabulary import KINDS as JOB_KINDS
@@ -279,6 +281,30 @@ def _study_parser(sub):
     compare.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
 
 
+@contextlib.contextmanager
+def _unsaved_once():
+    """Fresh results a command could not save (jobs.errors.ResultsNotSaved: a study or run the
+    user may only read, a read-only mount, a full disk) are said in one line, once per command,
+    and the command goes on; other warnings are shown as Python shows them."""
+    from .errors import ResultsNotSaved
+
+    said = []
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ResultsNotSaved):
+            return shown(message, category, filename, lineno, file, line)
+        if not said:
+            said.append(message)
+            print(f"{PROG}: warning: fresh results not saved ({message}); this command goes on without saving "
+                  "them", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+        warnings.simplefilter("always", ResultsNotSaved)
+        warnings.showwarning = show
+        yield
+
+
 def _cmd_study(api, args, engine_args):
     if args.action == "run":
         if args.spec and (args.model or args.gpus):
@@ -313,7 +339,7 @@ def _cmd_study(api, args, engine_args):
         return _cmd_compare(api, args)
     if args.action == "reference":
         return _cmd_reference(api, args)
-    study_dir = api.find_study(args.study, args.runs_dir)
+    study_dir = api.find_study(args.study, args.runs_dir, wait=args.action == "status" and args.watch)
     if args.action == "status":
         if args.watch:
             live = sys.stdout.isatty() and not args.json
@@ -340,6 +366,11 @@ def _cmd_study(api, args, engine_args):
             for point in status.points:
                 extra = f"  {point.reason}" if point.reason else ""
                 print(f"  {point.id:<28} {point.state:<8} {point.job_id or '-':>10}{extra}")
+        if args.watch and status.counts["missing"]:     # nobody submits them: waiting would never end
+            print(f"{PROG}: error: study {study_dir}: {status.counts['missing']} of {len(status.points)} point(s) "
+                  "missing and no `study run` is submitting them; `recsys-submit study run` with its spec "
+                  f"({os.path.join(study_dir, 'study.yaml')}) and profile submits them", file=sys.stderr)
+            return 1
         return 1 if status.counts["failed"] else 0
     report, paths = api.report_study(study_dir, out_dir=args.out, plot=args.plot)
     _print_written(paths, args.plot, report["warnings"])   # spread, baseline and provenance problems
@@ -555,7 +586,8 @@ def _follow(api, run_dir, args):
 
 def _cmd_cancel(api, args):
     run_dir = api.find_run(args.run, args.runs_dir)
-    ids = api.cancel(run_dir) if args.command == "cancel" else api.requeue(run_dir)
+    act = api.cancel if args.command == "cancel" else api.requeue
+    ids = act(run_dir, log=lambda line: print(line, flush=True))
     print(f"{args.command}: {' '.join(ids) or '(no jobs)'}")
     return 0
 
@@ -579,23 +611,24 @@ def main(argv=None):
     from . import api
 
     try:
-        if args.command == "profiles":
-            return _cmd_profiles(api, args)
-        if args.command == "render" or args.command in JOB_KINDS:
-            return _cmd_job(api, args, engine_args)
-        if args.command == "status":
-            return _cmd_status(api, args)
-        if args.command == "logs":
-            return _cmd_logs(api, args)
-        if args.command == "study":
-            return _cmd_study(api, args, engine_args)
-        return _cmd_cancel(api, args)
+        with _unsaved_once():      # every command: fresh results it could not save, said once
+            if args.command == "profiles":
+                return _cmd_profiles(api, args)
+            if args.command == "render" or args.command in JOB_KINDS:
+                return _cmd_job(api, args, engine_args)
+            if args.command == "status":
+                return _cmd_status(api, args)
+            if args.command == "logs":
+                return _cmd_logs(api, args)
+            if args.command == "study":
+                return _cmd_study(api, args, engine_args)
+            return _cmd_cancel(api, args)
     except KeyboardInterrupt:
         return 130
     except (api.RequestError, api.ProfileError) as exc:     # one line for every error we know
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except (api.SubmitError, api.SlurmCommandError) as exc:
+    except (api.SubmitError, api.SlurmCommandError, api.StorageError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 

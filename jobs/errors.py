@@ -27,3 +27,15 @@ class SlurmCommandError(RuntimeError):
     def __init__(self, message, transient=False):
         super().__init__(message)
         self.transient = transient
+
+
+class StorageError(RuntimeError):
+    """A record or script could not be written (a full disk, a quota, a read-only or foreign
+    directory): one line naming the file and, for a full disk, the free space left; nothing of
+    the file is left behind (jobs.runs.atomic)."""
+
+
+class ResultsNotSaved(UserWarning):
+    """Fresh results a read could not save (results.json, a run's status.json): reading a study
+    or a run never needs to write it, so the command goes on with them (a warning, not an error);
+    the CLI says where and why in one line, once per command."""

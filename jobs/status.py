@@ -13,6 +13,7 @@ from . import states
 from .schedulers import backend_class
 from .errors import SlurmCommandError
 from .polling import poll_until
+from .recovery import load_settled
 from .runs import enginelog
 from .runs.records import RunRecord
 
@@ -26,7 +27,7 @@ def poll(run_dir, source=None):
 def poll_many(run_dirs, source=None):
     """One poll of several runs (a study's points): runs of one backend are asked together,
     so a Slurm poll is one Slurm call however many runs there are. [StatusResult] in order."""
-    records = [RunRecord.load(run_dir) for run_dir in run_dirs]
+    records = [load_settled(run_dir) for run_dir in run_dirs]    # an interrupted submission settled first
     results = [None] * len(records)
     by_scheduler = {}
     for index, record in enumerate(records):

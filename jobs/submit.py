@@ -3,16 +3,22 @@
 Everything that can be refused (the request, the profile, the runs dir, values sbatch cannot
 take, --after ids the scheduler does not know) is refused by planning and the backend's dry run
 before the run directory exists. The dry run is a value (jobs.backends.base.DryRun): its drafts
-are then submitted in order, each with the ids of the jobs it waits for, and jobs.json is
-rewritten after each, so a crash mid-chain still says what went in. If a submission fails, the
+are then submitted in order, each with the ids of the jobs it waits for. jobs.json is written
+before anything is submitted, again with each job's intent (its token) before `sbatch` and with
+its id after, so a crash at any moment leaves a record that says what may have gone in, and
+every later look settles it by the token (jobs.recovery) instead of submitting again. The
+run dir's file system must have room for the records first (rundir.check_free_space). If a submission fails, the
 earlier jobs are cancelled unless keep_partial, and jobs.json and the error say what really
 became of them. How one job is submitted, polled or cancelled is the backend's (jobs.backends).
 """
 
+import contextlib
 import os
+import shutil
 import sys
 
-from .errors import RequestError, SlurmCommandError, SubmitError
+from . import faultpoints
+from .errors import RequestError, SlurmCommandError, StorageError, SubmitError
 from .planning.plan import plan, run_name
 from .planning.requeue import lead_time_warning
 from .profiles import Profile, load_profile
@@ -74,13 +80,29 @@ def render_text(requests, profile, runs_dir=None):
     return dry_run(requests, profile, runs_dir=runs_dir).text()
 
 
-def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=None, wait_local=None):
+@contextlib.contextmanager
+def _holding_submit_lock(run_dir):
+    """Hold RUN_DIR/submit.lock while submitting: a reader that finds the record `submitting`
+    knows from the lock whether its submitter still lives (the kernel drops it with the process,
+    kill -9 included)."""
+    fd = os.open(os.path.join(run_dir, rundir.SUBMIT_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        rundir.lock_exclusive(fd)       # a new run dir: only a reader's probe can hold it
+        yield
+    finally:
+        os.close(fd)
+
+
+def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=None, wait_local=None,
+           on_run_dir=None):
     """Plan and submit a chain of requests; returns the jobs.runs.records.RunRecord written to
     jobs.json. `wait`: None for the backend's default (local: run in the foreground; Slurm:
     never wait), False for a local run in the background (`wait_local` is its older name).
-    Raises RequestError/ProfileError before anything exists, SubmitError after a failed
-    submission (saying what was submitted and what became of it)."""
-    from .runs.records import SUBMITTED, RequestRecord, RunRecord   # not needed to render: loaded here
+    `on_run_dir(run_dir)` is called once the run's records exist and before anything is
+    submitted (a study records its point's run there). Raises RequestError/ProfileError before
+    anything exists, StorageError when the runs dir has no room for the records (nothing
+    submitted), SubmitError after a failed submission (saying what was submitted and what became
+    of it)."""
 
     if wait is None and wait_local is not None:
         wait = wait_local
@@ -90,29 +112,70 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
                            submitting=True)
     planned_dir = _run_dir(resolved, profile, runs_dir)
     dry = backend.dry_run(specs, planned_dir, wait)
+    runs_root = runs_dir or rundir.default_runs_dir(profile)
+    rundir.check_free_space(runs_root)
     # Created now under the next free name (another submission may have taken this one meanwhile).
-    run_dir = rundir.new_run_dir(runs_dir or rundir.default_runs_dir(profile), run_name(resolved))
+    run_dir = rundir.new_run_dir(runs_root, run_name(resolved),
+                                 group=(profile.defaults or {}).get("runs_group"))
+    with _holding_submit_lock(run_dir):
+        record, dry = _records(backend, dry, specs, resolved, profile, run_dir, log)
+        if on_run_dir is not None:
+            on_run_dir(run_dir)
+        return _submit_drafts(backend, dry, record, keep_partial, log)
+
+
+def _records(backend, dry, specs, resolved, profile, run_dir, log):
+    """request.json and the first jobs.json of a new run dir (every planned job key, nothing
+    submitted). A run dir whose records cannot be written is removed again: nothing was
+    submitted from it. Returns (RunRecord, the DryRun drawn for this run dir)."""
+    from .runs.records import RequestRecord, RunRecord   # not needed to render: loaded here
+
     if run_dir != dry.run_dir:      # the drafts name their run dir: draw them for this one
         dry = backend.dry_run(specs, run_dir, dry.wait, check=False)
-    for spec in specs:
-        warning = lead_time_warning(spec, run_dir)
-        if warning:
-            log(f"warning: {warning}")
-    RequestRecord(requests=[r.request.to_dict() for r in resolved], profile=profile.as_dict()).save(run_dir)
-    record = RunRecord(run_dir=run_dir, profile=profile.name, profile_path=profile.path,
-                       scheduler=backend.scheduler, accounting=backend.accounting(), foreground=dry.wait)
-    record.save()
+    try:
+        for spec in specs:
+            warning = lead_time_warning(spec, run_dir)
+            if warning:
+                log(f"warning: {warning}")
+        RequestRecord(requests=[r.request.to_dict() for r in resolved], profile=profile.as_dict()).save(run_dir)
+        record = RunRecord(run_dir=run_dir, profile=profile.name, profile_path=profile.path,
+                           scheduler=backend.scheduler, accounting=backend.accounting(), foreground=dry.wait,
+                           planned=[d.key for d in dry.drafts])
+        record.save()
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return record, dry
+
+
+def _submit_drafts(backend, dry, record, keep_partial, log):
+    """Submit the drafts in order. Each job's intent (its token) is in jobs.json before it is
+    submitted and its id right after, in the write that clears the intent."""
+    from .runs.records import SUBMITTED
+
+    run_dir = record.run_dir
+
+    def intent_recorded(job):
+        record.intent = job
+        record.save(durable=True)       # must outlive a crash of this host, not only of this process
+        faultpoints.reached("intent-recorded")
+
     ids = {}
     for index, draft in enumerate(dry.drafts):
         try:
-            jobs = backend.submit(draft, ids, dry.wait, log=log)
-        except (SubmitError, SlurmCommandError) as exc:
+            jobs = backend.submit(draft, ids, dry.wait, log=log, on_intent=intent_recorded)
+        except (SubmitError, SlurmCommandError, StorageError) as exc:
             _fail(backend, record, draft.spec, exc, keep_partial)
         ids[draft.key] = jobs[0].job_id if jobs else None
         record.jobs.extend(jobs)
+        record.intent = None
         if index == len(dry.drafts) - 1 and not dry.wait:
             record.state = SUBMITTED    # the last job of a run not waited for: one write says both
-        record.save()       # after every job: a crash mid-chain still leaves the ids on disk
+        try:
+            record.save()   # after every job: a crash mid-chain still leaves the ids on disk
+        except StorageError as exc:
+            _unrecorded(record, jobs, exc)
+        faultpoints.reached("job-recorded")
         failed = backend.failure(run_dir, jobs) if dry.wait else None
         if failed:
             record.error = failed
@@ -121,6 +184,16 @@ def submit(requests, profile, runs_dir=None, keep_partial=False, log=_log, wait=
         record.state = SUBMITTED
         record.save()
     return record
+
+
+def _unrecorded(record, jobs, exc):
+    """A job went in but jobs.json could not be rewritten with its id: the intent written before
+    sbatch is still on disk, so `status` and `cancel` find the job by its token; nothing is
+    cancelled or submitted again here."""
+    went_in = ", ".join(f"{j.key}={j.job_id}" for j in jobs)
+    raise SubmitError(f"submitted {went_in}, but its id could not be recorded ({exc}); jobs.json still "
+                      f"holds its token, so `recsys-submit status {record.run_dir}` and `cancel` find it "
+                      "once there is room", uncertain=False) from None
 
 
 def _fail(backend, record, spec, exc, keep_partial):
@@ -146,5 +219,10 @@ def _fail(backend, record, spec, exc, keep_partial):
     what = "may or may not have been submitted" if uncertain else "not submitted"
     record.error = (f"job {spec.key!r} {what}: {exc}; submitted before it: {done}; {fate}; "
                     f"run dir {record.run_dir}")
-    record.save()
+    if not uncertain:
+        record.intent = None        # it provably did not go in (an uncertain one keeps its token)
+    try:
+        record.save()
+    except StorageError as save_exc:
+        record.error += f"; this could not be recorded ({save_exc})"
     raise SubmitError(record.error, uncertain=uncertain) from None

@@ -43,6 +43,8 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import yaml
 
+from slurm.yamlfile import YamlFileError, load_yaml_file
+
 #: Channels whose features are categorical ids and therefore need a cardinality.
 CATEGORICAL_CHANNELS = ("categorical", "onehot_categorical", "multihot_categorical",
                         "user_ch", "item_ch")
@@ -117,10 +119,9 @@ class FeatureSpec:
         if not os.path.isfile(path):
             raise FeatureSpecError(path, "feature spec file not found")
         try:
-            with open(path) as f:
-                raw = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise FeatureSpecError(path, f"not valid YAML ({str(e).splitlines()[0]})") from None
+            raw = load_yaml_file(path)      # the toolkit's YAML limits (no alias bombs, no FIFOs)
+        except YamlFileError as e:
+            raise FeatureSpecError(f"{path}: {e.where}", e.problem) from None
         if not isinstance(raw, dict):
             raise FeatureSpecError(path, "top level must be a mapping with feature_spec, source_spec, channel_spec")
         unknown = sorted(set(raw) - set(_TOP_KEYS))

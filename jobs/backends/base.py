@@ -63,6 +63,9 @@ class Backend(abc.ABC):
     """Submit, poll, cancel, requeue and list the logs of the jobs of one run."""
 
     scheduler = ""
+    # whether submit() records each job's intent before asking the scheduler, so that an
+    # interrupted submission can be settled by find_submitted (jobs.recovery)
+    records_intents = False
 
     def __init__(self, profile=None):
         self.profile = profile      # None when reading back a run (poll, cancel, ...)
@@ -107,9 +110,17 @@ class Backend(abc.ABC):
     unknown_job_hint = "check the id"
 
     @abc.abstractmethod
-    def submit(self, draft, ids, wait, log=None):
+    def submit(self, draft, ids, wait, log=None, on_intent=None):
         """Submit one JobDraft of a DryRun; `ids` maps earlier keys to job ids. Returns [JobRecord].
-        Raises SubmitError/SlurmCommandError when it could not."""
+        Raises SubmitError/SlurmCommandError when it could not. A backend that can find a job it
+        submitted again (Slurm: by its token) calls `on_intent(JobRecord without job_id)` right
+        before the scheduler is asked, so the caller can record what may go in (jobs.recovery)."""
+
+    def find_submitted(self, run_dir, intent):
+        """What became of a submission that was interrupted after `intent` (a JobRecord without
+        job_id) was recorded: ("submitted", job id), ("absent", why: provably never accepted) or
+        ("unknown", why: cannot be told now). Asked by jobs.recovery, never guessed."""
+        return "unknown", f"a {self.scheduler} submission cannot be looked up again"
 
     def failure(self, run_dir, jobs):
         """After a waited-for submit: why its jobs failed, or None (a chain stops there)."""

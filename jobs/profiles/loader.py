@@ -4,10 +4,12 @@ Profiles are looked up by
 name on a search path (built-ins in ``cluster_profiles/``, then
 ``~/.config/recsys-submit/profiles/``, then every directory of ``RECSYS_PROFILE_PATH``;
 later ones override earlier ones) or loaded from a file; ``extends`` merges a parent
-profile and ``node: <name>`` reuses another profile's node.  The merged mapping is checked
-by jobs.profiles.schema; every problem, reading the file included, is a one-line
-:class:`ProfileError` ``<file>: <key.path>: <problem>``.  Only pyyaml and the standard
-library are used (login nodes).
+profile and ``node: <name>`` reuses another profile's node (a relative path in either is read
+from the profile file's directory).  Each file is read by the toolkit's one YAML reader
+(slurm.yamlfile: size, alias, depth and node limits) and refused if a value holds a control
+character; the merged mapping is checked by jobs.profiles.schema; every problem, reading the
+file included, is a one-line :class:`ProfileError` ``<file>: <key.path>: <problem>``.  Only
+pyyaml and the standard library are used (login nodes).
 """
 from __future__ import annotations
 
@@ -15,13 +17,11 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
-import yaml
+from slurm.yamlfile import YamlFileError, load_yaml_file
 
 from .profile import Container, Profile, ProfileRef
-from .schema import Checker, ProfileError, check_profile, typename
+from .schema import Checker, ProfileError, check_profile, control_problems, has_control, typename
 from .topology import NodeType, detect_local_node
-
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
 
 __all__ = ["list_profiles", "load_profile", "search_path", "builtin_dir"]
 
@@ -63,6 +63,16 @@ def _is_path(name_or_path: str) -> bool:
     return "/" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
 
 
+def _ref_path(ref: str, referrer: Path) -> Path:
+    """A profile path named inside a profile file (``extends``, ``node``): relative to that file's
+    directory, as a reader of the file expects, never to the working directory."""
+    path = Path(ref).expanduser()
+    return path if path.is_absolute() else referrer.parent / path
+
+
+MAX_EXTENDS = 32    # profiles in one chain of extends / node references
+
+
 def _find(name: str, referrer: str = "--profile", key: str = "") -> Path:
     for ref in list_profiles():
         if ref.name == name:
@@ -73,25 +83,20 @@ def _find(name: str, referrer: str = "--profile", key: str = "") -> Path:
 
 
 def _read_yaml(path: Path) -> Dict[str, Any]:
+    """One profile file's mapping, read within the toolkit's YAML limits (slurm.yamlfile) and
+    refused if a value that reaches a job script holds a control character."""
     try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ProfileError(path, "file", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        line = exc.object.count(b"\n", 0, exc.start) + 1
-        raise ProfileError(path, f"line {line}",
-                           f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
-    try:
-        data = yaml.load(text, Loader=_YAML_LOADER)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "yaml"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ProfileError(path, where, f"malformed YAML: {problem}") from None
+        data = load_yaml_file(path)
+    except YamlFileError as exc:
+        raise ProfileError(path, exc.where, exc.problem) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ProfileError(path, "top level", f"must be a mapping, got {typename(data)}")
+    problems = control_problems(path, data)
+    if problems:
+        problems[0].problems = problems
+        raise problems[0]
     return data
 
 
@@ -104,23 +109,34 @@ def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _resolve_raw(path: Path, stack: tuple) -> Dict[str, Any]:
-    """Read a profile file and apply ``extends`` (a profile name or path)."""
-    if str(path) in stack:
-        chain = [Path(p).stem for p in stack + (str(path),)]
+    """Read a profile file and apply ``extends`` (a profile name or path); ``stack`` holds the
+    resolved paths of the files that led here."""
+    if has_control(str(path)):
+        raise ProfileError(path, "file", "the file's path has a control character (it would reach the "
+                                         "job script); rename the file")
+    if _key(path) in stack:
+        chain = [Path(p).stem for p in stack + (_key(path),)]
         raise ProfileError(path, "extends", "cycle: " + " -> ".join(chain))
+    if len(stack) >= MAX_EXTENDS:
+        raise ProfileError(path, "extends", f"more than {MAX_EXTENDS} profiles in one chain")
     data = _read_yaml(path)
     parent = data.get("extends")
     if parent is None:
         return data
     if not isinstance(parent, str):
         raise ProfileError(path, "extends", f"must be a profile name, got {typename(parent)}")
-    parent_path = Path(parent).expanduser() if _is_path(parent) else _find(parent, str(path), "extends")
-    base = _resolve_raw(parent_path, stack + (str(path),))
+    parent_path = _ref_path(parent, path) if _is_path(parent) else _find(parent, str(path), "extends")
+    base = _resolve_raw(parent_path, stack + (_key(path),))
     base = {k: v for k, v in base.items() if k not in ("name", "extends")}
     child = {k: v for k, v in data.items() if k != "extends"}
     if isinstance(child.get("node"), (dict, str)):  # a new node replaces the inherited one
         base.pop("node", None)
     return _merge(base, child)
+
+
+def _key(path: Path) -> str:
+    """A file's identity in a chain, however it was named (relative, absolute, through a link)."""
+    return os.path.realpath(path)
 
 
 def _load_path(path: Path, stack: tuple = (), by_name: bool = False) -> Profile:
@@ -136,10 +152,10 @@ def _load_path(path: Path, stack: tuple = (), by_name: bool = False) -> Profile:
     def resolve_node(ref: str) -> NodeType:
         if ref == "detect":
             return detect_local_node()
-        ref_path = Path(ref).expanduser() if _is_path(ref) else _find(ref, str(path), "node")
-        if str(ref_path) in stack or ref_path == path:
+        ref_path = _ref_path(ref, path) if _is_path(ref) else _find(ref, str(path), "node")
+        if _key(ref_path) in stack or _key(ref_path) == _key(path):
             raise ck.fail("node", f"node reference {ref!r} refers back to this profile")
-        return _load_path(ref_path, stack + (str(path),), by_name=not _is_path(ref)).node
+        return _load_path(ref_path, stack + (_key(path),), by_name=not _is_path(ref)).node
 
     fields = check_profile(ck, data, name, resolve_node)
     container = fields.pop("container")
@@ -153,7 +169,7 @@ def load_profile(name_or_path: str) -> Profile:
         raise ProfileError("profile", "name", "empty profile name")
     if _is_path(name_or_path):
         path = Path(name_or_path).expanduser()
-        if not path.is_file():
+        if not path.exists():
             raise ProfileError(path, "file", "no such profile file")
         return _load_path(path)
     return _load_path(_find(name_or_path), by_name=True)

@@ -19,11 +19,12 @@ from jobs.schedulers import SCHEDULERS, capabilities  # the scheduler names and 
 from jobs.slurmtime import parse_time  # sbatch's time-limit semantics, the one parser
 from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
 from slurm.cpulist import parse_cpulist
+from slurm.yamlfile import printable, typename  # one home for the YAML words and one-line messages
 
 from .topology import NodeType
 
 __all__ = [
-    "ProfileError", "Checker", "check_profile", "node_from_raw", "typename",
+    "ProfileError", "Checker", "check_profile", "node_from_raw", "typename", "has_control", "control_problems",
     "BINDING_MODES", "MPI_TYPES", "SCHEDULERS",
     "NODE_KEYS", "PROFILE_KEYS", "CONTAINER_KEYS", "DEFAULT_KEYS",
 ]
@@ -36,12 +37,43 @@ class ProfileError(ValueError):
 
     def __init__(self, file: Any, key: str, problem: str):
         self.file, self.key, self.problem = str(file), key, problem
-        where = f"{self.file}: {key}" if key else self.file
+        where = printable(f"{self.file}: {key}" if key else self.file)    # one line, whatever the names
         super().__init__(f"{where}: {problem}")
         self.problems: List["ProfileError"] = [self]    # every problem of the file, this one first
 
 
-_SWITCHES_RE = re.compile(r"^\d+(@[0-9:-]+)?$")
+_SWITCHES_RE = re.compile(r"\d+(@[0-9:-]+)?")      # fullmatch: `$` would let a final newline through
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# free text that no job script shows (a folded YAML block ends with a newline)
+_FREE_TEXT = ("description",)
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a control character (a newline ends a script's comment line and
+    starts a command; a tab or escape sequence is never meant)."""
+    return bool(_CONTROL.search(text))
+
+
+def control_problems(file: Any, data: Any, key: str = "") -> List["ProfileError"]:
+    """One problem per string of a raw profile mapping, keys included, that holds a control
+    character: every value may reach the rendered sbatch script (names, paths, container fields,
+    env, setup lines, partition, ...), and a newline there becomes shell code."""
+    problems: List[ProfileError] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            path = f"{key}.{k}" if key else str(k)
+            if isinstance(k, str) and has_control(k):
+                problems.append(ProfileError(file, path, "the key has a control character"))
+            elif not (key == "" and k in _FREE_TEXT):
+                problems += control_problems(file, v, path)
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            problems += control_problems(file, v, f"{key}[{i}]")
+    elif isinstance(data, str) and has_control(data):
+        char = _CONTROL.search(data).group()
+        problems.append(ProfileError(file, key, f"has the control character {char!r} (a value that reaches "
+                                                "the job script must be printable text on one line)"))
+    return problems
 
 
 class Checker:
@@ -128,11 +160,6 @@ class Checker:
             raise self.fail(path, str(exc)) from None
 
 
-def typename(value: Any) -> str:
-    return {dict: "mapping", list: "list", str: "string", int: "integer", float: "number",
-            bool: "bool", type(None): "null"}.get(type(value), type(value).__name__)
-
-
 _ARTICLE = {"mapping": "a mapping", "list": "a list", "string": "a string", "integer": "an integer",
             "number": "a number", "bool": "true or false"}
 
@@ -162,6 +189,9 @@ DEFAULT_KEYS: Dict[str, Any] = {
     "nodes": (int, None),
     "exclusive": (bool, None),
     "runs_dir": (str, None),
+    # a Unix group that may read (not write) this site's run and study directories; without it
+    # they are private to their owner (they hold the profile's env values and the scripts)
+    "runs_group": (str, None),
 }
 
 
@@ -216,7 +246,7 @@ def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> 
 def _nics(ck: Checker, data, p: str) -> List[str]:
     nics = ck.str_list(data, "nics", f"{p}.nics")
     for i, nic in enumerate(nics):
-        if not re.match(r"^[A-Za-z0-9_.:-]+$", nic):
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]+", nic):
             raise ck.fail(f"{p}.nics[{i}]", f"invalid device name {nic!r}")
     return nics
 
@@ -363,7 +393,7 @@ def _env_from_raw(ck: Checker, raw: Any, shared_nodes: bool = False) -> Dict[str
         return out
     data = ck.mapping(raw, "env")
     for k, v in data.items():
-        if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             ck.problems.append(ck.fail(f"env.{k}", "not a valid environment variable name"))
         elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
             ck.problems.append(ck.fail(f"env.{k}", f"must be a string or number, got {typename(v)} (quote it)"))
@@ -378,7 +408,7 @@ def _switches(ck: Checker, data) -> Optional[str]:
         return None
     switches = str(switches) if isinstance(switches, int) and not isinstance(switches, bool) \
         else ck.string(data, "switches", "switches")
-    if not _SWITCHES_RE.match(switches):
+    if not _SWITCHES_RE.fullmatch(switches):
         raise ck.fail("switches", f"must be COUNT[@MAX_WAIT] like '1@00:10:00', got {switches!r}")
     return switches
 

@@ -8,6 +8,7 @@ the Python API's documented dict access working.
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -98,13 +99,70 @@ def known_fields(cls, data):
     return {k: v for k, v in data.items() if k in keys}
 
 
+def _type_ok(value, hint):
+    """Whether a JSON value fits a field's annotation (str, int, float, bool, Any, Optional[...],
+    List[...], Dict[str, ...], a Record class)."""
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(_type_ok(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin in (list, List):
+        return isinstance(value, list) and all(_type_ok(v, args[0]) for v in value) if args else isinstance(value, list)
+    if origin in (dict, Dict):
+        return isinstance(value, dict) and (not args or all(isinstance(k, str) and _type_ok(v, args[1])
+                                                            for k, v in value.items()))
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return isinstance(value, dict)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _json_type(value):
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def typed_fields(cls, data, path, where=""):
+    """known_fields(cls, data), checked against the class's fields: a required field missing or a
+    value of another JSON type is one RequestError line naming the file and the field (a record
+    that is valid JSON with wrong fields must not end in a traceback)."""
+    if not isinstance(data, dict):
+        raise RequestError(f"{path}: {where or cls.__name__}: expected a JSON object, not {_json_type(data)}")
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        name = f"{where}.{f.name}" if where else f.name
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise RequestError(f"{path}: field {name!r} is missing")
+            continue
+        value, hint = data[f.name], hints[f.name]
+        if _type_ok(value, hint):
+            continue
+        item = typing.get_args(hint)[0] if typing.get_origin(hint) in (list, List) and typing.get_args(hint) else None
+        if isinstance(value, list) and item is not None:
+            index = next(i for i, v in enumerate(value) if not _type_ok(v, item))
+            raise RequestError(f"{path}: field {name!r}: item {index} is {_json_type(value[index])}, not of "
+                               "the type this recsys-submit writes")
+        raise RequestError(f"{path}: field {name!r} is {_json_type(value)}, not of the type this "
+                           "recsys-submit writes")
+    return known_fields(cls, data)
+
+
 @dataclass
 class JobRecord(Record):
     """One submitted job (a Slurm job or array, or one local process tree)."""
 
     key: str                                 # plan key: main, train, transform.0, ...
     name: str
-    job_id: str                              # Slurm job id, or the local controller's pid
+    job_id: Optional[str]                    # Slurm job id, or the local controller's pid (None: an intent)
     array_size: int = 0                      # Slurm array tasks (0: not an array)
     task_offset: int = 0                     # first RECSYS_TASK_INDEX of this array chunk
     task_index: Optional[int] = None         # local array task this process runs
@@ -114,15 +172,20 @@ class JobRecord(Record):
     after_ok: List[str] = field(default_factory=list)
     after_any: List[str] = field(default_factory=list)
     outcome: str = "submitted"               # one of OUTCOMES
+    submitted_at: Optional[float] = None     # time.time() just before its submission was attempted
 
     @classmethod
-    def from_dict(cls, data):
-        return cls(**known_fields(cls, data))
+    def from_dict(cls, data, path="jobs.json", where="jobs[]"):
+        return cls(**typed_fields(cls, data, path, where))
 
 
 @dataclass
 class RunRecord(Record):
-    """jobs.json: what a submission did, rewritten atomically after every job it submits."""
+    """jobs.json: what a submission did, rewritten atomically before and after every job it
+    submits. `intent` is the job whose submission is under way: written (with its token) before
+    `sbatch` runs and cleared in the same write that records the job id, so a submitter killed in
+    between leaves a record saying what may have gone in; every later look at the run settles it
+    by the token (jobs.recovery) before deciding anything. `planned`: every job key of the chain."""
 
     run_dir: str
     profile: str
@@ -134,16 +197,21 @@ class RunRecord(Record):
     error: Optional[str] = None
     foreground: bool = False                 # the jobs ran to their end before submit returned
     uncertain: bool = False                  # a failed sbatch may or may not have gone in (`error` says which job)
+    intent: Optional[JobRecord] = None       # the job being submitted (no job_id yet), see above
+    planned: List[str] = field(default_factory=list)
     version: int = RECORD_VERSION
 
-    def save(self):
-        write_json(os.path.join(self.run_dir, "jobs.json"), self.to_dict())
+    def save(self, durable=False):
+        """`durable`: flushed to disk before it replaces the old one (the write of an intent)."""
+        write_json(os.path.join(self.run_dir, "jobs.json"), self.to_dict(), durable=durable)
 
     @classmethod
     def from_dict(cls, data, path="jobs.json"):
         _check_version(data, path)
-        values = known_fields(cls, data)
-        values["jobs"] = [JobRecord.from_dict(j) for j in data.get("jobs", [])]
+        values = typed_fields(cls, data, path)
+        values["jobs"] = [JobRecord.from_dict(j, path) for j in data.get("jobs", [])]
+        if values.get("intent") is not None:
+            values["intent"] = JobRecord.from_dict(values["intent"], path, "intent")
         values["version"] = RECORD_VERSION
         return cls(**values)
 
@@ -169,7 +237,8 @@ class RequestRecord(Record):
 
     @classmethod
     def load(cls, run_dir):
-        return cls(**known_fields(cls, read_record(os.path.join(run_dir, "request.json"))))
+        path = os.path.join(run_dir, "request.json")
+        return cls(**typed_fields(cls, read_record(path), path))
 
 
 @dataclass

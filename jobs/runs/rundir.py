@@ -6,11 +6,14 @@ submitted) and logs/ (batch output, per-rank output, <key>-<jobid>.info records,
 engine log <key>-<tag>.engine.jsonl).
 """
 
+import errno
+import fcntl
 import os
 import time
 
-from jobs.errors import RequestError
+from jobs.errors import RequestError, StorageError
 
+SUBMIT_LOCK = "submit.lock"     # held (flock) by the process submitting the run (jobs.submit, jobs.recovery)
 ENGINE_LOG_SUFFIX = ".engine.jsonl"     # logs/<key>-<tag>.engine.jsonl: the engine's JSON-lines log of a job
 
 
@@ -22,10 +25,56 @@ def default_runs_dir(profile=None):
     return os.path.expanduser(defaults.get("runs_dir") or "recsys-runs")
 
 
+# Free space a submission needs on the runs dir's file system before it submits anything: its
+# records, scripts and the jobs' logs (RECSYS_MIN_FREE_MB overrides; 0 turns the check off).
+MIN_FREE_MB = 16
+
+
+def check_free_space(runs_dir):
+    """Refuse (StorageError, one line with the free space) a submission whose records could not
+    be written: a job whose id cannot be recorded is a job nobody follows."""
+    from .atomic import free_bytes, human_bytes
+
+    try:
+        need = float(os.environ.get("RECSYS_MIN_FREE_MB", MIN_FREE_MB)) * 1024 * 1024
+    except ValueError:
+        raise RequestError(f"RECSYS_MIN_FREE_MB: {os.environ['RECSYS_MIN_FREE_MB']!r} is not a number") from None
+    free = free_bytes(runs_dir)
+    if need > 0 and free is not None and free < need:
+        raise StorageError(f"--runs-dir: {runs_dir}: only {human_bytes(free)} free on its file system, "
+                           f"{human_bytes(need)} needed for the records and logs of a run "
+                           "(RECSYS_MIN_FREE_MB); nothing submitted")
+
+
+def make_private_dir(path, group=None, parents=False):
+    """Create a run or study directory readable by its owner only (mode 0700), or, with `group`
+    (the profile's defaults.runs_group), by that group too (2750, group-owned, setgid so what is
+    created inside keeps the group): the scripts and records hold the profile's env values.
+    Raises FileExistsError when it exists (names are claimed with one mkdir)."""
+    if parents:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    os.mkdir(path, 0o700)
+    if group:
+        import grp
+
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            os.rmdir(path)
+            raise RequestError(f"defaults.runs_group: no Unix group {group!r} on this host") from None
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o2750)
+    else:
+        os.chmod(path, 0o700)
+
+
 def check_runs_dir(runs_dir):
     """Refuse (one line naming --runs-dir) a runs dir that is, or lies under, something other
     than a directory, before anything is rendered or created."""
     path = os.path.abspath(runs_dir)
+    if "%" in path:     # sbatch expands %j, %x, ... in --output: the job would die with no log
+        raise RequestError(f"--runs-dir: {runs_dir!r} contains '%', which Slurm expands in the job log "
+                           "paths; choose a directory without it")
     probe = path
     while not os.path.exists(probe):
         parent = os.path.dirname(probe)
@@ -39,8 +88,9 @@ def check_runs_dir(runs_dir):
     return path
 
 
-def new_run_dir(runs_dir, name, create=True):
-    """A fresh directory `<runs_dir>/<name>-<timestamp>[-n]` (created with logs/ when `create`)."""
+def new_run_dir(runs_dir, name, create=True, group=None):
+    """A fresh directory `<runs_dir>/<name>-<timestamp>[-n]` (created with logs/ when `create`,
+    private to its owner or `group`: make_private_dir)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = os.path.join(check_runs_dir(runs_dir), f"{name}-{stamp}")
     path, n = base, 1
@@ -50,7 +100,7 @@ def new_run_dir(runs_dir, name, create=True):
                 return path
         else:
             try:        # claim the name with one mkdir: concurrent submissions never share a run dir
-                os.makedirs(path)
+                make_private_dir(path, group, parents=True)
             except FileExistsError:
                 pass
             except OSError as exc:
@@ -76,3 +126,43 @@ def find_run(run=None, runs_dir=None):
         if runs:
             return os.path.abspath(max(runs, key=os.path.getmtime))
     raise RequestError(f"run: no runs under {runs_dir}; give a run directory")
+
+
+def lock_held(path):
+    """Whether a process holds an flock on `path` now (a `study run` its study's run.lock, a
+    submitter its run's submit.lock): True, False (no such file, or nobody holds it) or None (it
+    cannot be read). The probe opens the file read-only and asks for a shared lock without
+    waiting, so a user who may only read the directory can ask too; the kernel drops a lock when
+    its process dies, kill -9 included. A holder that asks for its lock at that very moment must
+    retry briefly (LOCK_RETRY_S)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return True if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    finally:
+        os.close(fd)        # also lets go of the shared lock, if it was granted
+    return False
+
+
+LOCK_RETRY_S = 1.0      # how long an exclusive locker retries while a lock_held probe holds it
+
+
+def lock_exclusive(fd, retry_s=LOCK_RETRY_S):
+    """flock(LOCK_EX) without blocking on a real holder: retried for `retry_s` seconds, since a
+    lock_held probe holds a shared lock for microseconds. Raises BlockingIOError when another
+    process holds it."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)    # a probe lets go within microseconds; a real holder keeps it

@@ -15,13 +15,14 @@ scipy is needed (the `compare` extra); matplotlib only for the plot, as in the r
 import csv
 import functools
 import io
+import json
 import os
 import time
 
 from jobs.errors import RequestError
-from jobs.runs.atomic import write_json, write_text
+from jobs.runs.atomic import write_bytes, write_group
 
-from .report import build, fmt_number, load_pyplot, plot_wanted
+from .report import build, fmt_number, load_pyplot, make_out_dir, plot_wanted, png
 from .run import StudyRecord, poll
 
 COMPARE_VERSION = 1
@@ -360,12 +361,8 @@ def figure(comparison):
 
 
 def plot(comparison, path):
-    plt = load_pyplot()
-    fig = figure(comparison)
-    tmp = f"{path}.tmp.{os.getpid()}.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    """Write figure(comparison) as a PNG (atomically)."""
+    write_bytes(path, png(figure(comparison)))
 
 
 def default_out_dir(records):
@@ -384,13 +381,13 @@ def write(study_dirs, out_dir=None, want_plot=None, fail_if_slower=None):
     reports = [build(record, poll(record)) for record in records]
     comparison = compare(records, reports, fail_if_slower=fail_if_slower)
     out_dir = out_dir or default_out_dir(records)
-    os.makedirs(out_dir, exist_ok=True)
+    make_out_dir(out_dir)
     paths = {"markdown": os.path.join(out_dir, "compare.md"), "csv": os.path.join(out_dir, "compare.csv"),
              "json": os.path.join(out_dir, "compare.json")}
-    write_text(paths["markdown"], markdown(comparison))
-    write_text(paths["csv"], csv_text(comparison))
-    write_json(paths["json"], comparison)
+    files = {paths["markdown"]: markdown(comparison), paths["csv"]: csv_text(comparison),
+             paths["json"]: json.dumps(comparison, indent=2) + "\n"}
     if draw:
-        plot(comparison, os.path.join(out_dir, "compare.png"))
         paths["plot"] = os.path.join(out_dir, "compare.png")
+        files[paths["plot"]] = png(figure(comparison))
+    write_group(files)      # all or nothing: never a new table beside an old plot
     return comparison, paths

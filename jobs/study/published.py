@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from jobs.errors import RequestError
+from slurm.yamlfile import YamlFileError, load_yaml_file
 
 from .spec import StudySpec, _variant_args, spec_yaml
 
@@ -86,10 +87,9 @@ def load(path=DATA_FILE) -> Published:
     """The published results (checked; cached per path). PublishedDataError names a bad entry."""
     if path not in _CACHE:
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = yaml.safe_load(handle)
-        except (OSError, yaml.YAMLError) as exc:
-            raise PublishedDataError(f"{path}: cannot read the published results: {exc}") from None
+            data = load_yaml_file(path)
+        except YamlFileError as exc:
+            raise PublishedDataError(f"cannot read the published results: {exc}") from None
         _CACHE[path] = _check(data, path)
     return _CACHE[path]
 

@@ -31,7 +31,7 @@ import time
 
 from jobs.errors import RequestError
 from jobs.planning.request import slug
-from jobs.runs.atomic import write_json, write_text
+from jobs.runs.atomic import storage_error, write_bytes, write_group
 from jobs.runs.enginelog import THROUGHPUT, WORLD_SIZE, job_logs, number, startup
 
 from . import published
@@ -748,50 +748,64 @@ def breakdown_plot_name(variant):
     return f"breakdown-{slug(variant.replace(',', '_').replace('=', '-'))}.png"
 
 
-def _save(plt, fig, path):
-    tmp = f"{path}.tmp.{os.getpid()}.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+def png(fig):
+    """A figure as PNG bytes, rendered in memory (and closed): a report's plots are written with
+    its tables, as one group of files."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=100)
+    finally:
+        load_pyplot().close(fig)
+    return buffer.getvalue()
 
 
-def plot_breakdowns(report, out_dir):
-    """breakdown-<variant>.png of every variant with a measured breakdown: {variant: path}."""
-    plt = load_pyplot()
-    paths = {}
+def breakdown_pngs(report, out_dir):
+    """{variant: (path of breakdown-<variant>.png, its bytes)} of every variant with a measured
+    breakdown."""
+    out = {}
     for v in report["variants"]:
         if any(row["variants"].get(v) and row["variants"][v]["breakdown"] for row in report["rows"]):
-            paths[v] = os.path.join(out_dir, breakdown_plot_name(v))
-            _save(plt, breakdown_figure(report, v), paths[v])
-    return paths
+            out[v] = (os.path.join(out_dir, breakdown_plot_name(v)), png(breakdown_figure(report, v)))
+    return out
 
 
 def plot(report, path):
     """Write figure(report) as a PNG (atomically). Needs matplotlib (RequestError naming --plot
     when it is missing)."""
-    plt = load_pyplot()
-    _save(plt, figure(report), path)
+    write_bytes(path, png(figure(report)))
+
+
+def make_out_dir(out_dir):
+    """The report's directory, made if missing; a StorageError (one line, exit 1) when it cannot
+    be, e.g. the default <study>/report of a study the user may only read."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(out_dir, exc, what="cannot create") from None
 
 
 def write(study_dir, out_dir=None, want_plot=None):
     """Poll the study and write scaling.{md,csv,json}, breakdown.csv (and scaling.png, one
     breakdown-<variant>.png per variant with a step breakdown) to `out_dir` (default <study>/report). `want_plot`: True needs matplotlib, None plots when it is installed.
-    Returns (report dict, {kind: path}); the caller prints report["warnings"]."""
+    The files are written as one group (jobs.runs.atomic.write_group): all of them or, on a full
+    disk, none, the previous report left whole (StorageError). Returns (report dict, {kind: path});
+    the caller prints report["warnings"]."""
     record = StudyRecord.load(study_dir)
     draw = plot_wanted(want_plot)       # refuse before writing anything
     status = poll(record)
     report = build(record, status)
     out_dir = out_dir or os.path.join(record.study_dir, "report")
-    os.makedirs(out_dir, exist_ok=True)
+    make_out_dir(out_dir)
     paths = {"markdown": os.path.join(out_dir, "scaling.md"), "csv": os.path.join(out_dir, "scaling.csv"),
              "json": os.path.join(out_dir, "scaling.json"), "breakdown csv": os.path.join(out_dir, "breakdown.csv")}
-    write_text(paths["markdown"], markdown(report))
-    write_text(paths["csv"], csv_text(report))
-    write_text(paths["breakdown csv"], breakdown_csv_text(report))
-    write_json(paths["json"], report)
+    files = {paths["markdown"]: markdown(report), paths["csv"]: csv_text(report),
+             paths["breakdown csv"]: breakdown_csv_text(report),
+             paths["json"]: json.dumps(report, indent=2) + "\n"}
     if draw:
-        plot(report, os.path.join(out_dir, "scaling.png"))
         paths["plot"] = os.path.join(out_dir, "scaling.png")
-        for v, path in plot_breakdowns(report, out_dir).items():
+        files[paths["plot"]] = png(figure(report))
+        for v, (path, data) in breakdown_pngs(report, out_dir).items():
             paths[f"breakdown plot {v}"] = path
+            files[path] = data
+    write_group(files)      # all or nothing: never a new table beside an old plot
     return report, paths

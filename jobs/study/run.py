@@ -2,15 +2,18 @@
 
 Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json (a typed,
 versioned StudyRecord: every point and the run directories of its attempts, rewritten
-atomically as submissions land, once for all that landed since the last write), points/ (one
+atomically with each point's run directory before its job is submitted), points/ (one
 ordinary run directory per attempt, made by the orchestrator, jobs.submit), results.json (every
 point's state, summary and failure reason, rewritten whenever the study is polled) and run.lock
-(held by the one `run` that may submit at a time). A poll of the whole study is one
-jobs.status.poll_many call (one Slurm call). A requeued job keeps its job id and run, so it
-counts once. A point is resubmitted only when Slurm reported its latest job in a terminal state
-other than COMPLETED, or its submission was refused (it never reached Slurm); a job Slurm has
-not reported yet is UNKNOWN, never failed, never resubmitted. Points go in by rounds of repeats,
-one at a time on a profile whose nodes share hardware.
+(held by the one `run` that may submit at a time). Since a point's run directory is in
+study.json before its `sbatch` (jobs.submit's on_run_dir), a `run` killed at any moment leaves
+every job it may have submitted findable, and the next look settles it by the job's token
+(jobs.recovery). The study directory is private to its owner (or the profile's runs_group). A
+poll of the whole study is one jobs.status.poll_many call (one Slurm call). A requeued job
+keeps its job id and run, so it counts once. A point is resubmitted only when Slurm reported
+its latest job in a terminal state other than COMPLETED, or its submission provably never
+reached Slurm; a job Slurm has not reported yet is UNKNOWN, never failed, never resubmitted.
+Points go in by rounds of repeats, one at a time on a profile whose nodes share hardware.
 """
 
 import contextlib
@@ -21,16 +24,17 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from jobs import states
 from jobs.schedulers import backend_for
-from jobs.errors import RequestError, SlurmCommandError, SubmitError
+from jobs.errors import RequestError, ResultsNotSaved, SlurmCommandError, StorageError, SubmitError
 from jobs.polling import poll_until
 from jobs.runs import rundir
 from jobs.runs.atomic import write_json, write_text
-from jobs.runs.records import SUBMITTING, Record, RunRecord, known_fields, read_record
+from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, typed_fields
 from jobs.status import poll_many
 from jobs.submit import load, submit
 
@@ -46,6 +50,9 @@ POINT_STATES = (DONE, RUNNING, PENDING, UNKNOWN, FAILED, MISSING)
 EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description")
 # seconds between two identical progress lines while `run` waits for a free slot
 WAITING_LINE_S = 30
+# seconds `study status --watch` waits, points missing and no `study run` holding the lock, for
+# one that is starting (RECSYS_STUDY_START_GRACE_S overrides)
+START_GRACE_S = 30.0
 
 
 def _log(message):
@@ -88,8 +95,9 @@ class StudyRecord(Record):
     points: List[PointRecord] = field(default_factory=list)
     version: int = STUDY_VERSION
 
-    def save(self):
-        write_json(os.path.join(self.study_dir, "study.json"), self.to_dict())
+    def save(self, durable=False):
+        """`durable`: flushed to disk first (a point's run dir recorded before its sbatch)."""
+        write_json(os.path.join(self.study_dir, "study.json"), self.to_dict(), durable=durable)
 
     @classmethod
     def load(cls, study_dir):
@@ -97,8 +105,10 @@ class StudyRecord(Record):
             data = read_record(os.path.join(study_dir, "study.json"), STUDY_VERSION, kind="study")
         except OSError as exc:
             raise RequestError(f"study: {study_dir!r} is not a study directory ({exc.strerror})") from None
-        values = known_fields(cls, data)
-        values["points"] = [PointRecord(**known_fields(PointRecord, p)) for p in data.get("points", [])]
+        path = os.path.join(study_dir, "study.json")
+        values = typed_fields(cls, data, path)
+        values["points"] = [PointRecord(**typed_fields(PointRecord, p, path, "points[]"))
+                            for p in data.get("points", [])]
         values["study_dir"] = os.path.abspath(study_dir)    # the directory may have moved
         return cls(**values)
 
@@ -127,6 +137,7 @@ class StudyStatus(Record):
     done: bool                      # nothing pending, running or unknown (failed and missing points may remain)
     calls: int                      # Slurm commands this poll issued
     elapsed_s: float                # since the study was created
+    submitting: Optional[bool] = None   # a `study run` held run.lock (watch asks; None: not asked)
 
 
 def default_study_dir(spec, runs_dir=None, profile=None):
@@ -174,9 +185,11 @@ def _without_job(run_dir):
         run = RunRecord.load(run_dir)
     except RequestError as exc:
         return UNKNOWN, f"its run record cannot be read ({exc})"
-    if run.state == SUBMITTING:
-        return UNKNOWN, (f"its submission was interrupted before sbatch answered; `squeue --me` shows "
-                         f"whether it went in; remove {run_dir} to submit the point again")
+    if run.state == SUBMITTING or run.intent is not None:
+        return UNKNOWN, (f"its submission is under way or was interrupted and whether its job went in "
+                         f"cannot be told now (`squeue --me -o %i,%k` lists the tokens; its token is in "
+                         f"{os.path.join(run_dir, 'jobs.json')}); remove {run_dir} to submit the point "
+                         "again once you know")
     if run.uncertain:
         return UNKNOWN, f"{run.error}; remove {run_dir} to submit the point again once you know"
     return FAILED, f"not submitted: {run.error or 'its run has no job'}"
@@ -222,12 +235,17 @@ def active(counts):
 
 
 def write_results(record, status):
-    """results.json: the study's points as last polled (atomically)."""
-    write_json(os.path.join(record.study_dir, "results.json"),
-                        {"version": STUDY_VERSION, "study": record.name, "profile": record.profile,
-                         "updated": round(time.time(), 3),
-                         "points": [dict(p.to_dict(), **{k: v for k, v in pr.to_dict().items() if k != "runs"})
-                                    for p, pr in zip(status.points, record.points)]})
+    """results.json: the study's points as last polled (atomically). Best effort: reading a
+    study must not need writing it (another user, a read-only mount, a full disk), so a write
+    that fails is a ResultsNotSaved warning and the caller goes on with the fresh status."""
+    try:
+        write_json(os.path.join(record.study_dir, "results.json"),
+                   {"version": STUDY_VERSION, "study": record.name, "profile": record.profile,
+                    "updated": round(time.time(), 3),
+                    "points": [dict(p.to_dict(), **{k: v for k, v in pr.to_dict().items() if k != "runs"})
+                               for p, pr in zip(status.points, record.points)]})
+    except StorageError as exc:
+        warnings.warn(str(exc), ResultsNotSaved, stacklevel=2)
 
 
 def open_study(spec, profile, study_dir, points=None):
@@ -298,7 +316,8 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     # the points are checked, not after
     config = None if is_study_dir(study_dir) else _ask_config(backend)
     expanded = expand(spec, profile)    # every check before anything exists
-    with _submitting(study_dir):
+    rundir.check_free_space(os.path.dirname(os.path.abspath(study_dir)))
+    with _submitting(study_dir, (profile.defaults or {}).get("runs_group")):
         record, points = open_study(spec, profile, study_dir, expanded)
         if config is not None:
             config.join()
@@ -315,9 +334,16 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
     points_dir = os.path.join(record.study_dir, "points")
 
     runs = {}       # point id -> the RunRecord its submission returned
+    saving = threading.Lock()
 
     def submit_point(point):
-        return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log)
+        def recorded(run_dir):      # in study.json before anything is submitted from it
+            with saving:
+                point.runs.append(run_dir)
+                record.save(durable=True)
+
+        return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log,
+                      on_run_dir=recorded)
 
     said = {"counts": None, "at": 0.0}
 
@@ -336,9 +362,7 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
                 status = poll_until(lambda: poll(record), lambda s: active(s.counts) < max_concurrent,
                                     on_poll=waiting, first=poll_first, ceiling=poll_max)
                 busy = active(status.counts)
-            runs[point.id] = submit_point(point)
-            point.runs.append(runs[point.id].run_dir)
-            record.save()
+            runs[point.id] = submit_point(point)     # its run dir is in study.json already
             submitted.append(point.id)
             busy += 1
     elif todo:
@@ -352,17 +376,20 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
 
 
 @contextlib.contextmanager
-def _submitting(study_dir):
+def _submitting(study_dir, group=None):
     """Hold the study's submission lock (study_dir/run.lock, flock): two `study run`s of one
-    study at a time would each see the other's points as missing and submit them again."""
+    study at a time would each see the other's points as missing and submit them again. A new
+    study directory is created private (rundir.make_private_dir)."""
     try:
-        os.makedirs(study_dir, exist_ok=True)
+        if not os.path.isdir(study_dir):
+            with contextlib.suppress(FileExistsError):
+                rundir.make_private_dir(study_dir, group, parents=True)
         handle = open(os.path.join(study_dir, "run.lock"), "a+")
     except OSError as exc:
         raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
     with handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            rundir.lock_exclusive(handle.fileno())     # a watcher's probe holds it for microseconds
         except OSError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
@@ -395,11 +422,10 @@ SUBMIT_THREADS = 8
 
 def _submit_parallel(record, todo, submit_point, submitted, runs):
     """Submit independent points from a few threads (each sbatch waits on the controller, not on
-    this process). study.json is saved from this thread as points land, once for all the points
-    that landed since the last save. A point that could not be submitted does not stop the
-    others; the first error is raised at the end, saying what went in (a re-run resumes with the
-    missing points). Interrupted, no further point is started, and the ones in flight land in
-    study.json before the interrupt goes on."""
+    this process). Each point's run dir reaches study.json before its job is submitted
+    (submit_point). A point that could not be submitted does not stop the others; the first
+    error is raised at the end, saying what went in (a re-run resumes with the missing points).
+    Interrupted, no further point is started, and the ones in flight finish first."""
     landed = queue.Queue()
     pending = iter(todo)
     take = threading.Lock()
@@ -426,17 +452,14 @@ def _submit_parallel(record, todo, submit_point, submitted, runs):
                 errors.append((point.id, exc))
                 continue
             runs[point.id] = run_record
-            point.runs.append(run_record.run_dir)
             submitted.append(point.id)
-        if any(exc is None for _, _, exc in batch):
-            record.save()
 
     try:
         for thread in threads:
             thread.start()
         while len(submitted) + len(errors) < len(todo):
             batch = [landed.get()]
-            while True:                 # everything else that landed meanwhile: one save for all
+            while True:                 # everything else that landed meanwhile
                 try:
                     batch.append(landed.get_nowait())
                 except queue.Empty:
@@ -458,7 +481,7 @@ def _submit_parallel(record, todo, submit_point, submitted, runs):
     submitted.sort(key=order.get)
     errors.sort(key=lambda e: order[e[0]])
     for point_id, exc in errors:
-        if not isinstance(exc, (RequestError, SubmitError, SlurmCommandError)):
+        if not isinstance(exc, (RequestError, SubmitError, SlurmCommandError, StorageError)):
             raise exc               # a bug, not a refused submission: its traceback
     if errors:
         point_id, exc = errors[0]
@@ -485,11 +508,61 @@ def _after_submission(record, status, submitted, runs):
                        elapsed_s=round(time.time() - record.created, 1))
 
 
-def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
-    """Poll a study until nothing is pending or running."""
-    record = StudyRecord.load(study_dir)
-    return poll_until(lambda: poll(record), lambda status: status.done, on_poll=on_poll, first=first,
-                      ceiling=ceiling, timeout=timeout)
+def lock_held(study_dir):
+    """Whether a `study run` holds the study's lock (study_dir/run.lock) now, so more points may
+    still be submitted: rundir.lock_held (True, False or None: it cannot be read)."""
+    return rundir.lock_held(os.path.join(study_dir, "run.lock"))
+
+
+def find_study_to_watch(study=None, runs_dir=None, grace=None):
+    """find_study for a watch: a named study that does not exist yet is looked for again for up
+    to `grace` seconds (start_grace()), since `study run NAME & study status NAME --watch` may
+    start the watch before the run has written study.json."""
+    deadline = time.monotonic() + (start_grace() if grace is None else grace)
+
+    def attempt():
+        try:
+            return find_study(study, runs_dir)
+        except RequestError:
+            if not study or time.monotonic() > deadline:
+                raise
+            return None
+
+    return poll_until(attempt, lambda found: found is not None, first=0.2, ceiling=1.0)
+
+
+def start_grace():
+    """Seconds `watch` waits, with points missing and no `study run` holding the lock, for one
+    that is starting (`study run ... & study status --watch`): RECSYS_STUDY_START_GRACE_S."""
+    return float(os.environ.get("RECSYS_STUDY_START_GRACE_S", START_GRACE_S))
+
+
+def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None, grace=None):
+    """Poll a study until it is finished: no point pending, running or unknown, no `study run`
+    holding its lock (a capped run submits point after point, the later ones missing meanwhile)
+    and no point missing. Points missing while no `study run` holds the lock end the watch once
+    they have been so for `grace` seconds (start_grace()); the last StudyStatus still counts them
+    missing, so the caller can say who submits them. The study record is read again at every
+    poll: a running `study run` adds attempts and points to it."""
+    grace = start_grace() if grace is None else grace
+    unattended = {"since": None}    # when points were first seen missing with nobody submitting
+
+    def once():
+        held = lock_held(study_dir)     # before the record: a run that let go has saved its points
+        status = poll(StudyRecord.load(study_dir))
+        status.submitting = held
+        if held or not status.counts[MISSING]:
+            unattended["since"] = None
+        elif unattended["since"] is None:
+            unattended["since"] = time.monotonic()
+        return status
+
+    def finished(status):
+        if status.submitting or not status.done:
+            return False
+        return not status.counts[MISSING] or time.monotonic() - unattended["since"] >= grace
+
+    return poll_until(once, finished, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout)
 
 
 def progress_line(status, width=30):
@@ -502,5 +575,7 @@ def progress_line(status, width=30):
     for key in (RUNNING, PENDING, UNKNOWN, FAILED, MISSING):
         if status.counts.get(key):
             parts.append(f"{status.counts[key]} {key}")
+    if status.submitting:
+        parts.append("`study run` submitting")
     parts.append(f"elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
     return "  ".join(parts)

@@ -8,6 +8,7 @@ is created or submitted: bad input is one line naming the spec key or the point 
 exit 2). Running the points is jobs.study.run's; the table and plot are jobs.study.report's.
 """
 
+import hashlib
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from jobs.planning.plan import plan
 from jobs.planning.request import JobRequest, slug
 from jobs.slurmtime import parse_time
 from jobs.vocabulary import MODELS
+from slurm.yamlfile import YamlFileError, keyname, load_yaml_file, shown
 
 SPEC_VERSION = 1
 MODES = ("strong", "weak")
@@ -47,6 +49,9 @@ KEYS = {
 # variant values -> engine flags; any other variant key k is the engine flag --k (booleans are
 # switches, other values its argument)
 PRECISION = {"tf32": [], "fp32": ["--no-tf32"], "amp": ["--amp"]}
+MAX_POINTS = 10_000         # sizes x variant combinations x repeats: more is a typo, not a study
+MAX_ENGINE_ARGS = 1_000
+ID_LIMIT = 64               # a point id's variant part longer than this keeps a prefix and a hash
 
 
 class StudyError(RequestError):
@@ -112,28 +117,30 @@ class StudySpec:
 
         if not isinstance(data, dict):
             raise StudyError(f"{source}: a study spec is a mapping of keys ({', '.join(KEYS)})")
+        # a value is shown only through shown(): a YAML alias bomb or a nested value printed
+        # with !r took exponential time (slurm/yamlfile.py)
         for key in data:
             if key not in KEYS:
-                fail(key, f"unknown key (known: {', '.join(KEYS)})")
+                fail(keyname(key), f"unknown key (known: {', '.join(KEYS)})")
         version = data.get("version", SPEC_VERSION)
-        if version != SPEC_VERSION:
-            fail("version", f"{version!r} is not a spec version this recsys-submit reads ({SPEC_VERSION})")
+        if isinstance(version, bool) or version != SPEC_VERSION:
+            fail("version", f"{shown(version)} is not a spec version this recsys-submit reads ({SPEC_VERSION})")
         model = data.get("model")
-        if model not in MODELS:
-            fail("model", f"{model!r} is not one of {', '.join(MODELS)}")
+        if not isinstance(model, str) or model not in MODELS:
+            fail("model", f"{shown(model)} is not one of {', '.join(MODELS)}")
         name = data.get("name") or model
         if not isinstance(name, str) or slug(name) != name:
-            fail("name", f"{name!r}: use only letters, digits, '.', '_' and '-'")
+            fail("name", f"{shown(name)}: use only letters, digits, '.', '_' and '-' (at most 64)")
         scaling = data.get("scaling", "strong")
-        if scaling not in MODES:
-            fail("scaling", f"{scaling!r} is not one of {', '.join(MODES)}")
+        if not isinstance(scaling, str) or scaling not in MODES:
+            fail("scaling", f"{shown(scaling)} is not one of {', '.join(MODES)}")
         ints = {}
         for key, default in (("batch_size", 4096), ("repeats", 1), ("steps", 100), ("warmup_steps", 20),
                              ("breakdown_steps", 20)):
             value = data.get(key, default)
             least = 0 if key in ("warmup_steps", "breakdown_steps") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                fail(key, f"{value!r} is not a {'non-negative' if least == 0 else 'positive'} integer")
+                fail(key, f"{shown(value)} is not a {'non-negative' if least == 0 else 'positive'} integer")
             ints[key] = value
         gpus, points = data.get("gpus"), data.get("points")
         if gpus is not None and points is not None:
@@ -145,20 +152,25 @@ class StudySpec:
                 fail("gpus", "empty point list; give GPU counts such as [1, 2, 4, 8]")
             for value in gpus:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    fail("gpus", f"{value!r} is not a positive GPU count")
-            if len(set(gpus)) != len(gpus):
-                fail("gpus", f"{gpus} repeats a count (use repeats: for repeated runs)")
+                    fail("gpus", f"{shown(value)} is not a positive GPU count")
+            seen = set()
+            for value in gpus:
+                if value in seen:
+                    fail("gpus", f"repeats the count {value} (use repeats: for repeated runs)")
+                seen.add(value)
         if points is not None:
             if not isinstance(points, list) or not points:
                 fail("points", "empty point list")
             clean = []
             for i, point in enumerate(points):
-                if not isinstance(point, dict) or set(point) - {"nodes", "gpus_per_node"} or "nodes" not in point:
-                    fail(f"points[{i}]", f"{point!r}: expected {{nodes: N, gpus_per_node: G}}")
+                if not isinstance(point, dict) or "nodes" not in point:
+                    fail(f"points[{i}]", f"expected {{nodes: N, gpus_per_node: G}}, got {shown(point)}")
                 for key in point:
+                    if key not in ("nodes", "gpus_per_node"):
+                        fail(f"points[{i}].{keyname(key)}", "unknown key (known: nodes, gpus_per_node)")
                     value = point[key]
                     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                        fail(f"points[{i}].{key}", f"{value!r} is not a positive integer")
+                        fail(f"points[{i}].{key}", f"{shown(value)} is not a positive integer")
                 clean.append({"nodes": point["nodes"], "gpus_per_node": point.get("gpus_per_node")})
             points = clean
         variants = data.get("variants") or {}
@@ -166,19 +178,21 @@ class StudySpec:
             fail("variants", "a mapping of engine setting -> list of values, e.g. {amp: [false, true]}")
         for key, values in variants.items():
             if not isinstance(key, str) or not key.replace("_", "").replace("-", "").isalnum():
-                fail(f"variants.{key}", "not an engine setting name")
+                fail(f"variants.{keyname(key)}", "not an engine setting name")
             if not isinstance(values, list) or not values:
                 fail(f"variants.{key}", "give a non-empty list of values")
+            for value in values:
+                if not isinstance(value, (bool, int, float, str)):
+                    fail(f"variants.{key}", f"{shown(value)} is not a plain value")
             if key == "precision":
                 for value in values:
                     if value not in PRECISION:
-                        fail("variants.precision", f"{value!r} is not one of {', '.join(PRECISION)}")
-            for value in values:
-                if not isinstance(value, (bool, int, float, str)):
-                    fail(f"variants.{key}", f"{value!r} is not a plain value")
+                        fail("variants.precision", f"{shown(value)} is not one of {', '.join(PRECISION)}")
         engine_args = data.get("engine_args") or []
         if not isinstance(engine_args, list) or not all(isinstance(a, (str, int, float)) for a in engine_args):
             fail("engine_args", "a list of engine flags and values, e.g. ['--embedding-dim', '16']")
+        if len(engine_args) > MAX_ENGINE_ARGS:
+            fail("engine_args", f"{len(engine_args)} entries, more than {MAX_ENGINE_ARGS}")
         engine_args = [str(a) for a in engine_args]
         for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--breakdown-steps",
                      "--run-mode", "--mode", "--model"):
@@ -187,19 +201,31 @@ class StudySpec:
         data_path = data.get("data_path")
         synthetic = data.get("synthetic")
         if data_path is not None and not isinstance(data_path, str):
-            fail("data_path", f"{data_path!r} is not a path")
+            fail("data_path", f"{shown(data_path)} is not a path")
         if synthetic is not None and not isinstance(synthetic, bool):
-            fail("synthetic", f"{synthetic!r} is not true or false")
+            fail("synthetic", f"{shown(synthetic)} is not true or false")
         if data_path and synthetic:
             fail("synthetic", "give data_path or synthetic: true, not both")
         time = data.get("time")
         if time is not None:
+            if isinstance(time, bool) or not isinstance(time, (str, int)) or len(str(time)) > 32:
+                fail("time", f"{shown(time)} is not a Slurm time limit such as \"04:00:00\"")
             try:
                 parse_time(str(time), "time")
             except RequestError as exc:
                 raise StudyError(f"{source}: {exc}") from None
             time = str(time)
         description = data.get("description") or ""
+        if isinstance(description, (list, dict)):
+            fail("description", f"must be text, got {shown(description)}")
+        sizes = len(gpus if gpus is not None else points)
+        count = sizes * ints["repeats"]
+        for values in variants.values():
+            count *= len(values)
+            if count > MAX_POINTS:
+                break
+        if count > MAX_POINTS:
+            fail("points", f"more than {MAX_POINTS} points (sizes x variant combinations x repeats)")
         return cls(name=name, model=model, scaling=scaling, gpus=gpus, points=points, variants=variants,
                    time=time, data_path=data_path, synthetic=synthetic, engine_args=engine_args,
                    description=str(description), source=source, **ints)
@@ -208,18 +234,9 @@ class StudySpec:
 def load_spec(path):
     """A StudySpec from a YAML file; StudyError (one line naming the file and key) otherwise."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot read the study spec: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise StudyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise StudyError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        data = load_yaml_file(path)
+    except YamlFileError as exc:
+        raise StudyError(str(exc)) from None
     return StudySpec.from_dict(data, source=path)
 
 
@@ -243,6 +260,17 @@ def _variant_label(variant):
     if not variant:
         return "default"
     return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in variant.items())
+
+
+def _variant_id(label):
+    """The variant part of a point id: the label as a slug, whole while it fits ID_LIMIT; a longer
+    one keeps a readable prefix and a hash of the whole label, so that two long labels that differ
+    only at the end stay apart (a cut at 64 made them one id) and an id never changes."""
+    text = slug(label.replace(",", "_").replace("=", "-"), limit=None)
+    if len(text) <= ID_LIMIT:
+        return text
+    digest = hashlib.sha256(label.encode("utf-8")).hexdigest()[:10]
+    return text[:ID_LIMIT - len(digest) - 1].rstrip("._-") + "-" + digest
 
 
 def _sizes(spec, profile):
@@ -291,8 +319,7 @@ def expand(spec, profile):
         for variant in variants:
             for repeat in range(spec.repeats):
                 label = _variant_label(variant)
-                pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + slug(label.replace(",", "_").replace("=", "-"))) \
-                    + f"-r{repeat}"
+                pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + _variant_id(label)) + f"-r{repeat}"
                 args = base + ["--batch-size", str(global_batch),
                                "--benchmark-warmup-steps", str(spec.warmup_steps),
                                "--benchmark-steps", str(spec.steps)] \
@@ -301,10 +328,12 @@ def expand(spec, profile):
                 points.append(Point(id=pid, nodes=nodes, gpus_per_node=gpn, gpus=ranks, batch_per_gpu=per_gpu,
                                     global_batch=global_batch, variant=dict(variant), variant_label=label,
                                     repeat=repeat, engine_args=args))
-    ids = [p.id for p in points]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise StudyError(f"{spec.source}: points: point {dup} appears twice")
+    seen = {}
+    for point in points:
+        other = seen.setdefault(point.id, point)
+        if other is not point:
+            raise StudyError(f"{spec.source}: points: point {point.id} appears twice (variants "
+                             f"{shown(other.variant_label)} and {shown(point.variant_label)} give one id)")
     parser = engine_args.parser()
     checked = set()
     for point in points:

@@ -12,7 +12,9 @@ Adult census table)::
 Keys (only ``label`` is required; at least one feature column):
 
 ``label``
-    a column name (values 0/1) or ``{column, positive: [values that mean 1]}``.
+    a column name (values 0/1) or ``{column, positive: [values that mean 1]}`` (every other
+    value means 0). A column of other values (-1/1, 1/2, yes/no) without ``positive`` is refused
+    (preproc.tabular.read.check_labels), as is a split of one class.
 ``categorical``
     columns -> dense ids by training frequency; entries are names or
     ``{column, threshold}``.
@@ -38,8 +40,9 @@ Keys (only ``label`` is required; at least one feature column):
     rows by time are test rows (rows tied with the cut go to test).
 ``models``
     which feature specs to write (``dlrm``, ``wide_deep``, ``ncf``); the first one is
-    ``feature_spec.yaml``. Default: ``wide_deep``, plus ``dlrm`` when there are
-    numerical columns and no multi-hot ones, plus ``ncf`` with an ``ncf`` key.
+    ``feature_spec.yaml``. Default: the models that read the table (:data:`NEEDS`):
+    ``wide_deep`` with a categorical or multi-hot column, ``dlrm`` with numerical and
+    categorical columns and no multi-hot ones, ``ncf`` with an ``ncf`` key.
 ``ncf``
     ``{user: column, item: column}``: two of the categorical columns, NCF's channels.
 ``format``
@@ -49,11 +52,14 @@ Keys (only ``label`` is required; at least one feature column):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
+import re
 from typing import Optional
 
 from preproc.errors import PreprocError
+from slurm.yamlfile import YamlFileError, keyname, load_yaml_file, shown
 
 TRANSFORMS = ("standard", "log", "none")
 SPLIT_METHODS = ("random", "time")
@@ -62,6 +68,10 @@ FORMATS = ("csv", "parquet")
 KEYS = ("label", "categorical", "multihot", "numerical", "threshold", "map", "time", "split", "models", "ncf",
         "format", "csv", "missing_values")
 LABEL = "label"  # the label's column name in the output
+# What each model needs of a table (the engine's Wide & Deep and DLRM look up at least one id column).
+NEEDS = {"wide_deep": "a categorical or multihot column", "dlrm": "numerical and categorical columns (no multihot)",
+         "ncf": "the `ncf: {user, item}` key"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,21 +140,20 @@ class TabularConfig:
 
 
 def load_config(path: str) -> TabularConfig:
-    """Read and check a config file; one-line PreprocError naming the file and key otherwise."""
-    import yaml
-
-    if not os.path.isfile(path):
+    """Read and check a config file (the toolkit's YAML limits: slurm/yamlfile.py); one-line
+    PreprocError naming the file and key otherwise."""
+    if not os.path.exists(path):
         raise PreprocError(f"--config: {path}: no such file")
     try:
-        with open(path, encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise PreprocError(f"--config: {path}: not readable YAML: {str(exc).splitlines()[0]}") from None
+        raw = load_yaml_file(path)
+    except YamlFileError as exc:
+        raise PreprocError(f"--config: {exc}") from None
     return parse_config(raw, path)
 
 
 def parse_config(raw, source: str = "<config>") -> TabularConfig:
-    """A TabularConfig from the parsed YAML ``raw`` (``source`` names it in errors)."""
+    """A TabularConfig from the parsed YAML ``raw`` (``source`` names it in errors). A value is
+    shown only through ``shown`` (a nested value printed whole can take exponential time)."""
 
     def fail(key, problem):
         raise PreprocError(f"{source}: {key}: {problem}")
@@ -153,7 +162,7 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
         fail("top level", "must be a mapping with at least `label` and one feature column list")
     unknown = [k for k in raw if k not in KEYS]
     if unknown:
-        fail(unknown[0], f"unknown key (known: {', '.join(KEYS)})")
+        fail(keyname(unknown[0]), f"unknown key (known: {', '.join(KEYS)})")
     threshold = _int(raw.get("threshold", 1), "threshold", fail, minimum=0)
     label, positive = _label(raw.get("label"), fail)
     categorical = tuple(Categorical(**_entry(e, f"categorical[{i}]", fail, {"threshold": threshold}))
@@ -170,18 +179,18 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
     for i, e in enumerate(_list(raw, "numerical", fail)):
         item = _entry(e, f"numerical[{i}]", fail, {"transform": "standard"})
         if item["transform"] not in TRANSFORMS:
-            fail(f"numerical[{i}].transform", f"{item['transform']!r} is not one of {', '.join(TRANSFORMS)}")
+            fail(f"numerical[{i}].transform", f"{shown(item['transform'])} is not one of {', '.join(TRANSFORMS)}")
         numerical.append(Numerical(**item))
     for key in ("map", "time"):
-        if raw.get(key) is not None and not isinstance(raw[key], str):
-            fail(key, "must be a column name")
+        if raw.get(key) is not None:
+            _column(raw[key], key, fail)
     features = [c.column for c in categorical] + [m.column for m in multihot] + [n.column for n in numerical]
     if not features:
         fail("categorical/multihot/numerical", "no feature column given")
     named = [label] + features + [c for c in (raw.get("map"), raw.get("time")) if c]
-    twice = sorted({c for c in named if named.count(c) > 1})
+    twice = sorted(c for c, n in collections.Counter(named).items() if n > 1)
     if twice:
-        fail(twice[0], "column named twice (label, features, map and time must be different columns)")
+        fail(keyname(twice[0]), "column named twice (label, features, map and time must be different columns)")
     if LABEL in features:
         fail(LABEL, f"a feature column may not be called {LABEL!r} (the output's label column)")
 
@@ -190,15 +199,15 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
         fail("split", "must be a mapping {method, test_fraction, seed}")
     bad = [k for k in split if k not in ("method", "test_fraction", "seed")]
     if bad:
-        fail(f"split.{bad[0]}", "unknown key (known: method, test_fraction, seed)")
+        fail(f"split.{keyname(bad[0])}", "unknown key (known: method, test_fraction, seed)")
     method = split.get("method", "time" if raw.get("time") else "random")
     if method not in SPLIT_METHODS:
-        fail("split.method", f"{method!r} is not one of {', '.join(SPLIT_METHODS)}")
+        fail("split.method", f"{shown(method)} is not one of {', '.join(SPLIT_METHODS)}")
     if method == "time" and not raw.get("time"):
         fail("split.method", "time needs a `time` column")
     fraction = split.get("test_fraction", 0.2)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        fail("split.test_fraction", f"must be a number in (0, 1), got {fraction!r}")
+        fail("split.test_fraction", f"must be a number in (0, 1), got {shown(fraction)}")
     seed = _int(split.get("seed", 0), "split.seed", fail, minimum=0)
 
     ncf = raw.get("ncf")
@@ -210,16 +219,23 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
         cats = [c.column for c in categorical]
         for key, col in (("user", user), ("item", item)):
             if col not in cats:
-                fail(f"ncf.{key}", f"{col!r} is not one of the categorical columns")
+                fail(f"ncf.{key}", f"{shown(col)} is not one of the categorical columns")
         if user == item:
             fail("ncf", "user and item must be different columns")
     models = raw.get("models")
-    if models is None:
-        models = ["wide_deep"] + (["dlrm"] if numerical and not multihot else []) + (["ncf"] if ncf else [])
+    if models is None:      # the models that read this table; a model the user did not name is never blamed
+        models = [m for m, reads in (("wide_deep", bool(categorical or multihot)),
+                                     ("dlrm", bool(numerical and categorical and not multihot)),
+                                     ("ncf", bool(ncf))) if reads]
+        if not models:
+            has = ", ".join(f"{len(v)} {k}" for k, v in (("categorical", categorical), ("multihot", multihot),
+                                                          ("numerical", numerical)) if v)
+            fail("models", f"no model reads a table of {has} column(s): "
+                           + "; ".join(f"{m} needs {need}" for m, need in NEEDS.items()))
     if isinstance(models, str):
         models = [models]
     if not isinstance(models, list) or not models or any(m not in MODELS for m in models):
-        fail("models", f"must be a list of {', '.join(MODELS)}, got {models!r}")
+        fail("models", f"must be a list of {', '.join(MODELS)}, got {shown(models)}")
     if len(set(models)) != len(models):
         fail("models", "a model is named twice")
     if "dlrm" in models and multihot:
@@ -233,13 +249,13 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
 
     fmt = raw.get("format")
     if fmt is not None and fmt not in FORMATS:
-        fail("format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
+        fail("format", f"{shown(fmt)} is not one of {', '.join(FORMATS)}")
     csv = raw.get("csv") or {}
     if not isinstance(csv, dict) or any(k != "separator" for k in csv):
         fail("csv", "must be a mapping {separator} (CSV files start with a header line)")
     separator = csv.get("separator", ",")
     if not isinstance(separator, str) or len(separator) != 1:
-        fail("csv.separator", f"must be one character, got {separator!r}")
+        fail("csv.separator", f"must be one character, got {shown(separator)}")
     missing = raw.get("missing_values") or []
     if not isinstance(missing, list) or not all(isinstance(v, (str, int, float)) for v in missing):
         fail("missing_values", "must be a list of values")
@@ -252,17 +268,37 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
 
 def _int(value, key, fail, minimum):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        fail(key, f"must be an integer >= {minimum}, got {value!r}")
+        fail(key, f"must be an integer >= {minimum}, got {shown(value)}")
+    return value
+
+
+def _quoting(value) -> str:
+    """The hint for a column name that YAML read as a number (``columns: [1, 2]``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = shown(value)     # never a 4000-digit number in a message
+        return f" (YAML reads {text} as a number: quote a numeric column name, '{text}')"
+    return ""
+
+
+def _column(value, key, fail):
+    """A column name: it becomes a file name of the fitted workflow (categories/unique.<column>) and
+    a key of the feature spec, so a '/' (a path) or a control character is refused."""
+    if not isinstance(value, str) or not value:
+        fail(key, f"must be a column name, got {shown(value)}{_quoting(value)}")
+    if "/" in value or _CONTROL.search(value):
+        fail(key, f"column {shown(value)} has a '/' or a control character (column names become file names; "
+                  "rename the column)")
     return value
 
 
 def _label(value, fail):
     if isinstance(value, str) and value:
-        return value, None
+        return _column(value, "label", fail), None
     if isinstance(value, dict) and isinstance(value.get("column"), str):
         extra = [k for k in value if k not in ("column", "positive")]
         if extra:
-            fail(f"label.{extra[0]}", "unknown key (known: column, positive)")
+            fail(f"label.{keyname(extra[0])}", "unknown key (known: column, positive)")
+        _column(value["column"], "label.column", fail)
         positive = value.get("positive")
         if positive is None:
             return value["column"], None
@@ -271,7 +307,8 @@ def _label(value, fail):
         if not positive or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in positive):
             fail("label.positive", "must be a value or a non-empty list of values")
         return value["column"], tuple(str(v) for v in positive)
-    fail("label", "required: a column name or {column, positive}")
+    fail("label", "required: a column name or {column, positive}"
+         + _quoting(value.get("column") if isinstance(value, dict) else value))
 
 
 def _list(raw, key, fail):
@@ -284,12 +321,14 @@ def _list(raw, key, fail):
 def _entry(entry, key, fail, defaults: dict) -> dict:
     """A list entry: a column name, or a mapping {column, <keys of defaults>}."""
     if isinstance(entry, str) and entry:
-        return {"column": entry, **defaults}
+        return {"column": _column(entry, key, fail), **defaults}
     if not isinstance(entry, dict) or not isinstance(entry.get("column"), str):
-        fail(key, "must be a column name or a mapping with `column`")
+        fail(key, "must be a column name or a mapping with `column`"
+             + _quoting(entry.get("column") if isinstance(entry, dict) else entry))
+    _column(entry["column"], f"{key}.column", fail)
     extra = [k for k in entry if k != "column" and k not in defaults]
     if extra:
-        fail(f"{key}.{extra[0]}", f"unknown key (known: column, {', '.join(defaults)})")
+        fail(f"{key}.{keyname(extra[0])}", f"unknown key (known: column, {', '.join(defaults)})")
     out = {"column": entry["column"], **defaults, **{k: v for k, v in entry.items() if k != "column"}}
     if "threshold" in out:
         out["threshold"] = _int(out["threshold"], f"{key}.threshold", fail, minimum=0)

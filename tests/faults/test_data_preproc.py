@@ -73,13 +73,16 @@ def wait_for_piece(shards: Path, prefix: str, timeout: float = 600) -> Path:
 def test_array_task_killed_mid_write_reruns_to_identical_bytes(slurm_cluster, raw_and_reference):
     base, raw, reference = raw_and_reference
     out = base / "array_out"
-    jobs, run_dir = submit(slurm_cluster, "--mode", "array", "--shards", 2, "--array-parallelism", 1,
+    # both tasks at once (two of the four nodes): task 1 and task 0's second run overlap instead of
+    # queueing behind each other; the array cap itself is test_criteo_slurm.py's
+    jobs, run_dir = submit(slurm_cluster, "--mode", "array", "--shards", 2, "--array-parallelism", 2,
                            "--input", raw, "--output", out, "--runs-dir", base / "runs", "--time", "00:15:00",
                            "--", "--threshold", 2)
     task = f"{jobs['transform']}_0"
     shard = Staging(out).shard(0, 2)
     writing = wait_for_piece(shard.parent, shard.name)
     assert slurm_cluster.job_state(task) == "RUNNING", slurm_cluster.job_state(task)
+    node = slurm_cluster.run(["squeue", "-h", "-j", task, "-o", "%N"], check=True).stdout.strip()
     slurm_cluster.run(["scontrol", "requeue", task], check=True)
     killed_at = time.monotonic()
     mid_write = not shard.exists()          # killed before its shard was published
@@ -87,8 +90,10 @@ def test_array_task_killed_mid_write_reruns_to_identical_bytes(slurm_cluster, ra
     while slurm_cluster.job_state(task) not in ("PENDING", "REQUEUED"):
         assert time.monotonic() < deadline, slurm_cluster.job_state(task)
         time.sleep(0.2)
-    # Slurm holds a requeued job back (BeginTime = now + CredExpire); let it start now.
-    slurm_cluster.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], check=True)
+    # Slurm holds a requeued job back (BeginTime = now + CredExpire); let it start now, on another
+    # node: started at once where it was killed, slurmd refuses it ("Job credential revoked", the
+    # task FAILED); under a cap of 1, task 1 ran there first. A rerun after a node failure is elsewhere too.
+    slurm_cluster.run(["scontrol", "update", f"JobId={task}", "StartTime=now", f"ExcNodeList={node}"], check=True)
     state = slurm_cluster.wait_job(jobs["finalize"], timeout=900)
     recover = time.monotonic() - killed_at
     restarts = slurm_cluster.run(["scontrol", "-o", "show", "job", task]).stdout

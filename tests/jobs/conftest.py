@@ -8,6 +8,13 @@ from submit_helpers import Cli
 
 
 @pytest.fixture
+def isolated_profile_search_path(tmp_path, monkeypatch):
+    """No user profiles of the machine running the tests leak in (the profile tests)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RECSYS_PROFILE_PATH", raising=False)
+
+
+@pytest.fixture
 def cli(slurm_cluster, tmp_path):
     return Cli(slurm_cluster.env, tmp_path / "runs")
 

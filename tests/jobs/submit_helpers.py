@@ -48,3 +48,13 @@ def hello_lines(run_dir, pattern="*.rank*.log"):
     return out
 
 
+
+
+def ci_raw():
+    """The built-in ci profile as plain YAML data (to write variants of it)."""
+    import yaml
+
+    from jobs.profiles import builtin_dir
+
+    with open(builtin_dir() / "ci.yaml") as handle:
+        return yaml.safe_load(handle)

@@ -8,9 +8,9 @@ import sys
 from submit_helpers import REPO, hello_lines
 
 
-def _run(tmp_path, *args):
+def _run(tmp_path, *args, **extra_env):
     env = dict(os.environ, RECSYS_RUNS_DIR=str(tmp_path / "runs"), OMPI_MCA_btl="self,tcp",
-               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo", **extra_env)
     env.pop("SLURM_CONF", None)
     return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=300)
@@ -20,12 +20,22 @@ def _run_dir(proc):
     return next(line[8:] for line in proc.stdout.splitlines() if line.startswith("run dir "))
 
 
+SECRET = "s3cr3t-value-never-written"
+
+
 def test_local_hello_two_ranks(tmp_path):
+    """Also: a secret in the submitting environment (docs/profiles.md, "Secrets") is written
+    nowhere in the run dir, which is private to its owner."""
     proc = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--gpus-per-node", "2",
-                "--time", "5")
+                "--time", "5", MY_API_TOKEN=SECRET)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "COMPLETED" in proc.stdout
     run_dir = _run_dir(proc)
+    assert os.stat(run_dir).st_mode & 0o777 == 0o700
+    for directory, _, files in os.walk(run_dir):
+        for name in files:
+            with open(os.path.join(directory, name), "rb") as handle:
+                assert SECRET.encode() not in handle.read(), name
     ranks = sorted(hello_lines(run_dir), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1]
     assert [r["local_rank"] for r in ranks] == [0, 1]

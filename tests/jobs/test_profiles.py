@@ -12,22 +12,11 @@ from jobs.profiles.schema import CONTAINER_KEYS, NODE_KEYS, PROFILE_KEYS
 from jobs.profiles import ProfileError, builtin_dir, list_profiles, load_profile
 from jobs.profiles.topology import detect_local_node
 from slurm.cpulist import format_cpulist, parse_cpulist
+from submit_helpers import ci_raw
 
-pytestmark = pytest.mark.fast
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("isolated_profile_search_path")]
 
 BUILTINS = ["ci", "dgx1", "dgx2", "dgxa100", "dgxa100-pod", "local"]
-
-
-@pytest.fixture(autouse=True)
-def isolated_search_path(tmp_path, monkeypatch):
-    """No user profiles of the machine running the tests leak in."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("RECSYS_PROFILE_PATH", raising=False)
-
-
-def ci_raw():
-    with open(builtin_dir() / "ci.yaml") as handle:
-        return yaml.safe_load(handle)
 
 
 def write(tmp_path, data, name="bad.yaml"):

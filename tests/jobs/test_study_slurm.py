@@ -212,7 +212,10 @@ def test_ncf_rerun_resubmits_only_the_failed_point(ncf_study, study_cli):
 
 def test_requeued_point_counts_once(ncf_study, study_cli, slurm_cluster):
     point = next(p for p in ncf_study["status2"]["points"] if p["id"] == "g1-n1x1-sparse_as_dense-false-r0")
-    study_cli("requeue", point["run_dir"], check=True)
+    # `recsys-submit requeue` refuses a finished job (test_finished_run_refusals.py); Slurm itself
+    # requeues it, and the point's cached COMPLETED is dropped as that command did for a live job
+    slurm_cluster.run(["scontrol", "requeue", point["job_id"]], check=True)
+    os.remove(os.path.join(point["run_dir"], "status.json"))
     # Slurm holds a requeued job back (BeginTime a while ahead); let it start now
     slurm_cluster.run(["scontrol", "update", f"JobId={point['job_id']}", "StartTime=now"], check=True)
     rc, status = _watch(study_cli, ncf_study["dir"])

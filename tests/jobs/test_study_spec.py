@@ -113,7 +113,7 @@ def test_bad_spec_is_one_line_exit_2_nothing_created(tmp_path, spec, message):
 
 def test_bad_flags_and_missing_spec(tmp_path):
     env = dict(os.environ, RECSYS_RUNS_DIR=str(tmp_path / "runs"))
-    cases = [(["study", "run", str(tmp_path / "nope.yaml"), "--profile", "ci"], "nope.yaml: cannot read the study spec"),
+    cases = [(["study", "run", str(tmp_path / "nope.yaml"), "--profile", "ci"], "nope.yaml: file: cannot read: No such file"),
              (["study", "run", "--model", "dlrm", "--gpus", "1,x", "--profile", "ci"], "--gpus: '1,x' is not a list"),
              (["study", "run", "--model", "ncf", "--gpus", "1", "--variant", "amp", "--profile", "ci"], "--variant: 'amp'"),
              (["study", "run", "--model", "ncf", "--gpus", "1", "--max-concurrent", "0", "--profile", "ci"],

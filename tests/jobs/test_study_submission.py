@@ -1,7 +1,7 @@
 """Submitting a study from one process on the local Slurm cluster, counted: every point's script
 is rendered once, and each record is written the fewest times that keep it crash-safe (jobs.json
-before sbatch and once after it; study.json once at the start and once per batch of points that
-landed). The points go to a partition created DOWN for the test, so they stay pending and never
+when the run dir is made, with the job's intent before sbatch and with its id after; study.json
+once at the start and once per point, with its run dir before its sbatch). The points go to a partition created DOWN for the test, so they stay pending and never
 run; they are cancelled and the partition removed afterwards."""
 
 import collections
@@ -38,16 +38,17 @@ def test_study_renders_each_script_once_and_writes_records_the_fewest_times(held
     import jobs.runs.records
     import jobs.study.run
 
-    renders, writes = [], collections.Counter()
+    renders, writes, durable = [], collections.Counter(), collections.Counter()
     real_render, real_write = jobs.backends.slurm.backend.render, jobs.runs.atomic.write_json
 
     def counting_render(spec, run_dir, *args, **kwargs):
         renders.append(run_dir)
         return real_render(spec, run_dir, *args, **kwargs)
 
-    def counting_write(path, data):
+    def counting_write(path, data, **kwargs):
         writes[os.path.basename(path)] += 1
-        return real_write(path, data)
+        durable[os.path.basename(path)] += bool(kwargs.get("durable"))
+        return real_write(path, data, **kwargs)
 
     monkeypatch.setattr(jobs.backends.slurm.backend, "render", counting_render)
     monkeypatch.setattr(jobs.runs.records, "write_json", counting_write)       # jobs.json, request.json
@@ -61,8 +62,9 @@ def test_study_renders_each_script_once_and_writes_records_the_fewest_times(held
     run_dirs = [p.runs[0] for p in record.points]
     assert sorted(renders) == sorted(run_dirs)                  # one render per script
     assert writes["request.json"] == points
-    assert writes["jobs.json"] == 2 * points                    # before sbatch, and after it
-    assert 2 <= writes["study.json"] <= 1 + points              # created, then per batch that landed
+    assert writes["jobs.json"] == 3 * points                    # created, the intent before sbatch, the id after
+    assert writes["study.json"] == 1 + points                   # created, then each run dir before its sbatch
+    assert +durable == {"jobs.json": points, "study.json": points}  # fsync: only what precedes an sbatch
     assert writes["results.json"] == 1
     tokens = {}
     for run_dir in run_dirs:

@@ -48,7 +48,7 @@ def test_profile_account_with_command_and_newline_is_refused_before_the_run_dir(
     evil.write_text(f'extends: ci\naccount: "acct$(touch {marker})\\nsecond"\n')
     before = _queued(slurm_cluster)
     line = _refused(cli("train", *HELLO[2:], "--profile", str(evil)), "account")
-    assert "profile evil" in line and "--output" not in line
+    assert f"{evil}: account: has the control character" in line and "--output" not in line   # refused on load
     assert not os.path.exists(cli.runs_dir)
     assert not marker.exists()
     assert _queued(slurm_cluster) <= before

@@ -161,7 +161,7 @@ def test_bad_yaml_and_missing_sections(tmp_path):
     (tmp_path / "a.yaml").write_text("feature_spec: [unclosed\n")
     with pytest.raises(FeatureSpecError) as err:
         FeatureSpec.from_yaml(tmp_path / "a.yaml")
-    assert_one_line(err, "a.yaml", "not valid YAML")
+    assert_one_line(err, "a.yaml", "malformed YAML")
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({"feature_spec": {"x": {"dtype": "bool"}}}))
     with pytest.raises(FeatureSpecError) as err:
         FeatureSpec.from_yaml(tmp_path / "b.yaml")

@@ -15,7 +15,7 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, base_env, read_log, run_train, summary
+from conftest import REPO, base_env, read_log, summary, train_cmd
 
 import realdata
 
@@ -73,12 +73,44 @@ def test_split_and_ids(adult):
     assert (train["workclass"] == 0).mean() > 0.04                               # '?' is missing -> 0
 
 
-@pytest.mark.parametrize("model", ["wide_deep", "dlrm"])
-def test_default_training_beats_logistic_regression(adult, logistic_auc, model, tmp_path):
-    log = tmp_path / "log.jsonl"
-    res = run_train(["--model", model, "--feature-spec", adult / f"feature_spec_{model}.yaml", "--log-path", log],
-                    timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
+MODELS = ("wide_deep", "dlrm")
+
+
+@pytest.fixture(scope="module")
+def training(adult, tmp_path_factory):
+    """{model: (process, log path, stderr path)}: both default trainings started side by side, so the
+    short DLRM run (and the baseline's fit) overlaps the long Wide & Deep one instead of following it."""
+    out = tmp_path_factory.mktemp("adult-train")
+    runs = {}
+    try:
+        for model in MODELS:
+            log, err = out / f"{model}.jsonl", out / f"{model}.err"
+            with open(err, "w") as stderr_file:
+                proc = subprocess.Popen(train_cmd("--model", model, "--feature-spec",
+                                                  adult / f"feature_spec_{model}.yaml", "--log-path", log),
+                                        env=base_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr_file)
+            runs[model] = (proc, log, err)
+        yield runs
+    finally:
+        for proc, _, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def trained(training, logistic_auc):
+    """{model: (exit status, stderr, log path)} once both trainings ended (the baseline is fitted
+    meanwhile)."""
+    for proc, _, _ in training.values():
+        proc.wait(timeout=900)
+    return {model: (proc.returncode, err.read_text(), log) for model, (proc, log, err) in training.items()}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_default_training_beats_logistic_regression(trained, logistic_auc, model):
+    status, stderr, log = trained[model]
+    assert status == 0, stderr[-3000:]
     auc = summary(read_log(log))["auc"]
     print(f"adult {model}: auc {auc:.4f}, logistic regression {logistic_auc:.4f}")
     assert auc >= logistic_auc, f"{model} AUC {auc:.4f} < logistic regression {logistic_auc:.4f}"

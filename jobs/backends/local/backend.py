@@ -68,7 +68,7 @@ class LocalBackend(Backend):
                        for spec in specs)
         return DryRun(scheduler=self.scheduler, run_dir=run_dir, wait=wait, drafts=drafts)
 
-    def submit(self, draft, ids, wait, log=None):
+    def submit(self, draft, ids, wait, log=None, on_intent=None):
         spec, run_dir = draft.spec, draft.run_dir
         for job_id in spec.external_after:      # afterok on running local jobs (--after)
             submitit_folder = draft.after_folders.get(job_id) or controller_folder(job_id)

@@ -28,6 +28,7 @@ class SlurmBackend(Backend):
     """sbatch / squeue / sacct / scancel / scontrol through jobs.backends.slurm.commands."""
 
     scheduler = "slurm"
+    records_intents = True
     unknown_job_hint = "a typo? without accounting, Slurm forgets a job MinJobAge after it ends"
 
     def max_array_size(self, requests):
@@ -68,7 +69,10 @@ class SlurmBackend(Backend):
 
         return queries.missing_jobs(job_ids, self.accounting())
 
-    def submit(self, draft, ids, wait, log=None):
+    def submit(self, draft, ids, wait, log=None, on_intent=None):
+        import time
+
+        from jobs import faultpoints
         from jobs.runs.records import JobRecord
 
         from . import commands
@@ -78,12 +82,44 @@ class SlurmBackend(Backend):
         if spec.after_ok or spec.after_any:     # the job ids of the run it waits for are known now
             text = render(spec, draft.run_dir, draft.script, ids=ids, token=draft.token)
         write_text(draft.script, text)
-        job_id = commands.sbatch(draft.script, draft.token, log=log)
-        return [JobRecord(key=spec.key, name=spec.name, job_id=job_id, array_size=spec.array_size,
-                          task_offset=spec.task_offset, ntasks=spec.nodes * spec.ntasks_per_node,
-                          script=draft.script, token=draft.token,
-                          after_ok=[ids[k] for k in spec.after_ok] + list(spec.external_after),
-                          after_any=[ids[k] for k in spec.after_any])]
+        job = JobRecord(key=spec.key, name=spec.name, job_id=None, array_size=spec.array_size,
+                        task_offset=spec.task_offset, ntasks=spec.nodes * spec.ntasks_per_node,
+                        script=draft.script, token=draft.token,
+                        after_ok=[ids[k] for k in spec.after_ok] + list(spec.external_after),
+                        after_any=[ids[k] for k in spec.after_any], submitted_at=round(time.time(), 3))
+        if on_intent is not None:
+            on_intent(job)
+        job.job_id = commands.sbatch(draft.script, draft.token, log=log)
+        faultpoints.reached("sbatch-returned")
+        return [job]
+
+    def find_submitted(self, run_dir, intent):
+        """By the job's token in the queue (one squeue call); else by the batch output a started
+        job leaves in logs/ (its name holds the job id); else the job provably never went in when
+        the intent is younger than the controller's MinJobAge (an accepted job stays in squeue at
+        least that long after it ends); else nothing can be told."""
+        from jobs.errors import SlurmCommandError
+
+        from . import commands
+
+        try:
+            found = commands.find_by_token(intent.token)
+        except SlurmCommandError as exc:
+            return "unknown", f"squeue cannot say whether comment recsys:{intent.token} went in ({exc})"
+        if found:
+            return "submitted", found
+        started = commands.job_id_from_logs(run_dir, intent.key)
+        if started:
+            return "submitted", started
+        age = commands.seconds_since(intent.submitted_at)
+        min_job_age = commands.min_job_age()
+        if age is not None and min_job_age is not None and age < min_job_age:
+            return "absent", (f"comment recsys:{intent.token} is not in the queue {age:.0f} s after the "
+                              f"submission began (Slurm keeps every job it accepted for MinJobAge "
+                              f"{min_job_age} s after its end)")
+        return "unknown", (f"comment recsys:{intent.token} is no longer in the queue and no job output is "
+                           f"in {os.path.join(run_dir, 'logs')}; it may have been accepted and cancelled "
+                           f"while pending")
 
     def poll(self, run_dir, record, source=None):
         return self.poll_many([(run_dir, record)], source)[0]

@@ -192,3 +192,32 @@ def accounting_enabled():
     """True when slurmdbd accounting is configured (so sacct can answer)."""
     storage = show_config().get("AccountingStorageType", "")
     return bool(storage) and not storage.endswith("/none")
+
+
+def job_id_from_logs(run_dir, key):
+    """The job id in the name of a batch output `logs/<key>-<id>[_<task>].out` (written by Slurm
+    when the job starts: jobs.backends.slurm.script.log_paths), or None."""
+    logs = os.path.join(run_dir, "logs")
+    try:
+        names = os.listdir(logs)
+    except OSError:
+        return None
+    pattern = re.compile(rf"^{re.escape(key)}-(\d+)(?:_\d+)?\.out$")
+    for name in sorted(names):
+        match = pattern.match(name)
+        if match:
+            return match.group(1)
+    return None
+
+
+def seconds_since(stamp):
+    """Seconds from a time.time() stamp to now (None without a stamp)."""
+    return None if stamp is None else max(0.0, time.time() - float(stamp))
+
+
+def min_job_age():
+    """The controller's MinJobAge in seconds (how long it keeps an ended job), or None when it
+    cannot be asked."""
+    value = show_config().get("MinJobAge", "")
+    match = re.match(r"^(\d+)", value)
+    return int(match.group(1)) if match else None

@@ -12,15 +12,19 @@ Every state a poll saw is kept per run in status.json (a versioned record), so a
 is never asked about again, and a job Slurm has forgotten (MinJobAge passed, no accounting)
 keeps the last state seen instead of turning UNKNOWN. A job Slurm has forgotten that ended
 unseen and left no exit record never finished its script: it is settled once, as failed with
-that reason, and not asked about again.
+that reason, and not asked about again. Saving status.json is best effort: a reader who cannot
+write the run (another user, a read-only mount, a full disk) gets the same answer, and a
+jobs.errors.ResultsNotSaved warning says where it could not be kept.
 """
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 from jobs import states
+from jobs.errors import ResultsNotSaved, StorageError
 from jobs.runs.atomic import read_json, write_json
 from jobs.runs.records import JobStatus, Record, StatusResult, known_fields
 
@@ -70,6 +74,14 @@ class StatusCache(Record):
 
     def write(self, run_dir):
         write_json(os.path.join(run_dir, CACHE), self.to_dict())
+
+    def save(self, run_dir):
+        """write(), best effort: the cache only spares Slurm calls, so a poll by someone who
+        cannot write the run must still answer (a ResultsNotSaved warning instead)."""
+        try:
+            self.write(run_dir)
+        except StorageError as exc:
+            warnings.warn(str(exc), ResultsNotSaved, stacklevel=2)
 
 
 def _expected_tasks(job):
@@ -161,7 +173,7 @@ def poll_many(items, source=None):
         fresh = {t: found[t] for t in own if t in found}
         if fresh:
             cache.tasks.update(fresh)
-            cache.write(run_dir)
+            cache.save(run_dir)
         out = []
         for job in record.jobs:
             tasks = {t: cache.tasks[t].state if t in cache.tasks else states.UNKNOWN for t in _expected_tasks(job)}

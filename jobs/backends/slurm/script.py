@@ -15,9 +15,10 @@ from jobs.planning.argv import RunPath, SlurmHelper, slurm_dir
 from jobs.planning.plan import rank_command
 from jobs.planning.requeue import MAX_IDLE_REQUEUES
 from jobs.profiles.binding import bind_env
+from jobs.profiles.schema import has_control
 from jobs.slurmtime import format_time
 
-_SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@,=+\-\[\]]+$")
+_SAFE_DIRECTIVE = re.compile(r"[A-Za-z0-9_./:%@,=+\-\[\]]+")    # fullmatch: `$` passes a final newline
 
 
 class _Template(string.Template):
@@ -34,7 +35,7 @@ def directive_value(value, flag):
     """A value for an #SBATCH line: bare when inert, double-quoted when it has spaces or shell
     characters (sbatch strips the quotes, no shell ever sees it), refused if it cannot be quoted."""
     text = str(value)
-    if _SAFE_DIRECTIVE.match(text):
+    if _SAFE_DIRECTIVE.fullmatch(text):
         return text
     if any(c in text for c in '"\\\n\r'):
         raise RequestError(f"{flag}: {text!r} contains a quote, backslash or newline that sbatch cannot take")
@@ -257,6 +258,15 @@ def submit_hint(spec, script_path, ids=None, written=True):
     return f"Submit by hand with: {command} {shlex.quote(script_path or f'{spec.key}.sbatch')}"
 
 
+def _comment(text, what):
+    """A value for one of the script's `#` comment lines: a newline there ends the comment and the
+    rest runs as a command, so a control character is refused (a loaded profile has none)."""
+    if has_control(text):
+        raise RequestError(f"{what}: {text!r} has a control character, which the job script cannot "
+                           "show in a comment")
+    return text
+
+
 def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
     """The sbatch script text of `spec` for run directory `run_dir`; `written`: whether it is
     saved as `script_path` (what its comment tells the reader to sbatch), or only printed."""
@@ -267,10 +277,10 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
              f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
     return _template().substitute(
         directives="\n".join(directives(spec, run_dir, ids, token)),
-        title=title,
-        profile_name=profile.name,
-        profile_path=profile.path or "",
-        submit_hint=submit_hint(spec, script_path, ids, written),
+        title=_comment(title, "the job's title"),
+        profile_name=_comment(profile.name, "profile name"),
+        profile_path=_comment(profile.path or "", f"profile {profile.name!r}: path"),
+        submit_hint=_comment(submit_hint(spec, script_path, ids, written), "the script's path"),
         run_dir=shlex.quote(os.path.abspath(run_dir)),
         slurm_dir=shlex.quote(slurm_dir()),
         key=shlex.quote(spec.key),
