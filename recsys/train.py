@@ -348,6 +348,11 @@ def run(config):
         task = TASKS[config.model](config, spec, dist, log)
         if config.mode in ("train", "evaluate"):
             task.check_data()
+            from recsys.data import evaluation_problem
+            from recsys.errors import DataError
+            problem = evaluation_problem(spec)    # one class or one row: the AUC would be NaN
+            if problem:
+                raise DataError(problem)
         _log_placement(config, dist, log)
         engine = Engine(config, task, dist, log)
         log.startup("model")

@@ -32,7 +32,7 @@ log = logging.getLogger("preproc.tabular")
 
 
 def add_arguments(stages: argparse._SubParsersAction) -> None:
-    from preproc.dataio.bad_rows import add_bad_rows_argument
+    from preproc.dataio.bad_rows import add_bad_rows_argument, add_max_bad_rows_argument
     from preproc.dataio.output import add_output_arguments
 
     run = stages.add_parser("run", help="table + YAML config -> train/test parquet, feature specs, fitted workflow")
@@ -41,6 +41,7 @@ def add_arguments(stages: argparse._SubParsersAction) -> None:
     add_output_arguments(run)
     _common(run)
     add_bad_rows_argument(run)
+    add_max_bad_rows_argument(run)
     run.set_defaults(func=cmd_run)
 
     apply = stages.add_parser("apply", help="new rows through a dataset's saved workflow -> a test-only dataset")
@@ -49,6 +50,7 @@ def add_arguments(stages: argparse._SubParsersAction) -> None:
     add_output_arguments(apply)
     _common(apply)
     add_bad_rows_argument(apply)
+    add_max_bad_rows_argument(apply)
     apply.set_defaults(func=cmd_apply)
 
 
@@ -74,18 +76,41 @@ def _runtime(args):
 
     if args.num_files < 1:
         raise PreprocError(f"--num-files: must be >= 1, got {args.num_files}")
+    if not 0 <= args.max_bad_rows <= 1:
+        raise PreprocError(f"--max-bad-rows: a share of the rows in [0, 1], got {args.max_bad_rows:g}")
     cores, memory_gb = detect_node()
     return dask_cluster.detect(args.device, args.node_cores or cores, args.node_memory_gb or memory_gb)
 
 
-def _import_nvt():
-    try:
-        import nvtabular  # noqa: F401
+# What importing NVTabular prints on a CPU node, every run, none of it the user's business: merlin's
+# warnings that its optional PyTorch and Triton dtype maps did not load (merlin/dtypes/mappings/
+# torch.py, triton.py), and TensorFlow's INFO lines (oneDNN, CPU instructions), which merlin's import
+# of TensorFlow prints.
+IMPORT_NOISE = r"(PyTorch|Triton) dtype mappings did not load"
 
-        from preproc.tabular import nvt
+
+def _import_nvt():
+    """NVTabular and the pipeline, imported without the noise above: the warnings are ignored for
+    this import only, and TensorFlow's C++ INFO lines are hidden unless TF_CPP_MIN_LOG_LEVEL is set
+    (TensorFlow reads it once, at its first log line, which its import prints)."""
+    import os
+    import warnings
+
+    set_level = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    if set_level:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=IMPORT_NOISE, category=UserWarning)
+            import nvtabular  # noqa: F401
+
+            from preproc.tabular import nvt
     except ImportError as exc:
         raise PreprocError(f"--engine nvtabular: {exc.name or exc} does not import "
                            "(pip install '.[nvtabular]')") from None
+    finally:
+        if set_level:
+            del os.environ["TF_CPP_MIN_LOG_LEVEL"]     # child processes see the user's environment
     return nvt
 
 
@@ -107,7 +132,7 @@ def cmd_run(args) -> int:
     for line in plan:
         log.info("%s", line)
     report = nvt.run(args.input, config, args.output, num_files=args.num_files, overwrite=args.overwrite,
-                     bad_row_policy=args.bad_rows, runtime=runtime)
+                     bad_row_policy=args.bad_rows, runtime=runtime, max_bad_rows=args.max_bad_rows)
     print(json.dumps({k: report[k] for k in ("rows", "cardinalities", "bad_rows", "models", "timings_s")}))
     return 0
 
@@ -123,6 +148,6 @@ def cmd_apply(args) -> int:
         return 0
     nvt = _import_nvt()
     report = nvt.apply(args.dataset, args.input, args.output, num_files=args.num_files, overwrite=args.overwrite,
-                       bad_row_policy=args.bad_rows, runtime=runtime)
+                       bad_row_policy=args.bad_rows, runtime=runtime, max_bad_rows=args.max_bad_rows)
     print(json.dumps(report))
     return 0

@@ -3,9 +3,12 @@ and the saved workflow applied to new rows (``preproc tabular apply``).
 
 ``run``:
 
-1. read (preproc.tabular.read): typed pandas partitions, bad rows flagged; one pass
-   counts them per file (``--bad-rows skip|fatal``), the time column's value counts
-   (time split) and the longest multi-hot list (default ``max_hotness``);
+1. read (preproc.tabular.read): typed pandas partitions, bad rows flagged with their
+   reason; one pass counts the label's values (a column not coded 0/1 is refused, naming
+   the values and the ``positive`` key), the bad rows per file with their column, reason
+   and first rows (``--bad-rows skip|fatal``; skip fails above ``--max-bad-rows`` of the
+   rows), the time column's value counts (time split) and the longest multi-hot list
+   (default ``max_hotness``);
 2. split (preproc.tabular.split): every good row is marked train or test;
 3. the workflow (preproc.tabular.workflow) is fitted on the training rows only, its
    vocabularies put in frequency order, then it transforms every good row (pandas on
@@ -13,7 +16,8 @@ and the saved workflow applied to new rows (``preproc tabular apply``).
 4. write: ``train/part_NNNNN.parquet`` and ``test/part_NNNNN.parquet``, exactly
    ``--num-files`` each (training rows round-robin by row number; test rows by
    ``map mod num_files`` when there is a group column, sorted by it, so a group never
-   spans two files), every numerical value checked finite; the feature specs
+   spans two files), every numerical value checked finite, each split checked to hold
+   both classes; the feature specs
    (preproc.tabular.spec), ``tabular.yaml`` (the config as applied), ``workflow/``
    (the fitted features-only ``nvtabular.Workflow``) and ``report.json``.
 
@@ -38,19 +42,22 @@ from preproc.errors import PreprocError
 from preproc.tabular import read, split
 from preproc.tabular.config import LABEL, TabularConfig, parse_config
 from preproc.tabular.spec import SPEC, feature_spec, spec_file, stored
+from slurm.yamlfile import YamlFileError, load_yaml_file
 from preproc.tabular.workflow import build, frequency_order, statistics
 
 log = logging.getLogger("preproc.tabular")
 WORKFLOW_DIR = "workflow"
 CONFIG_FILE = "tabular.yaml"
 KEEP = ("_row", "_test")
+SCAN_ONLY = ("_bad", "_file", "_why", "_label_kind", "_label_other")   # read's columns the scan alone reads
+MAX_BAD_ROWS = bad_rows.MAX_SHARE   # the share of rows `--bad-rows skip` may drop (--max-bad-rows)
 MAP = "map"
 
 
 # --- partition functions (module level: they travel to dask workers) -------------------------------
 def good_rows(frame):
     """Rows that are not bad, indexed 0..n-1 (Categorify finds nulls by position)."""
-    return frame[~frame["_bad"]].drop(columns=["_bad", "_file"]).reset_index(drop=True)
+    return frame[~frame["_bad"]].drop(columns=list(SCAN_ONLY)).reset_index(drop=True)
 
 
 def mark_random(frame, seed: int, fraction: float, by_group: bool):
@@ -135,33 +142,42 @@ def part_writer(directory: str, config: TabularConfig, num_files: int, mappings=
 
 # --- the pipeline ----------------------------------------------------------------------------------
 def run(input_path: str, config: TabularConfig, output: str, num_files: int = 1, overwrite: bool = False,
-        bad_row_policy: str = "skip", runtime=None) -> dict:
+        bad_row_policy: str = "skip", runtime=None, max_bad_rows: float = MAX_BAD_ROWS) -> dict:
     """The whole pipeline; returns the report (rows, cardinalities, statistics, timings)."""
     from preproc.runtime import dask_cluster
 
     files = input_files(input_path)
     runtime = runtime or dask_cluster.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
     with dask_cluster.start(runtime):
-        return _run(files, config, output, num_files, overwrite, bad_row_policy, runtime)
+        return _run(files, config, output, num_files, overwrite, bad_row_policy, runtime, max_bad_rows)
 
 
-def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list):
-    """One pass: bad rows per file (enforced), time value counts, longest lists. -> (good rows, facts)."""
+def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list, max_bad_rows: float = MAX_BAD_ROWS):
+    """One pass: the label's values (refused unless 0/1), bad rows per file with their reasons
+    (enforced), time value counts, longest lists. -> (good rows, facts)."""
     import dask
+    import pandas as pd
 
     good = parsed.map_partitions(good_rows, meta=good_rows(read.meta(config)))
-    tasks = {"bad": parsed[["_file", "_bad"]].groupby("_file")["_bad"].agg(["sum", "count"])}
+    tasks = {"bad": parsed[["_file", "_bad"]].groupby("_file")["_bad"].agg(["sum", "count"]),
+             "why": parsed["_why"].value_counts(),
+             "first_bad": parsed.map_partitions(read.first_bad_rows, meta=read.first_bad_rows(read.meta(config))),
+             "label_kinds": parsed["_label_kind"].value_counts(),
+             "label_other": parsed["_label_other"].dropna().value_counts()}
     if config.split_method == "time":
         tasks["times"] = good["_time"].value_counts()
     lists = [m.column for m in config.multihot if m.max_hotness is None]
     if lists:
-        import pandas as pd
-
         tasks["lists"] = good.map_partitions(longest_lists, lists,
                                              meta=pd.Series([], dtype="int64")).to_delayed()
     (facts,) = dask.compute(tasks)
-    counts = {str(files[int(i)]): (int(r["sum"]), int(r["count"])) for i, r in facts["bad"].iterrows()}
-    facts["bad_report"] = bad_rows.enforce(counts, bad_row_policy, what="tabular")
+    read.check_labels(facts["label_kinds"], facts["label_other"], config)
+    bad = facts["bad"].sort_index()
+    offsets = dict(zip((int(i) for i in bad.index), np.cumsum([0] + [int(c) for c in bad["count"]])[:-1].tolist()))
+    counts = {str(files[int(i)]): (int(r["sum"]), int(r["count"])) for i, r in bad.iterrows()}
+    details = read.describe_bad_rows(facts["first_bad"], facts["why"], config, offsets, files)
+    facts["bad_report"] = bad_rows.enforce(counts, bad_row_policy, what="tabular", max_share=max_bad_rows,
+                                           details=details)
     facts["rows"] = sum(c for _, c in counts.values())
     facts["bad_rows"] = sum(b for b, _ in counts.values())
     hotness = {m.column: m.max_hotness for m in config.multihot}
@@ -171,14 +187,14 @@ def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list):
     return good, facts
 
 
-def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_policy, runtime) -> dict:
+def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_policy, runtime, max_bad_rows) -> dict:
     warnings.filterwarnings("ignore", message=".*experimental feature.*")
     import dask
     from merlin.io import Dataset
 
     timings, start = {}, time.perf_counter()
     parsed, _ = read.input_frame(files, config)
-    good, facts = _scan(parsed, config, bad_row_policy, files)
+    good, facts = _scan(parsed, config, bad_row_policy, files, max_bad_rows)
     if facts["rows"] == facts["bad_rows"]:
         raise PreprocError(f"--input: no usable rows ({facts['bad_rows']} bad of {facts['rows']})")
     split_meta = {"method": config.split_method, "test_fraction": config.test_fraction, "seed": config.seed}
@@ -228,6 +244,7 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
                          for k, m in enumerate(("train", "test"))})
         positives = {m: float(sum(w[1] for w in written[k * num_files:(k + 1) * num_files]))
                      for k, m in enumerate(("train", "test"))}
+        _check_classes(expected, positives, config)
         stats = statistics(workflow, config)
         metadata = {"dataset": "tabular", "engine": "nvtabular", "runtime": runtime.mode, "rows": dict(expected),
                     "label_rate": {m: round(positives[m] / max(expected[m], 1), 6) for m in expected},
@@ -246,11 +263,26 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
     return report
 
 
+def _check_classes(rows: dict, positives: dict, config: TabularConfig) -> None:
+    """A split of one class trains a constant (train) or has no AUC (test): refused, one line."""
+    for mapping in ("train", "test"):
+        if positives[mapping] in (0, rows[mapping]):
+            value = 1 if positives[mapping] else 0
+            raise PreprocError(f"{mapping}: all {rows[mapping]} rows have label {value}: a split needs both "
+                               f"classes (check `label` in {config.source}"
+                               + (f": positive {list(config.positive)} " if config.positive else " ")
+                               + "and the split's test_fraction)")
+
+
 def _check_written(written, config: TabularConfig, num_files: int, mappings=("train", "test")) -> None:
     for k, mapping in enumerate(mappings):
         rows = [w[0] for w in written[k * num_files:(k + 1) * num_files]]
         if 0 in rows:
             unit = "groups" if mapping == "test" and config.map else "rows"
+            if num_files == 1:
+                raise PreprocError(f"{mapping}: no {mapping} rows ({sum(w[0] for w in written)} usable rows in "
+                                   f"all): a dataset needs training and test rows: use a larger table or "
+                                   f"another split.test_fraction in {config.source}")
             raise PreprocError(f"{mapping}: file {rows.index(0)} of --num-files {num_files} would be empty "
                                f"({sum(rows)} {mapping} rows; fewer {unit} than files: lower --num-files)")
     for i, n in enumerate(config.numerical):
@@ -285,34 +317,36 @@ def _save_workflow(features, fitted, directory: Path) -> None:
 
 # --- new data through the saved workflow ----------------------------------------------------------
 def apply(dataset: str, input_path: str, output: str, num_files: int = 1, overwrite: bool = False,
-          bad_row_policy: str = "skip", runtime=None) -> dict:
+          bad_row_policy: str = "skip", runtime=None, max_bad_rows: float = MAX_BAD_ROWS) -> dict:
     """Rows of ``input_path`` (the same columns, the label included) transformed by ``dataset``'s saved
     workflow into a dataset with one mapping, ``test``, and the same feature specs (ids, cardinalities,
     statistics of the original training rows); evaluate a trained model on it."""
-    import yaml
-
     from preproc.runtime import dask_cluster
 
     root = Path(dataset)
     if not (root / CONFIG_FILE).is_file() or not (root / WORKFLOW_DIR).is_dir():
         raise PreprocError(f"--dataset: {dataset}: no {CONFIG_FILE} and {WORKFLOW_DIR}/ "
                            "(not written by preproc tabular run)")
-    config = parse_config(yaml.safe_load((root / CONFIG_FILE).read_text()), str(root / CONFIG_FILE))
-    specs = {m: yaml.safe_load((root / spec_file(m)).read_text()) for m in config.models}
+    try:
+        config = parse_config(load_yaml_file(root / CONFIG_FILE), str(root / CONFIG_FILE))
+        specs = {m: load_yaml_file(root / spec_file(m)) for m in config.models}
+    except YamlFileError as exc:
+        raise PreprocError(f"--dataset: {exc}") from None
     files = input_files(input_path)
     runtime = runtime or dask_cluster.choose_runtime("cpu", 0, os.cpu_count() or 1, False)
     with dask_cluster.start(runtime):
-        return _apply(root, config, specs, files, output, num_files, overwrite, bad_row_policy, runtime)
+        return _apply(root, config, specs, files, output, num_files, overwrite, bad_row_policy, runtime,
+                      max_bad_rows)
 
 
-def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_policy, runtime) -> dict:
+def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_policy, runtime, max_bad_rows) -> dict:
     warnings.filterwarnings("ignore", message=".*experimental feature.*")
     import dask
     import nvtabular as nvt
     from merlin.io import Dataset
 
     parsed, _ = read.input_frame(files, config)
-    good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files)
+    good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files, max_bad_rows)
     good = good.map_partitions(lambda f: f.assign(_test=np.ones(len(f), bool)),
                                meta=good._meta.assign(_test=np.zeros(0, bool)))
     if "_time" in good.columns:

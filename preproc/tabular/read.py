@@ -4,12 +4,17 @@
 input (file by file, block by block) with:
 
 * ``_row`` (global row number in file order: the random split's key), ``_file``
-  (index of the input file), ``_bad`` (the row is dropped and counted per file);
+  (index of the input file), ``_bad`` (the row is dropped and counted per file) and
+  ``_why`` (int16: 0, or 1 + the index in :func:`bad_reasons` of the first reason the
+  row is bad, so that a bad-row message can name the column and the reason);
 * ``label`` float32 0/1: the label column's values (``positive`` values -> 1, other
-  values -> 0; without ``positive`` the column must hold 0/1, anything else is bad);
+  values -> 0; without ``positive`` the column must hold 0/1); ``_label_kind`` (int8:
+  0, 1, :data:`OTHER` or :data:`MISSING`) and ``_label_other`` (the value as text when
+  it is neither 0 nor 1, else None): a column of other values is refused as a whole
+  (``check_labels``), not dropped row by row (a -1/1 column would lose a class);
 * categorical columns as text (None when missing), multi-hot columns as arrays of
   text (a parquet list, or a string cut at the column's separator), numerical
-  columns as float64 (NaN when missing or a written NaN; unparsable or infinite -> bad row);
+  columns as float64 (NaN when missing or a written NaN; not a number or infinite -> bad row);
 * ``map`` int64 (the group's id, preproc.tabular.split.group_ids) and ``_time``
   float64 when the config names those columns (a missing time is a bad row).
 
@@ -30,6 +35,23 @@ from preproc.tabular.split import group_ids, time_values
 
 BLOCK_BYTES = 64 << 20
 MAP = "map"
+OTHER, MISSING = 2, 3          # _label_kind of a label neither 0 nor 1, and of a missing one
+
+
+def bad_reasons(config: TabularConfig) -> list[str]:
+    """Why a row is bad, per column: ``_why`` is 1 + the index in this list."""
+    out = [f"label {config.label!r}: missing", f"label {config.label!r}: neither 0 nor 1"]
+    for c in config.numerical:
+        out += [f"numerical {c.column!r}: not a number", f"numerical {c.column!r}: infinite"]
+    if config.map:
+        out.append(f"map {config.map!r}: missing")
+    if config.time:
+        out.append(f"time {config.time!r}: missing or not a time")
+    return out
+
+
+def _code(reasons: list, column: str, what: str) -> int:
+    return reasons.index(next(r for r in reasons if r.endswith(f"{column!r}: {what}"))) + 1
 
 
 def input_format(files: list[Path], config: TabularConfig) -> str:
@@ -58,13 +80,40 @@ def file_columns(path: Path, fmt: str, separator: str) -> list[str]:
 
 
 def check_columns(files: list[Path], fmt: str, config: TabularConfig) -> None:
-    """Every configured column in every file, else one line naming the file and the column."""
+    """Every configured column in every file, and of a type its role can read (parquet), else one
+    line naming the file and the column."""
     for path in files:
         have = set(file_columns(path, fmt, config.csv_separator))
         missing = [c for c in config.input_columns if c not in have]
         if missing:
             raise PreprocError(f"{path}: has no column {missing[0]!r} (named in {config.source}; "
                                f"columns: {', '.join(sorted(have)[:20])})")
+        if fmt == "parquet":
+            check_types(path, config)
+
+
+def check_types(path: Path, config: TabularConfig) -> None:
+    """A nested parquet column (list, struct, map) is read only as a multi-hot list: as a categorical
+    it would become the text of the list, as a number every row would be bad; one line instead."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    roles = [("categorical", c.column) for c in config.categorical] + [("numerical", c.column)
+                                                                      for c in config.numerical]
+    roles += [("label", config.label)] + [(k, getattr(config, k)) for k in ("map", "time") if getattr(config, k)]
+    for role, column in roles:
+        typ = schema.field(column).type
+        if pa.types.is_nested(typ):
+            lists = role == "categorical" and (pa.types.is_list(typ) or pa.types.is_large_list(typ))
+            hint = "a list of ids per row goes under `multihot`" if lists else "flatten it into plain columns"
+            raise PreprocError(f"{path}: column {column!r} is {typ}, a nested type: a {role} column holds one "
+                               f"value per row ({hint})")
+    for m in config.multihot:
+        typ = schema.field(m.column).type
+        if pa.types.is_struct(typ) or pa.types.is_map(typ):
+            raise PreprocError(f"{path}: column {m.column!r} is {typ}: a multihot column is a list or a "
+                               f"string cut at its separator")
 
 
 def raw_pieces(files: list[Path], fmt: str, config: TabularConfig):
@@ -128,18 +177,31 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
     n = len(frame)
     frame = frame.reset_index(drop=True)
     tokens = config.missing_values
+    reasons = bad_reasons(config)
     out = pd.DataFrame({"_row": np.arange(first_row, first_row + n, dtype=np.int64),
                         "_file": np.full(n, file_index, dtype=np.int32)})
-    bad = np.zeros(n, dtype=bool)
+    why = np.zeros(n, dtype=np.int16)
+
+    def flag(mask, column, what):          # the first reason of a row is the one reported
+        why[(why == 0) & np.asarray(mask, dtype=bool)] = _code(reasons, column, what)
+
     raw = frame[config.label]
     gone = _missing(raw, tokens)
+    kind = np.full(n, MISSING, dtype=np.int8)
+    other = np.full(n, None, dtype=object)
     if config.positive:
         label = _text(raw, gone).isin(config.positive).astype("float32")
+        kind[~gone.to_numpy()] = label.to_numpy()[~gone.to_numpy()].astype(np.int8)
     else:
         number = pd.to_numeric(raw.where(~gone), errors="coerce")
-        bad |= (~number.isin([0, 1])).to_numpy()
-        label = number.where(number.isin([0, 1]), 0).astype("float32")
-    bad |= gone.to_numpy()
+        binary = number.isin([0, 1]).to_numpy()
+        label = number.where(binary, 0).astype("float32")
+        kind[binary] = number.to_numpy()[binary].astype(np.int8)
+        odd = ~binary & ~gone.to_numpy()
+        kind[odd] = OTHER
+        other[odd] = _text(raw[odd], gone[odd]).to_numpy(dtype=object)
+        flag(odd, config.label, "neither 0 nor 1")
+    flag(gone, config.label, "missing")
     out[LABEL] = label.to_numpy(dtype=np.float32)
     for c in config.categorical:
         out[c.column] = _text(frame[c.column], _missing(frame[c.column], tokens)).to_numpy(dtype=object)
@@ -151,18 +213,22 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
         number = pd.to_numeric(values.where(~gone), errors="coerce").astype("float64")
         gone |= values.astype(str).str.strip().str.lower().eq("nan")          # a written NaN is missing
         finite = np.isfinite(number.to_numpy())
-        bad |= ~gone.to_numpy() & ~finite                                     # unparsable or infinite
+        flag(~gone.to_numpy() & np.isinf(number.to_numpy()), c.column, "infinite")
+        flag(~gone.to_numpy() & ~finite, c.column, "not a number")
         out[c.column] = number.where(~gone & finite).to_numpy()
     if config.map:
         groups = frame[config.map]
         gone = _missing(groups, tokens)
-        bad |= gone.to_numpy()
+        flag(gone, config.map, "missing")
         out[MAP] = group_ids(groups.where(~gone, 0 if pd.api.types.is_numeric_dtype(groups.dtype) else ""))
     if config.time:
         times = time_values(frame[config.time].where(~_missing(frame[config.time], tokens)))
-        bad |= times.isna().to_numpy()
+        flag(times.isna(), config.time, "missing or not a time")
         out["_time"] = times.to_numpy(dtype=np.float64)
-    out["_bad"] = bad
+    out["_bad"] = why > 0
+    out["_why"] = why
+    out["_label_kind"] = kind
+    out["_label_other"] = other
     return out
 
 
@@ -176,7 +242,7 @@ def meta(config: TabularConfig) -> pd.DataFrame:
         cols[MAP] = "int64"
     if config.time:
         cols["_time"] = "float64"
-    cols["_bad"] = "bool"
+    cols.update({"_bad": "bool", "_why": "int16", "_label_kind": "int8", "_label_other": "object"})
     return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in cols.items()})
 
 
@@ -195,3 +261,41 @@ def input_frame(files: list[Path], config: TabularConfig):
                               for (index, part), first in zip(pieces, firsts)], meta=meta(config),
                              verify_meta=False)
     return parsed, int(sum(lengths))
+
+
+def check_labels(kinds: pd.Series, others: pd.Series, config: TabularConfig) -> None:
+    """``kinds``: rows per ``_label_kind``; ``others``: rows per label value that is neither 0 nor 1.
+    A label column of other values (-1/1, 1/2, 0/5, yes/no) is refused in one line naming the
+    values seen and the ``positive`` key that maps them: dropped row by row it would leave one class."""
+    if not len(others):
+        return
+    seen = {"0": int(kinds.get(0, 0)), "1": int(kinds.get(1, 0))}
+    seen.update({str(k): int(v) for k, v in others.items()})
+    seen = {k: v for k, v in sorted(seen.items(), key=lambda kv: -kv[1]) if v}
+    shown = ", ".join(f"{k!r} ({v} rows)" for k, v in list(seen.items())[:5])
+    more = f" and {len(seen) - 5} more values" if len(seen) > 5 else ""
+    numbers = pd.to_numeric(pd.Series(list(seen)), errors="coerce")
+    suggest = str(numbers.max()).removesuffix(".0") if numbers.notna().all() else list(seen)[-1]
+    raise PreprocError(f"{config.source}: label column {config.label!r} must hold the two classes 0 and 1; "
+                       f"values seen: {shown}{more}: map them with `label: {{column: {config.label}, positive: "
+                       f"[{suggest}]}}` (the values in `positive` -> 1, every other value -> 0)")
+
+
+def first_bad_rows(frame: pd.DataFrame, keep: int = 3) -> pd.DataFrame:
+    """The first ``keep`` bad rows of each reason of one partition: (_why, _file, _row)."""
+    bad = frame.loc[frame["_why"] > 0, ["_why", "_file", "_row"]]
+    return bad.sort_values("_row", kind="stable").groupby("_why", sort=True).head(keep)
+
+
+def describe_bad_rows(first: pd.DataFrame, counts: pd.Series, config: TabularConfig, file_offsets: dict,
+                      files: list, keep: int = 3) -> str:
+    """One line: per reason, its rows and the first ``keep`` (file name and 0-based data row of
+    that file, the header line not counted), most frequent reason first."""
+    reasons = bad_reasons(config)
+    parts = []
+    for code, n in sorted(((int(k), int(v)) for k, v in counts.items() if int(k)), key=lambda kv: -kv[1]):
+        rows = first[first["_why"] == code].sort_values("_row").head(keep)
+        at = ", ".join(f"{Path(str(files[int(f)])).name} row {int(r) - file_offsets[int(f)]}"
+                       for f, r in zip(rows["_file"], rows["_row"]))
+        parts.append(f"{reasons[code - 1]}: {n} row(s) ({at}{', ...' if n > keep else ''})")
+    return "; ".join(parts)

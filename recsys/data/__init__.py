@@ -26,7 +26,8 @@ from typing import Optional, Union
 
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
-__all__ = ["make_dataset", "make_reader", "numerical_scale", "off_scale_warning", "FeatureSpec", "FeatureSpecError"]
+__all__ = ["make_dataset", "make_reader", "numerical_scale", "off_scale_warning", "label_counts", "evaluation_problem",
+           "FeatureSpec", "FeatureSpecError"]
 
 # A numerical column whose root mean square exceeds this is far off unit scale: the models take
 # numericals as they are (an MLP or a linear model on raw counts, ages or amounts trains badly:
@@ -113,3 +114,54 @@ def off_scale_warning(spec, mapping: str = "train") -> Optional[str]:
         return None
     return (f"warning: numerical column(s) far off unit scale in {mapping}: {', '.join(off)}; the models "
             f"take numericals as they are: standardise or log-transform them in the preprocessing")
+
+
+def label_counts(spec, mapping: str = "test") -> dict:
+    """{value: rows} of a mapping's label column, reading that column only (a memory-mapped
+    split-binary file or one parquet column per file): cheap even for the Criteo test day."""
+    import numpy as np
+    from recsys.data.layout import label_features
+    spec = _as_spec(spec)
+    feature = next((f for f in sorted(label_features(spec)) if spec.chunk_of(mapping, f) is not None), None)
+    if feature is None:
+        return {}
+    chunk = spec.chunk_of(mapping, feature)
+    values, counts = [], {}
+    if chunk["type"] == "split_binary":
+        rows = spec.num_rows(mapping)
+        width = len(chunk["features"])
+        data = np.memmap(spec.path(chunk["files"][0]), dtype=np.dtype(spec.dtype(feature)), mode="r",
+                         shape=(rows, width))
+        values = [data[:, chunk["features"].index(feature)]]
+    elif chunk["type"] == "parquet":
+        import pyarrow.parquet as pq
+        values = [pq.read_table(spec.path(f), columns=[feature]).column(feature).to_numpy() for f in chunk["files"]]
+    for v in values:
+        for value, n in zip(*np.unique(np.asarray(v), return_counts=True)):
+            key = value.item() if hasattr(value, "item") else value
+            key = int(key) if isinstance(key, bool) else key
+            counts[key] = counts.get(key, 0) + int(n)
+    return counts
+
+
+def evaluation_problem(spec, mapping: str = "test") -> Optional[str]:
+    """Why the AUC of DLRM and Wide & Deep would be undefined on ``mapping`` (fewer than two rows,
+    or one class), as one line; None when it is defined, for NCF (its test rows are positives
+    ranked against sampled negatives) and when the mapping is absent. Checked before training:
+    a NaN AUC in the summary of a run that exited 0 told the user nothing."""
+    from recsys.data.layout import model_kind
+    spec = _as_spec(spec)
+    if mapping not in spec.mappings() or model_kind(spec) == "ncf":
+        return None
+    counts = label_counts(spec, mapping)
+    rows = sum(counts.values())
+    classes = {float(k) for k in counts}
+    if rows >= 2 and classes == {0.0, 1.0}:
+        return None
+    seen = ", ".join(f"{k}: {n} rows" for k, n in sorted(counts.items(), key=lambda kv: str(kv[0]))[:5])
+    if classes - {0.0, 1.0}:
+        return (f"{spec.origin}: {mapping}: labels must be 0 or 1, the label column holds {seen}: map the "
+                f"classes to 0/1 in the preprocessing")
+    why = f"{rows} row(s)" if rows < 2 else f"one class ({seen})"
+    return (f"{spec.origin}: {mapping}: AUC is undefined on {why}: the evaluation needs rows of both labels, "
+            f"0 and 1 (split the data so that the test rows hold both)")

@@ -23,6 +23,14 @@ label_ch)
 Labels are always float32 [B, 1] (channel ``label``, or ``label_ch`` for NCF).
 The same packing runs on numpy arrays (tests, metrics) and TF tensors
 (``tf.data`` map), selected by the ``ops`` argument.
+
+The checks of the values every reader reads are here, once, vectorised numpy
+(:func:`check_labels`, :func:`check_ids`, :func:`check_finite`): a label that is
+not 0 or 1, a categorical id outside ``[0, cardinality)`` and a non-finite
+numerical are each a :class:`recsys.errors.DataError` naming the file (or
+mapping), the row and the feature, so bad data never reaches the model (an
+embedding lookup past the table fails deep in TensorFlow, a negative id is
+clamped to row 0 on some kernels, a label 2 trains and evaluates to NaN).
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from recsys.errors import DataError
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
 LABEL_CHANNELS = ("label", "label_ch")
@@ -146,3 +155,55 @@ def channel_features(spec: FeatureSpec, mapping: str) -> List[str]:
     for feats in spec.channel_spec.values():
         out += [f for f in feats if spec.chunk_of(mapping, f) is not None and f not in out]
     return out
+
+
+def label_features(spec: FeatureSpec) -> set:
+    """The features of the label channels (``label``, ``label_ch``)."""
+    return {f for ch in LABEL_CHANNELS for f in spec.channel_spec.get(ch, [])}
+
+
+def check_labels(values, feature: str, where: str, first_row: int = 0, row_of: str = "") -> None:
+    """Every label is 0 or 1 (bool columns always are); else a DataError naming the row."""
+    v = np.asarray(values)
+    if v.dtype == bool or not v.size:
+        return
+    bad = (v != 0) & (v != 1)                    # NaN is neither
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{where}: row {first_row + row}{row_of}: label {feature} is {v.reshape(-1)[row]}: labels must "
+                        f"be 0 or 1 (map the classes to 0/1 in the preprocessing)")
+
+
+def check_ids(values, feature: str, cardinality: int, where: str, first_row: int = 0,
+              rows: "np.ndarray | None" = None, row_of: str = "") -> None:
+    """Every id in ``[0, cardinality)``; else a DataError naming the row. One comparison per id:
+    seen as unsigned, a negative id is huge, so ``>= cardinality`` catches both ends
+    (bench/bench_id_check.py). ``rows``: the row of each value (flattened multi-hot lists);
+    ``row_of``: what the row number counts, when not the file's rows."""
+    v = np.asarray(values)
+    if not v.size:
+        return
+    if v.dtype.kind == "i":
+        out = v.view(v.dtype.str.replace("i", "u")) >= cardinality
+    elif v.dtype.kind == "u":
+        out = v >= cardinality
+    else:                                      # float or other ids: whole numbers in range only
+        out = ~((v >= 0) & (v < cardinality) & (np.floor(v) == v))
+    if out.any():
+        at = int(np.flatnonzero(out.reshape(-1))[0])
+        row = int(rows[at]) if rows is not None else at
+        raise DataError(f"{where}: row {first_row + row}{row_of}: id {v.reshape(-1)[at]} of {feature} outside "
+                        f"[0, {cardinality}) (the feature spec's cardinality)")
+
+
+def check_finite(values, features: List[str], where: str, first_row: int = 0, row_of: str = "") -> None:
+    """Every numerical finite; ``values`` [n] (one feature) or [n, len(features)]."""
+    v = np.asarray(values)
+    if not v.size or v.dtype.kind not in "fc":
+        return
+    finite = np.isfinite(v)
+    if not finite.all():
+        at = np.argwhere(~finite)[0]
+        row, col = int(at[0]), (int(at[1]) if v.ndim > 1 else 0)
+        raise DataError(f"{where}: row {first_row + row}{row_of}: {features[col]} is {v[tuple(at)]}: "
+                        f"numerical values must be finite")

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import warnings
 
-from recsys.data.layout import Layout
+from recsys.data.layout import Layout, check_finite, check_ids, check_labels
 from recsys.data.parquet import ParquetReader
-from recsys.errors import DataError
 from recsys.feature_spec import FeatureSpec, FeatureSpecError
 
 
@@ -86,24 +85,31 @@ class MerlinReader:
                       global_size=self.world_size, global_rank=self.rank, drop_last=self.drop_remainder)
 
     def _flat(self, batch, index=0):
-        """One loader batch as {feature: tensor}; a non-finite numerical is a DataError naming the
-        column and the row of this rank's batches (the loader does not say which file it came from)."""
+        """One loader batch as {feature: tensor}, its values checked by recsys.data.layout's checks
+        (labels 0/1, ids in range, finite numericals); an error names the column and the row of this
+        rank's rows (the loader does not say which file it came from)."""
         import tensorflow as tf
 
         columns = batch[0] if isinstance(batch, tuple) else batch
+        where = f"{self.spec.origin}: {self.mapping} (--reader merlin, rank {self.rank})"
+        first, of = index * self.batch_size, " of this rank's rows"
         flat = {}
         for f in self.features:
             if f in self.hotness:
                 values, offsets = _list_parts(columns, f)
                 ragged = tf.RaggedTensor.from_row_splits(tf.cast(values, tf.int32), tf.cast(offsets, tf.int64))
+                if f in self.base.cardinality:
+                    check_ids(ragged.flat_values.numpy(), f, self.base.cardinality[f], where, first,
+                              rows=ragged.value_rowids().numpy(), row_of=of)
                 flat[f] = ragged.to_tensor(default_value=-1, shape=[None, self.hotness[f]])
+                continue
+            flat[f] = tf.reshape(columns[f], [-1])
+            if f in self.base.labels:
+                check_labels(flat[f].numpy(), f, where, first, row_of=of)
+            elif f in self.base.cardinality:
+                check_ids(flat[f].numpy(), f, self.base.cardinality[f], where, first, row_of=of)
             else:
-                flat[f] = tf.reshape(columns[f], [-1])
-                if flat[f].dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(flat[f]))):
-                    row = int(tf.where(~tf.math.is_finite(flat[f]))[0, 0])
-                    raise DataError(f"{self.spec.origin}: {self.mapping} (--reader merlin, rank {self.rank}): row "
-                                    f"{index * self.batch_size + row} of this rank's rows: {f} is "
-                                    f"{float(flat[f][row])}: numerical values must be finite")
+                check_finite(flat[f].numpy(), [f], where, first, row_of=of)
         return flat
 
     def flat_batches(self, shuffle: bool = False, seed: int = 0, epoch: int = 0):

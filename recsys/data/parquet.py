@@ -3,7 +3,10 @@
 One column per feature; a multi-hot feature is a list column and comes out
 as int32 [B, max_hotness] padded with -1 (a row with more values than
 ``max_hotness`` is an error naming the file). Null values are not allowed, nor NaN or
-infinite floats (a DataError naming the file, row and column).
+infinite floats, labels other than 0/1 or ids outside ``[0, cardinality)`` (a DataError
+naming the file, row and column: recsys.data.layout's checks); a column whose parquet type
+cannot hold the feature (text, a struct, a list for a scalar feature) is refused when the
+reader opens the file footers, before anything is read.
 
 Sharding is by file: rank ``r`` of ``w`` reads files ``r, r + w, ...`` of
 the mapping (sorted as listed in the spec), so a mapping needs at least as
@@ -29,13 +32,16 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from recsys.data.layout import Layout, channel_features, check_shard
+from recsys.data.layout import (Layout, channel_features, check_finite, check_ids, check_labels, check_shard,
+                                label_features)
 from recsys.errors import DataError
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.feature_spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
 
 
-def list_column_to_padded(column, hotness: int, where: str) -> np.ndarray:
-    """pyarrow list column -> int32 [n, hotness] padded with -1."""
+def list_column_to_padded(column, hotness: int, where: str, cardinality: Optional[int] = None,
+                          feature: str = "", path: str = "", first_row: int = 0) -> np.ndarray:
+    """pyarrow list column -> int32 [n, hotness] padded with -1 (ids checked against
+    ``cardinality`` when given, before padding: a stored -1 is an error, not padding)."""
     import pyarrow as pa
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -44,11 +50,33 @@ def list_column_to_padded(column, hotness: int, where: str) -> np.ndarray:
     lengths = np.diff(offsets)
     if lengths.size and lengths.max() > hotness:
         raise FeatureSpecError(where, f"a row has {lengths.max()} values, more than max_hotness {hotness}")
-    out = np.full((len(lengths), hotness), -1, dtype=np.int32)
     row = np.repeat(np.arange(len(lengths)), lengths)
+    if cardinality is not None:
+        check_ids(values[offsets[0]:offsets[-1]], feature, cardinality, path, first_row, rows=row)
+    out = np.full((len(lengths), hotness), -1, dtype=np.int32)
     pos = np.arange(row.size) - np.repeat(offsets[:-1] - offsets[0], lengths)
     out[row, pos] = values[offsets[0]:offsets[-1]]
     return out
+
+
+def _check_types(spec: FeatureSpec, schema, features: List[str], path) -> None:
+    """Each feature's parquet column can hold it: a list of integers for a multi-hot feature, a
+    number (integer, float or bool) for every other one; else one line naming the file, column and
+    type (text or a struct in a numerical column would fail deep in the reader)."""
+    import pyarrow as pa
+    t = pa.types
+    for f in features:
+        if f not in schema.names:
+            continue            # a missing column is the footer reader's error, reported as it was
+        typ = schema.field(f).type
+        if spec.is_multihot(f):
+            ok = (t.is_list(typ) or t.is_large_list(typ)) and t.is_integer(typ.value_type)
+            need = "a list of integer ids"
+        else:
+            ok = t.is_integer(typ) or t.is_floating(typ) or t.is_boolean(typ)
+            need = "numbers (integer, float or bool)"
+        if not ok:
+            raise DataError(f"{path}: column {f!r} is {typ}: the feature spec's {spec.dtype(f)} {f} needs {need}")
 
 
 class ParquetReader:
@@ -76,10 +104,17 @@ class ParquetReader:
         # file_groups[k] = [(path, [features])...] : the k-th file of every chunk (row-aligned)
         self.file_groups = [[(spec.path(c["files"][k]), [f for f in c["features"] if f in self.features])
                              for c in chunks] for k in range(n_files)]
-        self.file_rows = [pq.ParquetFile(g[0][0]).metadata.num_rows for g in self.file_groups]
-        for g, rows in zip(self.file_groups, self.file_rows):
-            for path, _ in g[1:]:
-                if pq.ParquetFile(path).metadata.num_rows != rows:
+        categorical = {f for ch in CATEGORICAL_CHANNELS for f in spec.features(ch)}
+        self.labels = label_features(spec) & set(self.features)
+        self.cardinality = {f: spec.cardinality(f) for f in self.features if f in categorical}
+        self.file_rows = []
+        for g in self.file_groups:
+            for path, feats in g:
+                footer = pq.ParquetFile(path)
+                _check_types(spec, footer.schema_arrow, feats, path)
+                if path == g[0][0]:
+                    self.file_rows.append(footer.metadata.num_rows)
+                elif footer.metadata.num_rows != self.file_rows[-1]:
                     raise FeatureSpecError(path, f"row count differs from the row-aligned file {g[0][0]}")
         self.my_files = list(range(rank, n_files, world_size))
         self.rows = sum(self.file_rows[k] for k in self.my_files)
@@ -140,15 +175,18 @@ class ParquetReader:
                 block = np.empty((n, len(feats)), dtype=self.dtypes[feats[0]])
                 for j, f in enumerate(feats):  # the shuffle is folded into the copy into the block
                     column = cols[f][0].to_numpy()
-                    if column.dtype.kind == "f" and not np.isfinite(column).all():
-                        row = int(np.flatnonzero(~np.isfinite(column))[0])
-                        raise DataError(f"{cols[f][1]}: row {first_row + row}: {f} is {column[row]}: "
-                                        f"numerical values must be finite")
+                    if f in self.labels:
+                        check_labels(column, f, cols[f][1], first_row)
+                    elif f in self.cardinality:
+                        check_ids(column, f, self.cardinality[f], cols[f][1], first_row)
+                    else:
+                        check_finite(column, [f], cols[f][1], first_row)
                     block[:, j] = column if perm is None else column[perm]
                 flat[key] = block
             for f, h in self.hotness.items():
                 col, path = cols[f]
-                padded = list_column_to_padded(col, h, f"{path}: column {f!r}")
+                padded = list_column_to_padded(col, h, f"{path}: column {f!r}", self.cardinality.get(f), f, path,
+                                               first_row)
                 flat[f] = padded if perm is None else padded[perm]
             yield flat
 

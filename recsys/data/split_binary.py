@@ -26,10 +26,11 @@ batch keep their stored order: the preprocessing shuffles rows).
 Categorical ids outside [0, cardinality) are a :class:`recsys.errors.DataError`
 naming the file, row and feature: :meth:`SplitBinaryReader.check_ids` scans
 whole files (the engine calls it before training when the files are small,
-``CHECK_IDS_MAX_BYTES``), and every batch read is checked too (a min/max per
-column), so an embedding lookup never sees a bad id (on GPU it would silently
-read zeros). Likewise a NaN or infinite numerical is a DataError naming the file, row
-and feature (fused MatMul+BiasAdd+Relu kernels would hide it from the loss).
+``CHECK_IDS_MAX_BYTES``), and every batch read is checked too (one comparison per
+id), so an embedding lookup never sees a bad id (on GPU it would silently
+read zeros). Likewise a NaN or infinite numerical (fused MatMul+BiasAdd+Relu kernels
+would hide it from the loss) and a label other than 0/1 are a DataError naming the
+file, row and feature. The checks are recsys.data.layout's, shared by every reader.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from recsys.data.layout import Layout, channel_features, check_shard
+from recsys.data.layout import (Layout, channel_features, check_finite, check_ids, check_labels, check_shard,
+                                label_features)
 from recsys.errors import DataError
 from recsys.feature_spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
 
@@ -70,6 +72,9 @@ class SplitBinaryReader:
         self._maps: List[np.ndarray] = []
         source_of = {}
         categorical = {f for ch in CATEGORICAL_CHANNELS for f in spec.features(ch)}
+        labels = label_features(spec)
+        # (map index, [(column, feature)], file) of the label files: 0 or 1 only
+        self._label_checks = []
         # (map index, [(column, feature, cardinality)], file) of the categorical id files
         self._id_checks = []
         # (map index, features, file) of the float files: every value must be finite
@@ -95,6 +100,9 @@ class SplitBinaryReader:
             cols = [(col, f, spec.cardinality(f)) for col, f in enumerate(chunk["features"]) if f in categorical]
             if cols:
                 self._id_checks.append((len(self._maps) - 1, cols, spec.path(chunk["files"][0])))
+            label_cols = [(col, f) for col, f in enumerate(chunk["features"]) if f in labels]
+            if label_cols and dtype != bool:
+                self._label_checks.append((len(self._maps) - 1, label_cols, spec.path(chunk["files"][0])))
             if dtype.kind == "f":
                 self._float_checks.append((len(self._maps) - 1, list(chunk["features"]), spec.path(chunk["files"][0])))
         self.layout = Layout(spec, mapping, source_of)
@@ -110,24 +118,14 @@ class SplitBinaryReader:
             self._check_rows([np.asarray(m[lo:lo + rows_per_read]) for m in self._maps], lo)
 
     def _check_rows(self, arrays: List[np.ndarray], first_row: int) -> None:
+        for k, cols, path in self._label_checks:
+            for col, feature in cols:
+                check_labels(arrays[k][:, col], feature, path, first_row)
         for k, features, path in self._float_checks:
-            block = arrays[k]
-            if block.size and not np.isfinite(block).all():
-                row, col = (int(i[0]) for i in np.nonzero(~np.isfinite(block)))
-                raise DataError(f"{path}: row {first_row + row}: {features[col]} is {block[row, col]}: "
-                                f"numerical values must be finite")
+            check_finite(arrays[k], features, path, first_row)
         for k, cols, path in self._id_checks:
-            block = arrays[k]
-            if not block.size:
-                continue
-            # one pass: seen as unsigned, a negative id is huge, so `>= cardinality` catches both ends
-            unsigned = block.view(block.dtype.str.replace("i", "u"))
             for col, feature, card in cols:
-                if (unsigned[:, col] >= card).any():
-                    ids = block[:, col]
-                    row = int(np.flatnonzero((ids < 0) | (ids >= card))[0])
-                    raise DataError(f"{path}: row {first_row + row}: id {int(ids[row])} of {feature} "
-                                    f"outside [0, {card})")
+                check_ids(arrays[k][:, col], feature, card, path, first_row)
 
     def batch_ids(self) -> np.ndarray:
         """Global batch indices of this rank, in file order."""
