@@ -62,7 +62,12 @@ def make_private_dir(path, group=None, parents=False):
         except KeyError:
             os.rmdir(path)
             raise RequestError(f"defaults.runs_group: no Unix group {group!r} on this host") from None
-        os.chown(path, -1, gid)
+        try:
+            os.chown(path, -1, gid)
+        except OSError as exc:      # not a member of that group
+            os.rmdir(path)
+            raise RequestError(f"defaults.runs_group: cannot give {path!r} to group {group!r}: {exc.strerror} "
+                               "(you must be a member of it)") from None
         os.chmod(path, 0o2750)
     else:
         os.chmod(path, 0o700)

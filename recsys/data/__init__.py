@@ -118,7 +118,9 @@ def off_scale_warning(spec, mapping: str = "train") -> Optional[str]:
 
 def label_counts(spec, mapping: str = "test") -> dict:
     """{value: rows} of a mapping's label column, reading that column only (a memory-mapped
-    split-binary file or one parquet column per file): cheap even for the Criteo test day."""
+    split-binary file or one parquet column per file): cheap even for the Criteo test day. None
+    when a parquet file cannot be decoded: the reader reports it, naming the file, when it reads
+    it (after a checkpoint of the steps trained so far)."""
     import numpy as np
     from recsys.data.layout import label_features
     spec = _as_spec(spec)
@@ -134,8 +136,13 @@ def label_counts(spec, mapping: str = "test") -> dict:
                          shape=(rows, width))
         values = [data[:, chunk["features"].index(feature)]]
     elif chunk["type"] == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
-        values = [pq.read_table(spec.path(f), columns=[feature]).column(feature).to_numpy() for f in chunk["files"]]
+        try:
+            values = [pq.read_table(spec.path(f), columns=[feature]).column(feature).to_numpy()
+                      for f in chunk["files"]]
+        except (OSError, pa.ArrowException):
+            return None     # a file that cannot be decoded is the reader's to report, naming it
     for v in values:
         for value, n in zip(*np.unique(np.asarray(v), return_counts=True)):
             key = value.item() if hasattr(value, "item") else value
@@ -154,6 +161,8 @@ def evaluation_problem(spec, mapping: str = "test") -> Optional[str]:
     if mapping not in spec.mappings() or model_kind(spec) == "ncf":
         return None
     counts = label_counts(spec, mapping)
+    if counts is None:
+        return None
     rows = sum(counts.values())
     classes = {float(k) for k in counts}
     if rows >= 2 and classes == {0.0, 1.0}:
