@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["YamlFileError", "load_yaml_file", "typename", "shown", "keyname", "printable",
+__all__ = ["YamlFileError", "load_yaml_file", "typename", "shown", "keyname", "printable", "control_char",
            "MAX_BYTES", "MAX_DEPTH", "MAX_ALIASES", "MAX_NODES"]
 
 MAX_BYTES = 4 << 20         # profiles, specs and configs are a few KiB; a feature spec lists its files
@@ -44,6 +44,13 @@ class YamlFileError(ValueError):
     def __init__(self, path: Any, where: str, problem: str):
         self.path, self.where, self.problem = str(path), where, problem
         super().__init__(f"{printable(self.path)}: {where}: {problem}")
+
+
+def control_char(text: str):
+    """The first control character in ``text`` (below 0x20, or DEL), or None: in a value that
+    reaches a script line or a file name it ends the line or the name."""
+    match = _CONTROL.search(text)
+    return match.group() if match else None
 
 
 def printable(text: str) -> str:

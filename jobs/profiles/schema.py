@@ -19,7 +19,7 @@ from jobs.schedulers import SCHEDULERS, capabilities  # the scheduler names and 
 from jobs.slurmtime import parse_time  # sbatch's time-limit semantics, the one parser
 from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
 from slurm.cpulist import parse_cpulist
-from slurm.yamlfile import printable, typename  # one home for the YAML words and one-line messages
+from slurm.yamlfile import control_char, printable, typename  # one home for the YAML words, one-line messages
 
 from .topology import NodeType
 
@@ -43,7 +43,6 @@ class ProfileError(ValueError):
 
 
 _SWITCHES_RE = re.compile(r"\d+(@[0-9:-]+)?")      # fullmatch: `$` would let a final newline through
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # free text that no job script shows (a folded YAML block ends with a newline)
 _FREE_TEXT = ("description",)
 
@@ -51,7 +50,7 @@ _FREE_TEXT = ("description",)
 def has_control(text: str) -> bool:
     """Whether `text` holds a control character (a newline ends a script's comment line and
     starts a command; a tab or escape sequence is never meant)."""
-    return bool(_CONTROL.search(text))
+    return control_char(text) is not None
 
 
 def control_problems(file: Any, data: Any, key: str = "") -> List["ProfileError"]:
@@ -70,7 +69,7 @@ def control_problems(file: Any, data: Any, key: str = "") -> List["ProfileError"
         for i, v in enumerate(data):
             problems += control_problems(file, v, f"{key}[{i}]")
     elif isinstance(data, str) and has_control(data):
-        char = _CONTROL.search(data).group()
+        char = control_char(data)
         problems.append(ProfileError(file, key, f"has the control character {char!r} (a value that reaches "
                                                 "the job script must be printable text on one line)"))
     return problems

@@ -55,11 +55,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import re
 from typing import Optional
 
 from preproc.errors import PreprocError
-from slurm.yamlfile import YamlFileError, keyname, load_yaml_file, shown
+from slurm.yamlfile import YamlFileError, control_char, keyname, load_yaml_file, shown
 
 TRANSFORMS = ("standard", "log", "none")
 SPLIT_METHODS = ("random", "time")
@@ -71,7 +70,6 @@ LABEL = "label"  # the label's column name in the output
 # What each model needs of a table (the engine's Wide & Deep and DLRM look up at least one id column).
 NEEDS = {"wide_deep": "a categorical or multihot column", "dlrm": "numerical and categorical columns (no multihot)",
          "ncf": "the `ncf: {user, item}` key"}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +283,7 @@ def _column(value, key, fail):
     a key of the feature spec, so a '/' (a path) or a control character is refused."""
     if not isinstance(value, str) or not value:
         fail(key, f"must be a column name, got {shown(value)}{_quoting(value)}")
-    if "/" in value or _CONTROL.search(value):
+    if "/" in value or control_char(value) is not None:
         fail(key, f"column {shown(value)} has a '/' or a control character (column names become file names; "
                   "rename the column)")
     return value
