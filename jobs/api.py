@@ -21,7 +21,8 @@ __all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCom
            "log_files", "cancel", "requeue", "find_run", "load_profile", "list_profiles", "runs_in_foreground",
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
            "study_progress_line", "report_study", "compare_studies", "dry_run_study", "reference_study",
-           "published_results", "published_results_text"]
+           "published_results", "published_results_text", "project_study", "projection_text",
+           "tensorboard_logdirs", "tensorboard_command"]
 
 # Following a run (jobs.status, jobs.runs) and the studies are loaded by the operations that use
 # them: a job command (render, submit) does not pay for them at start-up.
@@ -167,15 +168,17 @@ def requeue(run_dir, log=None):
     return backend.requeue(run_dir, jobs) or []
 
 
-def run_study(spec, profile, runs_dir=None, max_concurrent=None):
+def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None, nodes=None, refresh_code=False):
     """Submit the missing or failed points of a study, in rounds of repeats, at most
-    `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap):
+    `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap),
+    or (`placement` "allocation") all in one allocation of `nodes` nodes:
     (StudyRecord, [point ids submitted])."""
     from .study import run as study_run
     from .study.published import check_data_path
 
     check_data_path(spec)       # a reference spec's placeholder data_path: refused before anything exists
-    return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent)
+    return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent, placement=placement,
+                         nodes=nodes, refresh_code=refresh_code)
 
 
 def dry_run_study(spec, profile):
@@ -235,9 +238,10 @@ def study_progress_line(status):
 
 def report_study(study_dir, out_dir=None, plot=None):
     """Write the study's scaling table and plot; returns (report dict, {kind: path})."""
+    from .study import projection
     from .study import report as study_report
 
-    return study_report.write(study_dir, out_dir=out_dir, want_plot=plot)
+    return study_report.write(study_dir, out_dir=out_dir, want_plot=plot, project=projection.for_report)
 
 
 def reference_study(model, profile):
@@ -270,3 +274,103 @@ def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
     from .study import compare as study_compare
 
     return study_compare.write(study_dirs, out_dir=out_dir, want_plot=plot, fail_if_slower=fail_if_slower)
+
+
+def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=None, plot=None, published=False):
+    """What `gpus` GPU counts of `profile` would deliver for a study directory (calibrated on its
+    smallest measured point) or a spec file (calibrated on `step_ms`, one GPU's step time, or with
+    `published` on NVIDIA's 1-GPU row of the same model, batch and precision): the
+    band from full overlap to none per count (docs/studies.md, "Projecting a study"). Writes
+    projection.{md,csv,json,png} to `out_dir` when given; returns (record, {kind: path})."""
+    from .study import projection
+
+    record = projection.run(source, load(profile), gpus, variant=variant, step_ms=step_ms, use_published=published)
+    paths = projection.write(record, out_dir, want_plot=plot) if out_dir else {}
+    return record, paths
+
+
+def projection_text(record):
+    """A projection record as the markdown table `study project` prints."""
+    from .study import projection
+
+    return projection.markdown(record)
+
+
+def tensorboard_logdirs(target=None, runs_dir=None):
+    """What `recsys-submit tensorboard` shows: ``(kind, directory, [(name, event dir)])``, kind
+    ``run`` (its jobs, by job name) or ``study`` (each point's latest attempt, by point id such as
+    ``g8-n1x8-r0``). `target`: a run or study directory or name; None: the newest run."""
+    from .runs import tensorboard as tb
+    from .study import run as study_run
+
+    study_dir = None
+    if target:
+        try:
+            study_dir = study_run.find_study(target, runs_dir)
+        except RequestError:
+            pass                                   # not a study: a run, or an error naming the run
+    if study_dir:
+        record = study_run.StudyRecord.load(study_dir)
+        named = [pair for p in record.points for pair in tb.point_logdirs(p.id, p.runs[-1] if p.runs else None)]
+        kind, where = "study", study_dir
+    else:
+        where = find_run(target, runs_dir)
+        named, kind = tb.run_logdirs(where), "run"
+    if not named:
+        raise RequestError(f"tensorboard: no event files or traces under {where} (logs/tensorboard/<job>: "
+                           "written by runs with --log-path, unless --no-tensorboard)")
+    return kind, where, named
+
+
+def tensorboard_command(named, port=None):
+    """``(argv, the same quoted for a shell, the ssh -L tunnel line for a laptop, the shell line of
+    the TensorBoard for the Profile tab or None)`` of the TensorBoard that shows `named` side by
+    side (jobs.runs.tensorboard.profile_command: the profile plugin reads only --logdir)."""
+    from .runs import tensorboard as tb
+
+    port = port or tb.DEFAULT_PORT
+    argv, profile = tb.command(named, port), tb.profile_command(named, port)
+    return argv, tb.shell_line(argv), tb.tunnel_line(port), profile and tb.shell_line(profile)
+
+
+def fabric_section(profile, files=(), nccl_tests=()):
+    """A `fabric:` mapping for `profile`: from the fabric files of python -m recsys.collectives,
+    or the profile's own fabric with nccl-tests outputs (["LEVEL:COLLECTIVE=FILE", ...]) added as
+    measured figures. RequestError (one line) names the file or value at fault."""
+    import copy
+
+    import yaml
+
+    from .profiles import fabric as fabric_mod
+
+    prof = load(profile)
+    if not files and prof.fabric is None:
+        raise RequestError(f"--profile: {prof.name} has no fabric: section; give the fabric files of "
+                           "`recsys-submit benchmark --payload collectives` first")
+    try:
+        if files:
+            records = []
+            for path in files:
+                with open(path) as f:
+                    records.append(yaml.safe_load(f))
+            section = fabric_mod.fabric_from_measurements(records, max(1, prof.node.gpus))
+        else:
+            section = copy.deepcopy(prof.as_dict()["fabric"])
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise RequestError(f"fabric: {str(exc).splitlines()[0]}") from None
+    for item in nccl_tests:
+        where, _, path = str(item).partition("=")
+        level, _, coll = where.partition(":")
+        if level not in fabric_mod.LEVELS or coll not in fabric_mod.COLLECTIVES or not path:
+            raise RequestError(f"--nccl-tests: {item!r} is not LEVEL:COLLECTIVE=FILE (levels "
+                               f"{', '.join(fabric_mod.LEVELS)}; collectives {', '.join(fabric_mod.COLLECTIVES)})")
+        try:
+            with open(path) as f:
+                figures = fabric_mod.parse_nccl_tests(f.read())
+        except (OSError, ValueError) as exc:
+            raise RequestError(f"--nccl-tests {path}: {str(exc).splitlines()[0]}") from None
+        measured = section.setdefault("measured", {"source": "nccl-tests"})
+        measured.setdefault(level, {})[coll] = figures
+        if "nccl-tests" not in measured["source"]:
+            measured["source"] += "; nccl-tests"
+    return section

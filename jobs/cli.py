@@ -1,5 +1,5 @@
 """`recsys-submit`: profiles, render, train/evaluate/benchmark/preprocess, status, logs, cancel,
-requeue, study (scaling studies). Every command goes through jobs.api, the API a program uses.
+requeue, study (scaling studies), tensorboard (jobs.tensorboard_cli). Every command goes through jobs.api, the API a program uses.
 Errors are one line on stderr with a non-zero exit (2: bad input, nothing submitted; 1: Slurm
 failed or a job failed). jobs.api is imported only once a command runs, so `--help` and
 argument errors start fast on login nodes.
@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 
+from . import tensorboard_cli
 from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_ENGINES, PREPROCESS_MODES
 from .vocabulary import KINDS as JOB_KINDS
 
@@ -94,7 +95,8 @@ def _job_options(parser, kind, render=False):
     else:
         what.add_argument("--model", help=f"{' | '.join(MODELS)}, or hello (the built-in smoke payload)")
         what.add_argument("--payload", default="recsys", metavar="{" + ",".join(PAYLOADS) + "}",
-                          help="recsys: the training engine (default); hello: the smoke payload")
+                          help="recsys: the training engine (default); hello: the smoke payload; collectives: "
+                               "the fabric micro-benchmark (python -m recsys.collectives, docs/profiles.md)")
         what.add_argument("--data-path", help="dataset directory, passed to the engine as --data-path"
                           + (" (with --preprocess-from: the preprocessing output)" if kind == "train" else ""))
         what.add_argument("--array", type=int, help="run N copies as a Slurm array (each gets RECSYS_TASK_INDEX)")
@@ -160,6 +162,18 @@ def build_parser():
                               description="Validate profile files: every problem of a file, one line each "
                               "(<file>: <key>: <problem>); exit 2 when any file has one.")
     val.add_argument("files", nargs="*", help="profile YAML files (default: every profile on the search path)")
+    fab = prof_sub.add_parser("fabric", help="print a fabric: section from measured collectives",
+                              description="Print a profile's fabric: section (docs/profiles.md, \"Fabric\") from "
+                              "the fabric files `recsys-submit benchmark --payload collectives` wrote (a 1-node job: "
+                              "intra_node; one rank per node: inter_node), or add nccl-tests output as measured "
+                              "figures to a profile's own fabric.",
+                              epilog="examples:\n  recsys-submit profiles fabric intra.yaml inter.yaml --profile ci\n"
+                                     "  recsys-submit profiles fabric --profile mysite "
+                                     "--nccl-tests intra_node:alltoall=a2a.txt")
+    fab.add_argument("files", nargs="*", help="fabric files of python -m recsys.collectives")
+    fab.add_argument("--profile", required=True, help="the profile the figures are for (its GPUs per node)")
+    fab.add_argument("--nccl-tests", action="append", default=[], metavar="LEVEL:COLLECTIVE=FILE",
+                     help="nccl-tests output to add as measured (e.g. intra_node:allreduce=ar.txt); repeatable")
 
     render = _sub(sub, "render", "print (or write) the sbatch script(s) of a job command; submit nothing",
                   description="Print the sbatch script(s) a job command would submit, or write them with -o.",
@@ -196,6 +210,7 @@ def build_parser():
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     lg.add_argument("--runs-dir", help="where runs are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     _study_parser(sub)
+    tensorboard_cli.add_parser(sub, _sub)
     for name, text in (("cancel", "cancel every job of a run"), ("requeue", "requeue every job of a run")):
         cmd = _sub(sub, name, text, epilog=f"examples:\n  recsys-submit {name}\n  recsys-submit {name} RUN")
         cmd.add_argument("run", nargs="?", help=_RUN_HELP)
@@ -219,6 +234,14 @@ def _study_parser(sub):
     run.add_argument("--max-concurrent", type=int,
                      help="keep at most K points queued or running at once, waiting with a progress line "
                           "(default: 1 on a profile with shared_nodes, so points are measured alone; else no cap)")
+    run.add_argument("--allocation", action="store_true",
+                     help="run the points in one allocation, each on its first nodes (the spec's placement: "
+                          "allocation); what it does not finish the next `study run` submits again")
+    run.add_argument("--nodes", type=int, help="with --allocation: its size (default: the largest point's nodes)")
+    run.add_argument("--refresh-code", action="store_true",
+                     help="copy the checkout's recsys/ and slurm/ into the study again: points submitted from now "
+                          "run the new copy (recorded in study.json); by default every point runs the copy made "
+                          "when the study began")
     run.add_argument("--runs-dir", help="parent of the study dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     run.add_argument("--dry-run", action="store_true",
                      help="check the spec and every point against the profile and the engine, print the points "
@@ -262,6 +285,27 @@ def _study_parser(sub):
     reference.add_argument("--out", help="write the spec to this file (default: stdout)")
     reference.add_argument("--list", action="store_true",
                            help="print what NVIDIA published, for which profiles (filtered by --model/--profile)")
+    project = _sub(st_sub, "project", "project a study onto GPU counts it never ran: the band per count",
+                   epilog="examples:\n  recsys-submit study project STUDY --profile dgxa100-pod --gpus 8,16,64\n"
+                          "  recsys-submit study project docs/studies/dlrm-strong.yaml --profile dgxa100 "
+                          "--gpus 1,8,64 --step-ms 25 --json\n\nCalibrated on the study's smallest measured point "
+                          "(or --step-ms, one GPU's step time), the engine's\nown placement and byte counts and the "
+                          "profile's fabric (docs/studies.md, \"Projecting a study\").")
+    project.add_argument("source", metavar="SPEC|STUDY_DIR", help="a study directory or a study spec file")
+    project.add_argument("--profile", required=True, help="the target profile (name or YAML file); it needs a "
+                                                          "fabric: section")
+    project.add_argument("--gpus", required=True, help="GPU counts to project, e.g. 8,16,64")
+    project.add_argument("--step-ms", type=float, help="calibrate on this 1-GPU step time (ms) at the spec's batch "
+                                                       "instead of the study's measured point")
+    project.add_argument("--published", action="store_true",
+                         help="calibrate on NVIDIA's published 1-GPU row of the model at the spec's batch, "
+                              "precision and XLA on the profile's platform")
+    project.add_argument("--variant", help="the variant label to project (default: the first)")
+    project.add_argument("--out", help="write projection.{md,csv,json,png} here")
+    project.add_argument("--json", action="store_true", help="print the projection as JSON")
+    pplot = project.add_mutually_exclusive_group()
+    pplot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
+    pplot.add_argument("--no-plot", dest="plot", action="store_false", help="tables only")
     compare = _sub(st_sub, "compare", "compare studies with the first, point by point: ratio and a verdict",
                    epilog="examples:\n  recsys-submit study compare baseline candidate\n"
                           "  recsys-submit study compare baseline candidate --fail-if-slower 10   # CI gate\n"
@@ -323,7 +367,9 @@ def _cmd_study(api, args, engine_args):
         if args.dry_run:
             return _study_dry_run(api, spec, args.profile)
         record, submitted = api.run_study(spec, args.profile, runs_dir=args.runs_dir,
-                                          max_concurrent=args.max_concurrent)
+                                          max_concurrent=args.max_concurrent,
+                                          placement="allocation" if args.allocation else None, nodes=args.nodes,
+                                          refresh_code=args.refresh_code)
         print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
               + (f": {' '.join(submitted)}" if submitted else " (nothing missing or failed)"))
         print(f"study dir {record.study_dir}")
@@ -339,6 +385,8 @@ def _cmd_study(api, args, engine_args):
         return _cmd_compare(api, args)
     if args.action == "reference":
         return _cmd_reference(api, args)
+    if args.action == "project":
+        return _cmd_project(api, args)
     study_dir = api.find_study(args.study, args.runs_dir, wait=args.action == "status" and args.watch)
     if args.action == "status":
         if args.watch:
@@ -401,6 +449,23 @@ def _cmd_compare(api, args):
               file=sys.stderr)
     # the regression gate, or a failed point (as `study report`): not a clean comparison
     return 1 if comparison["slower"] or comparison["failures"] else 0
+
+
+def _cmd_project(api, args):
+    """`study project`: the table (or JSON) on stdout, the files written when --out is given."""
+    import json
+
+    record, paths = api.project_study(args.source, args.profile, args.gpus, variant=args.variant,
+                                      step_ms=args.step_ms, published=args.published, out_dir=args.out,
+                                      plot=args.plot)
+    print(json.dumps(record, indent=2) if args.json else api.projection_text(record), end="\n" if args.json else "")
+    for kind, path in paths.items():
+        print(f"wrote {kind} {path}", file=sys.stderr if args.json else sys.stdout)
+    unfit = [str(p["gpus"]) for p in record["points"] if p["fits"] is False]
+    if unfit:
+        print(f"{PROG}: warning: the tables do not fit the GPUs' memory at {', '.join(unfit)} GPU(s)",
+              file=sys.stderr)
+    return 0
 
 
 def _study_dry_run(api, spec, profile):
@@ -497,6 +562,12 @@ def _cmd_profiles(api, args):
         import yaml
 
         print(yaml.safe_dump(api.load_profile(args.profile).as_dict(), sort_keys=False), end="")
+        return 0
+    if args.action == "fabric":
+        import yaml
+
+        section = api.fabric_section(args.profile, args.files, args.nccl_tests)
+        print(yaml.safe_dump({"fabric": section}, sort_keys=False, width=10_000), end="")
         return 0
     files = args.files or [ref.path for ref in api.list_profiles()]
     bad = 0
@@ -620,6 +691,8 @@ def main(argv=None):
                 return _cmd_status(api, args)
             if args.command == "logs":
                 return _cmd_logs(api, args)
+            if args.command == "tensorboard":
+                return tensorboard_cli.run(api, args)
             if args.command == "study":
                 return _cmd_study(api, args, engine_args)
             return _cmd_cancel(api, args)

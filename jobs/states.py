@@ -10,11 +10,14 @@ PENDING, REQUEUED, SUSPENDED, RUNNING = "PENDING", "REQUEUED", "SUSPENDED", "RUN
 COMPLETED, FAILED, CANCELLED, TIMEOUT = "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"
 NODE_FAIL, OUT_OF_MEMORY, PREEMPTED = "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"
 UNKNOWN = "UNKNOWN"
+# Slurm says FAILED; the engine's no-progress watchdog says why: no step completed within its limit
+# (recsys.watchdog, read back by jobs.status from the engine log's `hang` records)
+HUNG = "HUNG"
 
 # queued or running: the job may still produce a result
 ACTIVE = frozenset({PENDING, REQUEUED, SUSPENDED, RUNNING})
 # finished, for good; only COMPLETED finished well
-TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED})
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, HUNG})
 STATES = ACTIVE | TERMINAL | {UNKNOWN}
 
 

@@ -51,7 +51,10 @@ def attach_summaries(result):
             job.summary = enginelog.summary(enginelog.job_logs(result.run_dir, job.key))
         bad = sorted({s for s in task_states if s != states.COMPLETED})
         if bad and not job.reason:      # the backend's own reason (a job Slurm forgot) stands
-            job.reason = enginelog.failure_reason(result.run_dir, job.key, "/".join(bad))
+            hang = enginelog.hang_reason(enginelog.job_logs(result.run_dir, job.key)) if len(task_states) == 1 else None
+            if hang:                    # Slurm's FAILED, told apart: the watchdog ended it (recsys.watchdog)
+                job.state, job.tasks = states.HUNG, {task: states.HUNG for task in job.tasks}
+            job.reason = hang or enginelog.failure_reason(result.run_dir, job.key, "/".join(bad))
     return result
 
 

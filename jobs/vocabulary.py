@@ -7,7 +7,7 @@ and the request and profile layers validate against the same tuples.
 KINDS = ("train", "evaluate", "benchmark", "preprocess")
 MODELS = ("dlrm", "wide_deep", "ncf")
 DATASETS = ("criteo", "movielens", "outbrain", "tabular")
-PAYLOADS = ("recsys", "hello")
+PAYLOADS = ("recsys", "hello", "collectives")   # collectives: the fabric micro-benchmark
 PREPROCESS_MODES = ("single", "array", "multinode")
 # Preprocessing engines: Spark (every dataset) and NVTabular (`preproc <dataset> run --engine nvtabular`).
 PREPROCESS_ENGINES = ("spark", "nvtabular")

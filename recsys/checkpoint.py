@@ -1,4 +1,4 @@
-"""Atomic checkpoints and the USR2 "save and exit" request.
+"""Atomic checkpoints, the best one (``--keep-best``, the early stop's count) and the USR2 "save and exit" request.
 
 A checkpoint is a directory ``<dir>/ckpt-<step>`` holding a ``tf.train.Checkpoint``
 (model, optimizers with their slots and iteration counters, the global step and
@@ -17,6 +17,7 @@ write that fails (a full disk) removes its temporary directory and raises
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -118,6 +119,7 @@ class AtomicCheckpointer:
         self.checkpoint = checkpoint
         self.keep = max(1, int(keep))
         self.writer = writer
+        self.protected = set()      # paths never pruned: the best checkpoint (--keep-best)
         if writer and directory:
             os.makedirs(directory, exist_ok=True)
             recover(directory)
@@ -161,9 +163,15 @@ class AtomicCheckpointer:
         self._prune()
         return final
 
+    def prune(self):
+        """Delete what falls outside the newest ``keep`` and the protected (the writer only)."""
+        if self.writer and self.directory:
+            self._prune()
+
     def _prune(self):
         for _, path in self.list()[:-self.keep]:
-            discard(path)
+            if path not in self.protected:
+                discard(path)
 
     def restore(self, path=None):
         """Load ``path`` (or the newest checkpoint); returns its meta dict."""
@@ -229,3 +237,68 @@ class StopRequest:
     def restore_handlers(self):
         for s, h in self._previous.items():
             signal.signal(s, h)
+
+
+BEST = "best.json"
+BEST_VERSION = 1
+
+
+class BestEvaluation:
+    """The best evaluation of a run by its watched metric (higher is better) and the evaluations
+    since the last one that beat the best by more than ``min_delta``, which the early stop counts
+    against ``patience`` (0: never stop early). A gain within ``min_delta`` still makes a new best
+    (its checkpoint is the one kept) but does not restart the count: noise does not prolong a run.
+
+    Its :meth:`state` goes into every checkpoint's meta.json, so a requeued or ``--restore``'d run
+    goes on counting where the checkpoint left it. A checkpoint is saved before its step is
+    evaluated, so its state holds the evaluations before that step; ``last_step`` says which."""
+
+    def __init__(self, metric, patience=0, min_delta=0.0):
+        self.metric, self.patience, self.min_delta = metric, int(patience or 0), float(min_delta or 0.0)
+        self.value = self.step = self.epoch = self.checkpoint = self.last_step = None
+        self.metrics = {}
+        self.since_best = 0
+
+    def update(self, step, epoch, metrics, checkpoint=None) -> bool:
+        """Count the evaluation of ``step``; True when it is the new best (a NaN never is)."""
+        value = metrics.get(self.metric)
+        value = math.nan if value is None else float(value)
+        self.last_step = int(step)
+        finite = math.isfinite(value)
+        gained = finite and (self.value is None or value > self.value + self.min_delta)
+        improved = finite and (self.value is None or value > self.value)
+        if improved:
+            self.value, self.step, self.epoch, self.checkpoint = value, int(step), int(epoch), checkpoint
+            self.metrics = {k: float(v) for k, v in metrics.items()}
+        self.since_best = 0 if gained else self.since_best + 1
+        return improved
+
+    @property
+    def stop(self) -> bool:
+        """Patience spent: ``patience`` evaluations in a row did not beat the best by ``min_delta``."""
+        return self.patience > 0 and self.since_best >= self.patience
+
+    def state(self) -> dict:
+        return dict(version=BEST_VERSION, metric=self.metric, value=self.value, step=self.step, epoch=self.epoch,
+                    checkpoint=self.checkpoint, metrics=self.metrics, since_best=self.since_best,
+                    last_step=self.last_step)
+
+    def restored(self, state):
+        """Take the counts of a checkpoint's ``state`` (a state of another metric or version starts
+        afresh); the patience stays this run's."""
+        if not isinstance(state, dict) or state.get("version") != BEST_VERSION or state.get("metric") != self.metric:
+            return self
+        self.value, self.step, self.epoch = state.get("value"), state.get("step"), state.get("epoch")
+        self.checkpoint, self.metrics = state.get("checkpoint"), dict(state.get("metrics") or {})
+        self.since_best, self.last_step = int(state.get("since_best") or 0), state.get("last_step")
+        return self
+
+    def summary(self) -> dict:
+        """The summary record's ``best_eval``: the best evaluation, its step, epoch and checkpoint."""
+        return dict(metric=self.metric, value=self.value, step=self.step, epoch=self.epoch,
+                    checkpoint=self.checkpoint, metrics=self.metrics)
+
+
+def write_best(directory, best):
+    """``<directory>/best.json``: which checkpoint is the run's best so far (atomic; rank 0)."""
+    write_json(os.path.join(directory, BEST), dict(best.summary(), version=BEST_VERSION, written_at=time.time()))

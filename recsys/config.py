@@ -86,6 +86,7 @@ class TrainConfig:
     benchmark_steps: int = 100
     breakdown_steps: int = 0
     steps_per_call: int = 8          # --steps-per-call: training steps per compiled call (recsys.engine)
+    hang_timeout: Optional[float] = None   # --hang-timeout: recsys.watchdog's limit; None: its default
     embedding_placement: str = "auto"
     embedding_memory_gb: Optional[float] = None
     column_slice_threshold: Optional[int] = None
@@ -95,10 +96,19 @@ class TrainConfig:
     affinity: str = "off"
     intra_op_threads: int = 0
     inter_op_threads: int = 0
+    # TensorBoard and profiler (recsys.tensorboard)
+    tensorboard_dir: Optional[str] = None
+    no_tensorboard: bool = False
+    tensorboard_ranks: object = (0,)      # a tuple of ranks, or "all"
+    profile_steps: Optional[Tuple[int, int]] = None
+    profile_ranks: object = "all"
     # checkpoints
     checkpoint_dir: Optional[str] = None
     restore: bool = False
     keep_checkpoints: int = 3
+    early_stop_patience: Optional[int] = None   # evaluations without a new best before the run stops (0: never)
+    early_stop_min_delta: Optional[float] = None  # the gain over the best that restarts the count
+    keep_best: Optional[bool] = None            # keep the best checkpoint by the watched metric (best.json)
     # resolved, not flags
     embedding_optimizer: Optional[str] = None
     world_size: int = 1
@@ -206,8 +216,12 @@ class TrainConfig:
         else:
             from recsys.data.synthetic import default_spec
             spec = default_spec(self.model)
+        try:
+            channels = spec_channels(self.model, spec)
+        except ValueError as e:          # a model that needs ids, given numericals alone
+            _fail(str(e))
         cfg = replace(self, embedding_groups=model_groups(
-            self.model, spec_channels(self.model, spec), embedding_dim=self.embedding_dim, factors=self.factors,
+            self.model, channels, embedding_dim=self.embedding_dim, factors=self.factors,
             layers=self.layers, combiner=self.combiner, optimizer=self.optimizer))
         budget = _memory_budget_gb(self.embedding_memory_gb)
         try:
@@ -228,9 +242,11 @@ class TrainConfig:
         for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints", "steps_per_call"):
             if getattr(self, flag) < 1:
                 _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
-        for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps", "breakdown_steps"):
+        for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps", "breakdown_steps", "early_stop_patience"):
             if getattr(self, flag) < 0:
                 _fail(f"--{_flag(flag)} must be >= 0")
+        if self.hang_timeout is not None and not 0 <= self.hang_timeout < float("inf"):
+            _fail(f"--hang-timeout must be >= 0 seconds (0: off), got {self.hang_timeout}")
         if self.breakdown_steps and self.mode != "benchmark":
             _fail(f"--breakdown-steps needs --run-mode benchmark (the run mode is {self.mode})")
         if self.batch_size % self.world_size:
@@ -255,8 +271,23 @@ class TrainConfig:
         for flag in ("column_slice_threshold", "data_parallel_threshold"):
             if getattr(self, flag) is not None and getattr(self, flag) < 1:
                 _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
+        if self.early_stop_min_delta is not None and not self.early_stop_min_delta >= 0:
+            _fail(f"--early-stop-min-delta must be >= 0, got {self.early_stop_min_delta}")
         if self.embedding_memory_gb is not None and self.embedding_memory_gb <= 0:
             _fail(f"--embedding-memory-gb must be > 0, got {self.embedding_memory_gb}")
+        self._check_tensorboard()
+
+    def _check_tensorboard(self):
+        """--profile-steps traces training steps; the ranks named exist. (Its directory is checked with
+        the paths: recsys-submit gives every job its --log-path.)"""
+        if self.profile_steps:
+            if self.mode not in ("train", "benchmark"):
+                _fail(f"--profile-steps needs --run-mode train or benchmark (the run mode is {self.mode})")
+        for flag in ("tensorboard_ranks", "profile_ranks"):
+            ranks = getattr(self, flag)
+            if ranks != "all" and max(ranks) >= self.world_size:
+                _fail(f"--{_flag(flag)} {','.join(map(str, ranks))}: the run has {self.world_size} rank(s), "
+                      f"0 to {self.world_size - 1}")
 
     def _check_submitted_files(self, produced, check_existence):
         """for_submission's file checks: the data and the checkpoint to evaluate are named, and
@@ -347,9 +378,9 @@ class TrainConfig:
         if not changes:
             return self, None
         ref = MODEL_DEFAULTS[self.model]["batch_size"]
-        order = ("batch_size", "lr", "linear_lr", "beta1", "beta2", "epochs", "deep_warmup_epochs", *schedule)
-        chosen = " ".join(f"--{_flag(k)} {changes[k]:g}" if isinstance(changes[k], float) else f"--{_flag(k)} {changes[k]}"
-                          for k in order if k in changes)
+        order = ("batch_size", "lr", "linear_lr", "beta1", "beta2", "epochs", "deep_warmup_epochs", *schedule,
+                 "early_stop_patience", "early_stop_min_delta", "keep_best")
+        chosen = " ".join(_flag_text(k, changes[k]) for k in order if k in changes)
         extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
         return cfg, ("small_data_defaults",
                      f"small-data defaults: {chosen}: the reference --batch-size {ref} gives "
@@ -395,6 +426,12 @@ class TrainConfig:
             if os.path.isdir(self.log_path):
                 _fail(f"--log-path {self.log_path}: is a directory")
             _check_creatable("--log-path", self.log_path, os.path.dirname(os.path.abspath(self.log_path)))
+        if self.profile_steps and not (self.tensorboard_dir or self.log_path):
+            _fail("--profile-steps needs --tensorboard-dir or --log-path (the trace goes next to the run's log)")
+        if self.tensorboard_dir:
+            if os.path.exists(self.tensorboard_dir) and not os.path.isdir(self.tensorboard_dir):
+                _fail(f"--tensorboard-dir {self.tensorboard_dir}: exists and is not a directory")
+            _check_creatable("--tensorboard-dir", self.tensorboard_dir, self.tensorboard_dir)
 
 
 def _memory_budget_gb(flag_value):
@@ -433,6 +470,13 @@ def _check_creatable(flag: str, value: str, directory: str):
         _fail(f"{flag} {value}: {path} is not a directory")
     if not os.access(path, os.W_OK):
         _fail(f"{flag} {value}: directory {path} is not writable")
+
+
+def _flag_text(dest: str, value) -> str:
+    """A flag and its value as the user would type it (``--keep-best``, ``--lr 0.001``)."""
+    if isinstance(value, bool):
+        return f"--{_flag(dest)}" if value else f"--no-{_flag(dest)}"
+    return f"--{_flag(dest)} {value:g}" if isinstance(value, float) else f"--{_flag(dest)} {value}"
 
 
 def _flag(dest: str) -> str:

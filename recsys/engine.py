@@ -19,14 +19,15 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from recsys import provenance
-from recsys.checkpoint import StopRequest, note_attempt
+from recsys import provenance, watchdog
+from recsys.checkpoint import BestEvaluation, StopRequest, note_attempt, write_best
 from recsys.config import TrainConfig
 from recsys.distributed import gradient_payload_bytes
 from recsys.embeddings.alltoall import ModelParallelEmbedding
 from recsys.embeddings.group import EmbeddingGroup, broadcast, distributed_tape, uses_distributed_embeddings
 from recsys.errors import DataError, DivergedError, data_error_message
 from recsys.logger import process_start
+from recsys.tensorboard import ProfileWindow, optimizer_figures
 
 
 # Full weight digests (bitwise run comparisons in the summary) only for models up to this size.
@@ -75,10 +76,15 @@ class Engine:
         self._eval_step = None                    # step of the last evaluation (None: none yet)
         self._saved_step = self._saved_path = None  # step and path of the last checkpoint written
         self._restored_path = None                # the checkpoint this process started from
+        self._restored_epoch_end = False          # it was saved at an epoch's end (evaluated there)
+        self._restored_step = None
+        # the best evaluation and the early stop's count (--early-stop-patience, --keep-best)
+        self.best = BestEvaluation(task.watched_metric, config.early_stop_patience, config.early_stop_min_delta)
         self._startup_s = None                    # process start -> first trained step of this process
         self._count_nonfinite, self._nonfinite = False, 0
         self._exchange_logged = False
         self._split = None                        # the split step's functions (--breakdown-steps), once built
+        self.profiler = ProfileWindow.of(config, dist.rank)   # --profile-steps (recsys.tensorboard)
         self._build()
         self._nonfinite_hook = self._nonfinite_hook_step()
         ckpt = tf.train.Checkpoint(model=self.model, global_step=self.global_step, epoch=self.epoch,
@@ -116,6 +122,11 @@ class Engine:
         self._local_ids = self.task.local_variable_ids(self.model)
         self._seeded_ids, self._table_seeds = self.task.seeded_tables(self.model)
         self._de = uses_distributed_embeddings(self.model)   # its tape and broadcast (docs/embeddings.md)
+        if self._de and self.dist.is_chief:     # what DE built, per rank (checked equal to the placement's plan)
+            from recsys.embeddings.de_adapter import built_line
+            for m in self.model.submodules:
+                if isinstance(m, EmbeddingGroup) and m.implementation == "distributed-embeddings":
+                    self.log.info(built_line(m.name, m._dist))
         # The divergence guard's weight checks: the dense (replicated) weights at every log interval,
         # every weight before a checkpoint and an evaluation.
         tables = {id(v) for m in self.model.submodules if isinstance(m, EmbeddingGroup) for v in m.variables}
@@ -322,6 +333,7 @@ class Engine:
         return tf.sigmoid(self.model(inputs, training=False))
 
     def predict(self, inputs):
+        watchdog.outside_steps("evaluation or inference (a prediction batch)")   # progress, the long limit
         out = self._predict(inputs)
         if self._count_nonfinite:
             self._nonfinite += int(tf.math.count_nonzero(~tf.math.is_finite(out)))
@@ -373,6 +385,10 @@ class Engine:
     def restore(self, path=None):
         meta = self.checkpointer.restore(path)
         self.broadcast_initial_state()
+        self.best.restored(meta.get("early_stop"))
+        self._protect_best()
+        self._restored_epoch_end = int(meta.get("step_in_epoch", 0) or 0) == 0 and int(meta.get("step", 0) or 0) > 0
+        self._restored_step = int(meta.get("step", 0) or 0)
         step, epoch = int(self.global_step.numpy()), int(self.epoch.numpy())
         self._restored_path = meta["path"]
         # Training: steps after this one that an earlier attempt logged are trained (and logged) again.
@@ -386,7 +402,8 @@ class Engine:
             return None
         t0 = time.time()
         path = self.checkpointer.save(int(self.global_step.numpy()), epoch=int(self.epoch.numpy()),
-                                      step_in_epoch=int(self.step_in_epoch.numpy()), reason=reason)
+                                      step_in_epoch=int(self.step_in_epoch.numpy()), reason=reason,
+                                      early_stop=self.best.state())
         self.dist.barrier()
         self._saved_step, self._saved_path = int(self.global_step.numpy()), path
         if self.dist.is_chief:
@@ -412,11 +429,16 @@ class Engine:
         self.broadcast_initial_state()
         self._warn_schedule(total)
         metrics, timed_steps, timed_seconds = {}, 0, 0.0
+        if self._restored_epoch_end and self.best.last_step != int(self.global_step.numpy()):
+            # Restored from an epoch's checkpoint whose evaluation its run did not finish: the count
+            # goes on from that evaluation, as in a run that was never stopped.
+            metrics = self.evaluate(log=True)
+            self._judge(metrics)
         losses = []                      # (step, loss) of the first and the last step of this run
         interrupted = False
         nonfinite_in_a_row = 0
         try:
-            while int(self.epoch.numpy()) < c.epochs:
+            while int(self.epoch.numpy()) < c.epochs and not self.best.stop:
                 if max_steps and int(self.global_step.numpy()) >= max_steps:
                     break
                 epoch = int(self.epoch.numpy())
@@ -437,9 +459,12 @@ class Engine:
                     t0 = time.perf_counter()
                     if stop.requested:
                         self._stop_flag.assign(1.0)
-                    step_losses, stop_any = self._train_call(it, n)
+                    n = self.profiler.limit(before, n)         # one step per call in the profiled window
+                    with self.profiler.steps(before, n):
+                        step_losses, stop_any = self._train_call(it, n)
                     if not step_losses:
                         break                                   # the epoch's data has ended
+                    watchdog.step_done(before + len(step_losses))
                     if self._startup_s is None:
                         self._startup_s = round(time.time() - process_start(), 3)
                     per_step = (time.perf_counter() - t0) / len(step_losses)
@@ -457,7 +482,9 @@ class Engine:
                             self._check_weights(step, loss_v, dense_only=True)
                             now = time.perf_counter()
                             self.log.step(step, epoch, loss_v, n_last * global_batch / max(now - t_last, 1e-9),
-                                          total_steps=total, lr=self._current_lr())
+                                          total_steps=total, lr=self._current_lr(),
+                                          step_time_ms=1000.0 * (now - t_last) / n_last,
+                                          **optimizer_figures(self.groups, self.loss_scaler))
                             t_last, n_last = now, 0
                         if step > c.benchmark_warmup_steps:
                             timed_steps += 1
@@ -469,21 +496,62 @@ class Engine:
                 if at_max and int(self.step_in_epoch.numpy()) < steps_per_epoch:
                     break       # mid-epoch: the final checkpoint and evaluation follow the loop
                 self._check_weights(int(self.global_step.numpy()), losses[-1][1] if losses else None)
+                watchdog.outside_steps("the epoch's checkpoint and evaluation")
                 self._end_epoch()
                 self.save("epoch")
                 metrics = self.evaluate(log=True)
+                self._judge(metrics)
             if self._eval_step != int(self.global_step.numpy()):
                 # The run ended between evaluations (--max-steps, or a restore of the final step).
+                watchdog.outside_steps("the final checkpoint and evaluation")
                 self._check_weights(int(self.global_step.numpy()), losses[-1][1] if losses else None)
                 self.save("end")
                 metrics = self.evaluate(log=True)
+                self._judge(metrics)
         except StopTraining:
             self.save("signal")
             if dist.is_chief:
                 self.log.info("checkpoint saved on signal")
         finally:
             stop.restore_handlers()
-        return self._summary("train", timed_steps, timed_seconds, metrics, losses, interrupted)
+            self.profiler.close()
+        return self._summary("train", timed_steps, timed_seconds, metrics, losses, interrupted,
+                             extra=self._best_fields())
+
+    # --- the best evaluation and the early stop (recsys.checkpoint.BestEvaluation) ----------------
+    def _judge(self, metrics):
+        """Count an evaluation: a new best is recorded (its checkpoint kept with --keep-best and named
+        in best.json); spent patience is logged and ends the epoch loop. Rank 0's value decides for
+        every rank (one small collective): the metric is reduced already, and the stop must be one."""
+        step, epoch = int(self.global_step.numpy()), int(self.epoch.numpy())
+        value = metrics.get(self.best.metric)
+        if self.dist.size > 1:
+            value = self.dist.allgather_object(value)[0]
+        checkpoint = (self._saved_path if self._saved_step == step else
+                      self._restored_path if self._restored_step == step else None)
+        if self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint):
+            self._protect_best()
+            if self.config.keep_best and checkpoint and self.dist.is_chief:
+                write_best(self.config.checkpoint_dir, self.best)
+        if self.best.stop and self.dist.is_chief:
+            b = self.best
+            self.log.info(f"early stop at epoch {epoch} step {step}: {b.metric} has not beaten {b.value:.5f} "
+                          f"(epoch {b.epoch} step {b.step}) for {b.since_best} evaluations "
+                          f"(--early-stop-patience {b.patience})", early_stop=True, best_step=b.step,
+                          best_value=b.value)
+
+    def _protect_best(self):
+        """--keep-best: the best checkpoint is never pruned (the newest --keep-checkpoints are kept besides)."""
+        if self.checkpointer is not None and self.config.keep_best:
+            self.checkpointer.protected = {self.best.checkpoint} if self.best.checkpoint else set()
+            self.checkpointer.prune()            # the best before this one may go now
+
+    def _best_fields(self):
+        """The summary's ``best_eval`` (the best evaluation; the summary's own metrics are the last one's)
+        and ``early_stopped`` (the epoch and step the patience ran out at, or null)."""
+        b = self.best
+        stopped = dict(step=b.last_step, epoch=int(self.epoch.numpy()), patience=b.patience) if b.stop else None
+        return dict(best_eval=b.summary() if b.value is not None else None, early_stopped=stopped)
 
     def _train_call(self, it, n):
         """Up to ``n`` training steps on the batches of iterator ``it``: ``([loss per step], stop flag)``,
@@ -496,13 +564,16 @@ class Engine:
         found late loses nothing."""
         try:
             if self._steps_per_call == 1:
+                watchdog.phase(watchdog.INPUT)
                 try:
                     inputs, labels = next(it)
                 except StopIteration:
                     return [], 0.0
+                watchdog.phase(watchdog.FUSED_STEP)
                 loss, stop_any = self._train_step(inputs, labels)
                 # The stop flag is read every step anyway: reading the loss too costs no extra sync.
                 return [float(loss.numpy())], float(stop_any.numpy())
+            watchdog.phase(f"{n} training steps in one compiled call (input and step)")
             losses, stop_any = self._train_steps(it, tf.constant(n, tf.int32))
             return [float(v) for v in losses.numpy()], float(stop_any.numpy())
         except tf.errors.OpError as err:
@@ -625,9 +696,13 @@ class Engine:
                 self.log.startup("first_step")      # the first step (its tracing included) has ended
             if i == warm:
                 t0 = time.perf_counter()            # the timed stretch starts here
+            watchdog.phase(watchdog.INPUT)
             inputs, labels = next(it)
-            loss, _ = self._train_step(inputs, labels)
-            loss_v = float(loss.numpy())      # step boundary: wait for the device
+            watchdog.phase(watchdog.FUSED_STEP)
+            with self.profiler.steps(i):
+                loss, _ = self._train_step(inputs, labels)
+                loss_v = float(loss.numpy())      # step boundary: wait for the device
+            watchdog.step_done(i + 1)
             t1 = time.perf_counter()
             elapsed, t0 = t1 - t0, t1
             if i >= warm:
@@ -638,7 +713,9 @@ class Engine:
             if (i + 1) % c.log_every == 0:
                 # this step's own rate (warm-up included), not a division by a placeholder time
                 self.log.step(i + 1, 0, loss_v, self.task.global_batch / max(elapsed, 1e-9),
-                              total_steps=warm + steps)
+                              total_steps=warm + steps, step_time_ms=1000.0 * elapsed,
+                              **optimizer_figures(self.groups, self.loss_scaler))
+        self.profiler.close()
         breakdown = self._step_breakdown(it, c.breakdown_steps, losses) if c.breakdown_steps > 0 else None
         return self._summary("benchmark", len(times), float(np.sum(times)), {}, losses, False, step_times=times,
                              breakdown=breakdown)
@@ -713,23 +790,28 @@ class Engine:
         """One training step as separately timed units; returns (loss, {phase: seconds}, bytes)."""
         f = self._split
         t_start = time.perf_counter()
+        watchdog.phase(watchdog.INPUT)
         inputs, labels = next(it)
         t_input = time.perf_counter()
+        watchdog.phase("compute (forward+backward, with the embedding exchange), split step")
         loss, grads, ids = f["gradients"](inputs, labels)
         loss_v = float(self._sync(loss))
         t_grads = t_exchanged = time.perf_counter()
         reduced, finite = grads, None               # one rank: allreduce_gradients is the identity
         if self.dist.size > 1:
+            watchdog.phase("gradient exchange (allreduce/allgather), split step")
             loss, reduced, finite = f["gradient_exchange"](loss, grads)
             finite = finite if self.loss_scaler is not None else None     # --amp's shared decision
             loss_v = float(self._sync(loss))
             t_exchanged = time.perf_counter()
+        watchdog.phase("optimizer, split step")
         self._sync(f["optimizer"](reduced) if finite is None else f["optimizer"](reduced, finite))
         t_end = time.perf_counter()
         # Outside the step: the embedding exchange alone on this step's ids, the ranks aligned first
         # (so that it times the exchange, not a wait for a slower rank), and the bytes.
         exchange_s, embedding_bytes = 0.0, 0
         if f["layers"]:
+            watchdog.phase("embedding exchange (barrier, alltoall), split step")
             self.dist.barrier()
             t_x = time.perf_counter()
             embedding_bytes = int(self._sync(f["exchange"](ids)))
@@ -752,11 +834,13 @@ class Engine:
     def _step_breakdown(self, it, n, losses):
         """``step_breakdown`` of the summary: n split steps after an untimed one (which traces the
         split functions); each rank's means, gathered (a collective: every rank calls it)."""
+        watchdog.outside_steps("tracing the split step")    # its first step traces: the long limit
         self._split_functions()
         rows, sent = [], []
         for k in range(n + 1):
             loss_v, parts, nbytes = self._split_step(it)
             step = int(self.global_step.numpy())
+            watchdog.step_done(step)
             if not math.isfinite(loss_v) and not self.config.amp:
                 self._diverged(step, f"the training loss is {loss_v}")
             losses[1:] = [(step, loss_v)]
@@ -796,7 +880,8 @@ class Engine:
         return summary
 
     def _summary(self, mode, timed_steps, timed_seconds, metrics, losses, interrupted, step_times=None,
-                 batch=None, checkpoint=None, evaluated=None, breakdown=None):
+                 batch=None, checkpoint=None, evaluated=None, breakdown=None, extra=None):
+        watchdog.outside_steps("the summary (allreduce of the timed seconds, provenance)")
         batch = batch or self.task.global_batch
         # Per-rank times differ a little; report the slowest rank (a synchronous data-parallel
         # job goes at the pace of its slowest rank).
@@ -830,6 +915,7 @@ class Engine:
             out["first_loss_step"], out["first_loss"] = losses[0]
             out["final_loss_step"], out["final_loss"] = losses[-1]
         out.update(metrics)
+        out.update(extra or {})
         if self.dist.is_chief:          # only rank 0 writes the record: the others skip git and scontrol
             out["provenance"] = provenance.collect(nodes)
         self.log.summary(**out)

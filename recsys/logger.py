@@ -6,6 +6,8 @@ embedding placement), ``step`` (step, epoch, loss, samples_per_s, lr),
 ``eval`` (epoch, step, metrics), ``startup`` (one per start-up phase:
 horovod_init, data, model, first_step, with seconds since the process started)
 and ``summary`` (throughput, mean step time, final metrics). Lines are flushed as written so a killed job keeps its log.
+A ``sink`` (recsys.tensorboard.ScalarSink) gets every record too, on any rank that has one, so the
+TensorBoard figures are the JSON log's at the same steps.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def _plain(value):
 class RunLogger:
     """Writes records to ``log_path`` (if given) and progress to stderr; silent off rank 0."""
 
-    def __init__(self, log_path=None, enabled=True, console=sys.stderr, progress_every=10):
+    def __init__(self, log_path=None, enabled=True, console=sys.stderr, progress_every=10, sink=None):
         self.enabled = enabled
+        self.sink = sink
         self.console = console
         self.progress_every = max(1, int(progress_every))
         self._file = None
@@ -45,10 +48,12 @@ class RunLogger:
         self._last_progress = 0.0
 
     def record(self, kind, **fields):
-        if not self.enabled:
+        if not self.enabled and self.sink is None:
             return
         rec = {"type": kind, "time": round(time.time(), 3)}
         rec.update(_plain(fields))
+        if self.sink is not None:
+            self.sink.record(rec)
         if self._file is not None:
             self._file.write(json.dumps(rec, sort_keys=False) + "\n")
 
@@ -60,9 +65,8 @@ class RunLogger:
 
     def info(self, message, **fields):
         """A note for humans (console) that is also kept in the JSON log."""
-        if not self.enabled:
-            return
-        print(f"[recsys] {message}", file=self.console, flush=True)
+        if self.enabled:
+            print(f"[recsys] {message}", file=self.console, flush=True)
         self.record("info", message=message, **fields)
 
     def step(self, step, epoch, loss, samples_per_s, total_steps=None, **extra):
@@ -87,6 +91,8 @@ class RunLogger:
             print(f"[recsys] summary: {text}", file=self.console, flush=True)
 
     def close(self):
+        if self.sink is not None:
+            self.sink.close()
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -22,6 +22,15 @@ state restarts. A replicated run's checkpoint restores into a model-parallel run
 of the same model (tables cut into this rank's slices; optimizer state restarts).
 Pure Python until a save/restore: the argument layer validates a checkpoint
 (:func:`validate`) without TensorFlow.
+
+distributed-embeddings groups are written like the alltoall layer's: every rank its own slices
+(``de_adapter.local_pieces``), by row chunks, so no rank ever holds more than one chunk of a table
+on the host (a gather onto rank 0 would hold every table and its slots: Criteo 1TB's ~90 GiB of
+weights and as much again per slot, on the one 128 GiB NUMA node the ``dgxa100`` binding gives
+rank 0); they are restored through the same layout, by row chunks (tables and slots alike).
+Before writing, every rank checks that it sees the temporary directory rank 0 made (a lagging NFS
+view does not) and the ranks agree on the result in one allreduce: a failure on any rank fails the
+save on every rank, with the ranks named, and no rank waits in a collective the others skipped.
 """
 from __future__ import annotations
 
@@ -102,7 +111,7 @@ def _pieces(group, rank):
         out.update(group._mp.replicated_map())
         return out, bool(group._mp.dp_tables) and rank == 0
     if group._dist is not None:
-        return {}, False                       # distributed-embeddings: whole tables, see _gather_distributed
+        return {}, False                       # distributed-embeddings: see write_distributed_pieces
     return {(t, 0, group.dims[t]): layer.embeddings for t, layer in enumerate(group.tables)}, rank == 0
 
 
@@ -134,10 +143,11 @@ def _saved_pieces(path, meta):
     return saved
 
 
-def _distributed_tables(group, optimizers, fetch, np):
-    """Whole tables (and their optimizer slots) into a distributed-embeddings group through its global
-    ``set_weights``: ``fetch(table, slot or None)`` gives the table's saved column pieces (or None);
-    each rank reads only the slices DE gives it. Returns (slots restored, slots restarted)."""
+def _distributed_tables(group, optimizers, fetch, np, chunk=None):
+    """Whole tables (and their optimizer slots) into a distributed-embeddings group, cut by its layout
+    and assigned by row chunks (``de_adapter.set_global``): ``fetch(table, slot or None)`` gives the
+    table's saved column pieces (or None); each rank reads only its own slices. Returns (slots
+    restored, slots restarted)."""
     from recsys.embeddings import de_adapter
     layer = group._dist
 
@@ -151,14 +161,14 @@ def _distributed_tables(group, optimizers, fetch, np):
         if not pieces:
             raise CheckpointError(f"no saved values of {group.name} table {t} in the checkpoint")
         tables.append(lazy(pieces, t))
-    de_adapter.set_global(layer, tables)
+    de_adapter.set_global(layer, tables, chunk=chunk)
     slot_vars = [table_slots(optimizers, v) for v in layer.weights]
     restored, restarted = set(), set()
     for slot in sorted(set().union(*slot_vars)):
         saved = [fetch(t, slot) for t in range(len(group.cardinalities))]
         if all(saved):
-            de_adapter.set_global_slots(layer, [sv[slot] for sv in slot_vars],
-                                        [lazy(p, t) for t, p in enumerate(saved)])
+            de_adapter.set_global(layer, [lazy(p, t) for t, p in enumerate(saved)],
+                                  variables=[sv[slot] for sv in slot_vars], chunk=chunk)
             restored.add(slot)
         else:
             restarted.add(slot)
@@ -195,11 +205,24 @@ class ShardedCheckpointer(AtomicCheckpointer):
             except OSError as err:
                 error = err
         dist.barrier()
+        # Each rank's own check, then one agreed status: a rank that cannot see the directory (a
+        # lagging NFS view) fails the save on every rank before anyone writes.
+        if error is None and dist.rank in self._writers() and not _visible(tmp):
+            error = OSError(f"rank {dist.rank} does not see the temporary directory {tmp} rank 0 made "
+                            f"(a lagging shared file system?)")
+        blind = np.zeros(dist.size, np.int32)
+        blind[dist.rank] = error is not None
+        blind = [r for r, bad in enumerate(dist.allreduce_sum(blind)) if bad]
+        if blind:
+            if dist.is_chief:
+                shutil.rmtree(tmp, ignore_errors=True)
+            dist.barrier()
+            raise write_failure(final, error or OSError(f"rank(s) {', '.join(map(str, blind))} could not prepare "
+                                                        f"it (the temporary directory {tmp})"), previous)
         try:
-            if error is None and os.path.isdir(tmp):
-                self._write_own(tmp, np)
+            self._write_own(tmp, np)
         except Exception as err:     # OSError, or TensorFlow's OpError (a full disk on any rank)
-            error = error or err
+            error = err
         # Every rank learns whether any rank failed (a rank that raised alone would hang the others).
         failed = int(dist.allreduce_sum(np.array(0 if error is None else 1, np.int32)))
         if failed:
@@ -230,9 +253,8 @@ class ShardedCheckpointer(AtomicCheckpointer):
         return final
 
     def _write_own(self, tmp, np):
-        """This rank's part of a checkpoint: its TF checkpoint, its table slices, then DONE."""
+        """This rank's part of a checkpoint: its TF checkpoint, its table slices, then DONE (no collective)."""
         dist = self.dist
-        gathered = self._gather_distributed()       # a collective: first, before anything can fail alone
         if dist.rank in self._writers():
             d = rank_dir(tmp, dist.rank)
             os.makedirs(d)
@@ -252,37 +274,10 @@ class ShardedCheckpointer(AtomicCheckpointer):
                         np.save(os.path.join(d, slots[slot]), slot_var.numpy())
                     listing.append({"group": group.name, "table": t, "col_start": c0, "col_end": c1,
                                     "shape": list(var.shape), "file": name + ".npy", "slots": slots})
-            for group_name, tables in gathered.items():       # rank 0: whole distributed-embeddings tables
-                for t, (table, table_slot_values) in enumerate(tables):
-                    name = f"{group_name}.t{t}.c0-{table.shape[1]}"
-                    np.save(os.path.join(d, name + ".npy"), table)
-                    slots = {}
-                    for slot, value in sorted(table_slot_values.items()):
-                        slots[slot] = f"{name}.{slot}.npy"
-                        np.save(os.path.join(d, slots[slot]), value)
-                    listing.append({"group": group_name, "table": t, "col_start": 0, "col_end": int(table.shape[1]),
-                                    "shape": list(table.shape), "file": name + ".npy", "slots": slots})
+                if group._dist is not None:
+                    listing += write_distributed_pieces(d, group.name, group._dist, self.optimizers)
             _write_json(os.path.join(d, TABLES), listing)
             _write_json(os.path.join(d, DONE), {"rank": dist.rank, "saved_at": time.time()})
-
-    def _gather_distributed(self):
-        """{group: [(whole table, {slot: whole array})]} of every distributed-embeddings group, on rank 0
-        (empty elsewhere), through DE's global ``get_weights`` (the slots cut the same way). Every rank
-        calls it: the gathers are collectives."""
-        from recsys.embeddings import de_adapter
-        out = {}
-        for group in _groups(self.model):
-            layer = group._dist
-            if layer is None:
-                continue
-            tables = de_adapter.get_global(layer)
-            slot_vars = [table_slots(self.optimizers, v) for v in layer.weights]
-            slots = {slot: de_adapter.get_global_slots(layer, [sv[slot] for sv in slot_vars])
-                     for slot in sorted(set().union(*slot_vars))}
-            if tables is not None:
-                out[group.name] = [(table, {slot: values[t] for slot, values in slots.items()})
-                                   for t, table in enumerate(tables)]
-        return out
 
     def restore(self, path=None):
         import numpy as np
@@ -373,6 +368,48 @@ class ShardedCheckpointer(AtomicCheckpointer):
                           f"(model parallel); optimizer state restarts")
         meta["path"] = path
         return meta
+
+
+def _visible(path):
+    """``path`` is a directory this rank sees; once more after listing its parent, which makes an NFS
+    client look the entries up again instead of answering from its cache."""
+    if os.path.isdir(path):
+        return True
+    try:
+        os.listdir(os.path.dirname(path))
+    except OSError:
+        return False
+    return os.path.isdir(path)
+
+
+def write_distributed_pieces(directory, group_name, layer, optimizers=(), chunk=None, stats=None):
+    """This rank's slices of a distributed-embeddings group (and their optimizer slots) as ``.npy``
+    files in ``directory``, written by row chunks of at most ``chunk`` elements (memory-mapped output):
+    the host holds one chunk at a time, never a table. Returns the ``tables.json`` entries;
+    ``stats["peak_elements"]``: the largest block read at once."""
+    import numpy as np
+
+    from recsys.embeddings import de_adapter
+    slot_vars = [table_slots(optimizers, v) for v in layer.weights]
+    listing = []
+    for t, c0, c1, v, r0, r1 in de_adapter.local_pieces(layer):
+        name = f"{group_name}.t{t}.c{c0}-{c1}"
+        sources = [(None, layer.weights[v])] + sorted(slot_vars[v].items())
+        files = {}
+        for slot, var in sources:
+            files[slot] = f"{name}.npy" if slot is None else f"{name}.{slot}.npy"
+            out = np.lib.format.open_memmap(os.path.join(directory, files[slot]), mode="w+", dtype=np.float32,
+                                            shape=(r1 - r0, c1 - c0))
+            for a, b in de_adapter._row_chunks(r1 - r0, c1 - c0, chunk):
+                block = de_adapter.read_rows(var, r0 + a, r0 + b)
+                if stats is not None:
+                    stats["peak_elements"] = max(stats.get("peak_elements", 0), block.size)
+                out[a:b] = block
+            out.flush()
+            del out
+        listing.append({"group": group_name, "table": t, "col_start": c0, "col_end": c1, "shape": [r1 - r0, c1 - c0],
+                        "file": files.pop(None), "slots": files})
+    return listing
 
 
 def _assemble(pieces, c0, c1, shape, np):

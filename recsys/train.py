@@ -76,6 +76,31 @@ def _ints(text):
     return out
 
 
+def _ranks(text):
+    """``all`` or comma-separated ranks (--tensorboard-ranks, --profile-ranks)."""
+    if str(text).strip() == "all":
+        return "all"
+    try:
+        out = tuple(sorted({int(x) for x in str(text).replace(",", " ").split()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or ranks separated by commas, got {text!r}")
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected 'all' or ranks >= 0, got {text!r}")
+    return out
+
+
+def _step_range(text):
+    """START-END, global steps from 1, inclusive (--profile-steps)."""
+    start, sep, end = str(text).partition("-")
+    try:
+        start, end = int(start), int(end if sep else start)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START-END (steps), got {text!r}")
+    if start < 1 or end < start:
+        raise argparse.ArgumentTypeError(f"expected 1 <= START <= END, got {text!r}")
+    return (start, end)
+
+
 def _ref(key, fmt=None):
     vals = []
     for m in MODELS:
@@ -179,17 +204,44 @@ def build_parser(parser_class=_Parser):
                          "import stops the run; docs/embeddings.md)")
     pf.add_argument("--sparse-as-dense", action="store_true",
                     help="allreduce embedding gradients densely instead of allgathering IndexedSlices")
+    tb = p.add_argument_group("TensorBoard and profiler (docs/tensorboard.md)")
+    tb.add_argument("--tensorboard-dir", metavar="DIR",
+                    help="event files of the step, eval and summary figures, DIR/rank<k> per rank (default: "
+                         "<--log-path's dir>/tensorboard/<its name>; none without either)")
+    tb.add_argument("--no-tensorboard", action="store_true", help="write no event files")
+    tb.add_argument("--tensorboard-ranks", type=_ranks, default="0", metavar="RANKS",
+                    help="ranks that write event files: comma-separated, or all")
+    tb.add_argument("--profile-steps", type=_step_range, metavar="START-END",
+                    help="tf.profiler trace of global steps START to END (train, benchmark) into the TensorBoard "
+                         "directory, one step per call inside the window")
+    tb.add_argument("--profile-ranks", type=_ranks, default="all", metavar="RANKS",
+                    help="ranks that trace --profile-steps: comma-separated, or all")
     pf.add_argument("--affinity", choices=AFFINITY, default="off",
                     help="CPU affinity of this rank when the launcher did not bind it (slurm/bind.sh does): "
                          "exclusive/unique_contiguous = contiguous equal share of the allowed CPUs per local rank, "
                          "unique_interleaved = round-robin share, numa = the NUMA node of the local rank, all/off = unchanged")
     pf.add_argument("--intra-op-threads", type=int, default=0, help="TF intra-op threads (0: TF default)")
     pf.add_argument("--inter-op-threads", type=int, default=0, help="TF inter-op threads (0: TF default)")
+    pf.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                    help="end the run (exit 86) when no step completes for this long, each rank naming where it "
+                         "waits and dumping its stack (recsys.watchdog; docs/reliability.md); 0: off (default: "
+                         "$RECSYS_HANG_TIMEOUT from the profile's hang_timeout, else max(60 s, 20 x the slowest "
+                         "step); at least 30 min before the first step and around evaluations and checkpoints)")
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", help="save a checkpoint here after every epoch and on SIGUSR2 (then exit 0)")
     c.add_argument("--restore", action="store_true",
                    help="continue from the newest checkpoint in --checkpoint-dir (exact step); a fresh start if none")
     c.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept")
+    c.add_argument("--early-stop-patience", type=int, metavar="N",
+                   help="stop when N evaluations in a row (one per epoch) have not beaten the best of the run's "
+                        "metric (AUC; NCF: HR@k) by more than --early-stop-min-delta; 0: never; default 0, 2 "
+                        "on small data")
+    c.add_argument("--early-stop-min-delta", type=float, metavar="D",
+                   help="a gain over the best of at most D does not restart the early stop's count (it still "
+                        "makes a new best); default 0, 0.001 on small data")
+    c.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the checkpoint of the best evaluation from pruning and name it in "
+                        "CHECKPOINT_DIR/best.json; default off, on for small data")
     return p
 
 
@@ -302,6 +354,11 @@ def run(config):
     device_mode, _ = devices.device_mode(config.device, os.environ)   # a bad $RECSYS_DEVICE: one line, exit 2
     from recsys.distributed import Distributed
     from recsys.logger import RunLogger
+    from recsys import watchdog
+    try:
+        hang_limit = watchdog.resolve_limit(config.hang_timeout)
+    except ValueError as exc:      # a bad $RECSYS_HANG_TIMEOUT: one line, exit 2
+        raise EngineError(str(exc)) from None
     cpus = None
     if config.affinity != "off":
         local_rank = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
@@ -314,12 +371,15 @@ def run(config):
     tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     tf.config.experimental.enable_tensor_float_32_execution(not config.no_tf32)
     dist = Distributed(use_horovod=config.world_size > 1)
+    watchdog.start(dist.rank, dist.size, hang_limit, config.log_path)
     gpus = tf.config.list_physical_devices("GPU")
     _check_devices(tf, device_mode, len(gpus))    # GPUs given but TensorFlow sees none: one line, exit 2
     if gpus:
         tf.config.experimental.set_memory_growth(gpus[dist.local_rank % len(gpus)], True)
         tf.config.set_visible_devices(gpus[dist.local_rank % len(gpus)], "GPU")
-    log = RunLogger(config.log_path, enabled=dist.is_chief, progress_every=config.log_every)
+    from recsys.tensorboard import open_sink
+    log = RunLogger(config.log_path, enabled=dist.is_chief, progress_every=config.log_every,
+                    sink=open_sink(config, dist.rank))
     log.startup("horovod_init", world_size=dist.size)
     _log_notes(config, len(gpus), log)
     for line in tf_notes:
@@ -370,6 +430,7 @@ def run(config):
         else:
             engine.inference()
     finally:
+        watchdog.stop()
         log.close()
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)

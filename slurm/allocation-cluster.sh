@@ -51,15 +51,19 @@ trap_stop_signals() {
 # RECSYS_CONTAINER_SRUN_FLAGS, its srun container flags one a line (jobs/backends/slurm/script.py),
 # and every process a helper starts runs in that container:
 #   container  the flags, for the helper's srun steps over all nodes (the workers);
+#   entry      what those steps run first in the container (container-entry.sh: the checkout on
+#              PYTHONPATH in front of the image's, no user site-packages); empty without one;
 #   here       the prefix of what runs on this node (the master/scheduler, the driver, the helper's
 #              own python): a one-task srun step on this node in the container, or, without a
 #              container, `env`, which execs the command (same process, same pid as without it).
 # Without a container nothing else changes: the commands run on the host as before.
 container=()
+entry=()
 here=(env)
 container_here() {
+  entry=(bash "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/container-entry.sh")
   here=(srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --overlap --kill-on-bad-exit=1
-        --nodelist="${SLURMD_NODENAME:-$(hostname)}" "${container[@]}")
+        --nodelist="${SLURMD_NODENAME:-$(hostname)}" "${container[@]}" "${entry[@]}")
 }
 if [ -n "${RECSYS_CONTAINER_SRUN_FLAGS:-}" ]; then
   mapfile -t container <<< "$RECSYS_CONTAINER_SRUN_FLAGS"
@@ -77,4 +81,15 @@ container_env() {
   done
   [ "$found" = 1 ] || container+=("--container-env=$*")
   container_here
+}
+
+# containers_on_all_nodes NODES: create the job's named container on every node before anything
+# waits on a timeout: pyxis imports the image on each node at its first step (minutes for a large
+# image), which would otherwise be counted in the workers' registration time. No container: nothing.
+containers_on_all_nodes() {
+  [ "${#container[@]}" -gt 0 ] || return 0
+  local start=$SECONDS
+  srun --nodes="$1" --ntasks="$1" --ntasks-per-node=1 --overlap --kill-on-bad-exit=1 "${container[@]}" true \
+    || die "could not start the job's container on its $1 node(s) (see the srun/pyxis error above)"
+  say "container ready on $1 node(s) after $((SECONDS - start)) s"
 }

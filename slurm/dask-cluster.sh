@@ -33,7 +33,12 @@
 #                         when cudf/dask-cuda do not import, as Spark runs a CPU plan without RAPIDS)
 #   --log-dir D           [RECSYS_DASK_LOG_DIR]    scheduler/worker logs and the scheduler file
 #                         (default $RECSYS_RUN_DIR/logs/dask-<job>, else ./dask-<job>)
-#   --timeout S           seconds to wait for the scheduler and the workers (120)
+#   --local-directory D   [DASK_LOCAL_DIRECTORY]   where every worker spills (node-local disk;
+#                         recsys-submit passes the profile's scratch), default ${TMPDIR:-/tmp}
+#   --timeout S           [RECSYS_CLUSTER_START_SECONDS]  seconds to wait for the scheduler and the
+#                         workers (120; recsys-submit passes the profile's
+#                         defaults.cluster_start_seconds). With a container, the job's container is
+#                         first created on every node, which this does not count.
 set -euo pipefail
 
 die() { echo "dask-cluster: error: $*" >&2; exit 2; }
@@ -48,7 +53,8 @@ NODE_MEM_GB=${DASK_NODE_MEMORY_GB:-}
 RMM_POOL=${RECSYS_DASK_RMM_POOL_SIZE:-}
 GPUS=${RECSYS_DASK_GPUS:-0}
 LOG_DIR=${RECSYS_DASK_LOG_DIR:-}
-TIMEOUT=120
+LOCAL_DIR=${DASK_LOCAL_DIRECTORY:-${TMPDIR:-/tmp}}
+TIMEOUT=${RECSYS_CLUSTER_START_SECONDS:-120}
 while [ $# -gt 0 ]; do
   case "$1" in
     --worker-cores) WORKER_CORES=$2; shift 2 ;;
@@ -57,6 +63,7 @@ while [ $# -gt 0 ]; do
     --rmm-pool-size) RMM_POOL=$2; shift 2 ;;
     --gpus-per-node) GPUS=$2; shift 2 ;;
     --log-dir) LOG_DIR=$2; shift 2 ;;
+    --local-directory) LOCAL_DIR=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (usage: dask-cluster.sh [options] -- command...)" ;;
@@ -69,6 +76,8 @@ done
 for v in WORKER_CORES WORKER_MEM_GB NODE_MEM_GB GPUS TIMEOUT; do
   [ -z "${!v}" ] || [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, got '${!v}'"
 done
+NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
+containers_on_all_nodes "$NODES"
 "${here[@]}" "$PY" -c 'import distributed' 2>/dev/null \
   || die "$PY cannot import distributed (pip install .[nvtabular]; set RECSYS_PYTHON to the environment's python)"
 
@@ -76,7 +85,6 @@ if [ "$GPUS" -gt 0 ] && ! "${here[@]}" "$PY" -c 'import cudf, dask_cuda' 2>/dev/
   say "$GPUS GPU(s) per node but cudf/dask-cuda do not import: CPU workers (pandas), as Spark without RAPIDS"
   GPUS=0
 fi
-NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
 JOB_TAG=${SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_${SLURM_ARRAY_TASK_ID}}
 if [ -z "$LOG_DIR" ]; then
   if [ -n "${RECSYS_RUN_DIR:-}" ]; then LOG_DIR=$RECSYS_RUN_DIR/logs/dask-$JOB_TAG; else LOG_DIR=$PWD/dask-$JOB_TAG; fi
@@ -100,7 +108,7 @@ cluster_pids() { echo $driver_pid $workers_pid $scheduler_pid; }
 cluster_summary() { echo "scheduler file $SCHEDULER_FILE, $NODES worker node(s)"; }
 trap_stop_signals
 
-say "scheduler on $HOST, $NODES node(s) x $WORKER_CORES cores, GPUs/node $GPUS, $WORKERS_PER_NODE worker(s)/node x ${WORKER_MEM_GB}g${RMM_POOL:+ (RMM pool $RMM_POOL/GPU)}, logs in $LOG_DIR"
+say "scheduler on $HOST, $NODES node(s) x $WORKER_CORES cores, GPUs/node $GPUS, $WORKERS_PER_NODE worker(s)/node x ${WORKER_MEM_GB}g${RMM_POOL:+ (RMM pool $RMM_POOL/GPU)}, spilling to $LOCAL_DIR, logs in $LOG_DIR"
 "${here[@]}" "$PY" -m distributed.cli.dask_scheduler --host "$HOST" --port 0 --dashboard-address :0 --no-show \
   --scheduler-file "$SCHEDULER_FILE" > "$LOG_DIR/scheduler.log" 2>&1 &
 scheduler_pid=$!
@@ -115,15 +123,15 @@ done
 # (next to $PY when that is a path, else from PATH: a bare `python3` in a container).
 if [ "$GPUS" -gt 0 ]; then
   worker=("$([[ $PY != */* ]] || echo "${PY%/*}/")dask-cuda-worker" --scheduler-file "$SCHEDULER_FILE"
-          --memory-limit "${WORKER_MEM_GB}GiB" --dashboard-address :0)
+          --memory-limit "${WORKER_MEM_GB}GiB" --dashboard-address :0 --local-directory "$LOCAL_DIR")
   [ -z "$RMM_POOL" ] || worker+=(--rmm-pool-size "$RMM_POOL")
 else
   worker=("$PY" -m distributed.cli.dask_worker --scheduler-file "$SCHEDULER_FILE" --nworkers 1
           --nthreads "$WORKER_CORES" --memory-limit "${WORKER_MEM_GB}GiB" --dashboard-address :0
-          --local-directory "${DASK_LOCAL_DIRECTORY:-${TMPDIR:-/tmp}}")
+          --local-directory "$LOCAL_DIR")
 fi
 srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 --overlap --kill-on-bad-exit=0 \
-  --output="$LOG_DIR/worker-%t.log" ${container[@]+"${container[@]}"} "${worker[@]}" &
+  --output="$LOG_DIR/worker-%t.log" ${container[@]+"${container[@]}"} ${entry[@]+"${entry[@]}"} "${worker[@]}" &
 workers_pid=$!
 "${here[@]}" "$PY" - "$SCHEDULER_FILE" "$NODES" "$TIMEOUT" <<'EOF' || die "workers did not register; see $LOG_DIR/worker-*.log"
 import sys

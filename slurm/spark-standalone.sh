@@ -34,7 +34,10 @@
 #   --log-dir D           [RECSYS_SPARK_LOG_DIR]    master/worker logs (default
 #                         $RECSYS_RUN_DIR/logs/spark-<job>, else ./spark-<job>)
 #   --master-port P       [SPARK_MASTER_PORT]       default: a free port
-#   --timeout S           seconds to wait for the master and the workers (120)
+#   --timeout S           [RECSYS_CLUSTER_START_SECONDS]  seconds to wait for the master and the
+#                         workers (120; recsys-submit passes the profile's
+#                         defaults.cluster_start_seconds). With a container, the job's container is
+#                         first created on every node, which this does not count.
 set -euo pipefail
 
 die() { echo "spark-standalone: error: $*" >&2; exit 2; }
@@ -51,7 +54,7 @@ GPUS=${RECSYS_SPARK_GPUS:-0}
 LOCAL_DIRS=${SPARK_LOCAL_DIRS:-}
 LOG_DIR=${RECSYS_SPARK_LOG_DIR:-}
 MASTER_PORT=${SPARK_MASTER_PORT:-}
-TIMEOUT=120
+TIMEOUT=${RECSYS_CLUSTER_START_SECONDS:-120}
 while [ $# -gt 0 ]; do
   case "$1" in
     --worker-cores) WORKER_CORES=$2; shift 2 ;;
@@ -71,10 +74,11 @@ for v in WORKER_CORES WORKER_MEM_GB GPUS MASTER_PORT TIMEOUT; do
   [ -z "${!v}" ] || [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, got '${!v}'"
 done
 
+NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
+containers_on_all_nodes "$NODES"
 SPARK_HOME=$("${here[@]}" "$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))') \
   || die "$PY cannot import pyspark (set RECSYS_PYTHON to the environment's python)"
 export SPARK_HOME
-NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | wc -l)
 JOB_TAG=${SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_${SLURM_ARRAY_TASK_ID}}
 if [ -z "$LOG_DIR" ]; then
   if [ -n "${RECSYS_RUN_DIR:-}" ]; then LOG_DIR=$RECSYS_RUN_DIR/logs/spark-$JOB_TAG; else LOG_DIR=$PWD/spark-$JOB_TAG; fi
@@ -99,7 +103,7 @@ cluster_pids() { echo $driver_pid $workers_pid $master_pid; }
 cluster_summary() { echo "master $SPARK_MASTER_URL, $NODES worker(s)"; }
 trap_stop_signals
 
-say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g x $GPUS GPU(s), logs in $LOG_DIR"
+say "master $SPARK_MASTER_URL, $NODES node(s) x $WORKER_CORES cores x ${WORKER_MEM_GB}g x $GPUS GPU(s), shuffle in ${SPARK_LOCAL_DIRS:-/tmp}, logs in $LOG_DIR"
 "${here[@]}" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
   --host "$MASTER_HOST" --port "$MASTER_PORT" --webui-port 0 > "$LOG_DIR/master.log" 2>&1 &
 master_pid=$!
@@ -112,7 +116,7 @@ done
 
 # One worker per node; each gets its own work dir (executor stderr) under the log dir.
 srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 --overlap --kill-on-bad-exit=0 \
-  --output="$LOG_DIR/worker-%t.log" ${container[@]+"${container[@]}"} \
+  --output="$LOG_DIR/worker-%t.log" ${container[@]+"${container[@]}"} ${entry[@]+"${entry[@]}"} \
   bash -c 'exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
     --cores "$0" --memory "$1g" --webui-port 0 --work-dir "$2/work-${SLURMD_NODENAME:-$(hostname)}" \
     "$SPARK_MASTER_URL"' "$WORKER_CORES" "$WORKER_MEM_GB" "$LOG_DIR" &

@@ -126,6 +126,14 @@ class Backend(abc.ABC):
         """After a waited-for submit: why its jobs failed, or None (a chain stops there)."""
         return None
 
+    def allocation(self, spec, points, run_dir, token=None):
+        """The drafts of one allocation that runs a study's points in turn on its first nodes:
+        (the allocation's draft, [each point's draft]); `spec`: the allocation's JobSpec (its
+        size and time), `points`: [(point JobSpec, its run dir)]. The allocation's draft is
+        submitted with `submit`; the points' scripts are only written (the allocation runs them)."""
+        raise RequestError(f"--allocation: a {self.scheduler} profile cannot run a study's points in one "
+                           "allocation; run them as separate jobs")
+
     # --- a submitted run ---
     @abc.abstractmethod
     def poll(self, run_dir, record, source=None):

@@ -21,7 +21,7 @@ OWNED_FLAGS = {
 }
 # The engine's path flags: a job runs in its run dir, so a relative path is made absolute,
 # relative to where recsys-submit runs (and where it is checked), as a user means it.
-PATH_FLAGS = ("--data-path", "--feature-spec", "--checkpoint-dir", "--log-path")
+PATH_FLAGS = ("--data-path", "--feature-spec", "--checkpoint-dir", "--log-path", "--tensorboard-dir")
 # The same for the preprocessing stages (`preproc tabular run --config FILE`).
 PREPROC_PATH_FLAGS = ("--config",)
 

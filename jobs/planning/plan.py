@@ -12,10 +12,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from jobs.errors import RequestError
 from slurm.node_memory import NODE_MEMORY_PERCENT
 from slurm.spark_layout import gpu_resource_conf
 
-from . import engine_args
+from . import container_paths, engine_args
 from .argv import EngineLog, RunPath, SlurmHelper, job_python
 from .engine_args import absolute
 from .request import resolve
@@ -28,6 +29,7 @@ if TYPE_CHECKING:   # pragma: no cover
 ENGINES = {
     "recsys": {"tasks": "gpu", "bind": True, "mpi": True},
     "hello": {"tasks": "gpu", "bind": True, "mpi": True},
+    "collectives": {"tasks": "gpu", "bind": True, "mpi": True},      # recsys.collectives: a fabric's figures
     "preproc": {"tasks": "node", "bind": False, "mpi": False},
 }
 
@@ -61,7 +63,11 @@ class JobSpec:
     after_any: List[str] = field(default_factory=list)       # keys (chunks of a capped array)
     external_after: List[str] = field(default_factory=list)  # job ids outside this run
     env: dict = field(default_factory=dict)                  # extra exports for this job
-    checkpoint_dir: Optional[str] = None  # the engine's --checkpoint-dir (requeue progress guard)
+    # the engine's --checkpoint-dir as the batch host sees it (the requeue progress guard lists it,
+    # the lead-time warning reads it): with a container, the host path of its mount
+    checkpoint_dir: Optional[str] = None
+    singleton: Optional[str] = None       # JobRequest.singleton: the job name it shares, one at a time
+    code_dir: Optional[str] = None        # JobRequest.code_dir: the copy of recsys/ and slurm/ it runs
 
     @property
     def array_size(self):
@@ -112,6 +118,8 @@ def _engine_command(res, python, argv):
     req = res.request
     if res.engine == "hello":
         return [python, "-m", "jobs.hello", "--kind", req.kind] + list(req.engine_args)
+    if res.engine == "collectives":
+        return [python, "-m", "recsys.collectives"] + engine_args.absolute_paths(req.engine_args, ("--out",))
     command = [python, "-m", "recsys.train"] + list(argv)
     if not engine_args.has_flag(argv, "--log-path"):
         command += ["--log-path", EngineLog()]     # the user's own --log-path wins
@@ -144,17 +152,19 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
     python = job_python(profile, req.python)
     max_array = int(max_array_size or profile.max_array_size or 1001)
     prefix = f"{key_prefix}." if key_prefix else ""
-    subject = req.dataset if res.engine == "preproc" else (req.model or "hello")
+    subject = req.dataset if res.engine == "preproc" else (req.model or res.engine)
     common = dict(profile=profile, kind=req.kind, subject=subject, engine=res.engine,
                   time_seconds=res.time_seconds, signal_seconds=res.signal_seconds,
                   requeue=req.requeue, bind_mode=res.bind, hyperthreads=res.hyperthreads,
                   nodes=req.nodes, ntasks_per_node=res.ntasks_per_node,
-                  gpus_per_node=res.gpus_per_node, external_after=list(req.after))
+                  gpus_per_node=res.gpus_per_node, external_after=list(req.after), singleton=req.singleton,
+                  code_dir=req.code_dir)
 
     if res.engine != "preproc":
         argv = engine_argv(res, handoff) if res.engine == "recsys" else []
         # the requeue guard watches the checkpoint dir the engine really gets, handed over or not
         ckpt = engine_args.checkpoint_dir(argv) if req.kind == "train" else None
+        ckpt = container_paths.host_path(profile, ckpt, "--checkpoint-dir")
         base = JobSpec(key=f"{prefix}main" if not prefix else key_prefix, name=res.name,
                        command=_engine_command(res, python, argv), bind=True,
                        env=_engine_env(res), checkpoint_dir=ckpt, **common)
@@ -170,6 +180,7 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
     mode = req.preprocess_mode
     rapids = (req.preprocess_engine == "spark" and res.gpus_per_node > 0
               and engine_args.has_flag(stage_args, "--rapids-jar"))
+    container_paths.check_preprocess(res, stage_args)
     if mode == "single" and not rapids:
         # CPU Spark in local[N] mode (or NVTabular's own LocalCUDACluster / threads): one process
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
@@ -180,7 +191,8 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
         node = profile.node
         cores = node.sockets * node.cores_per_socket * node.threads_per_core
         shape = {"nodes": req.nodes, "cores": cores, "memory_gb": int(node.memory_gb), "gpus": res.gpus_per_node,
-                 "rapids": rapids}
+                 "rapids": rapids, "scratch": profile.scratch,
+                 "start_seconds": (profile.defaults or {}).get("cluster_start_seconds")}
         launcher, flags = MULTINODE_CLUSTERS[req.preprocess_engine](shape)
         cmd = launcher + preproc + ["run"] + io + flags + stage_args
         common["ntasks_per_node"] = 1
@@ -206,8 +218,10 @@ def _spark_standalone(shape):
     A RAPIDS run: each worker offers the node's GPUs (--gpus-per-node), and the executor cores and
     the executor/task GPU amounts of slurm/spark_layout.py (the rule the driver applies too) are
     handed to the driver as --spark-conf, so the script shows them; the user's own --spark-conf
-    after `--` comes later and wins."""
-    launcher = ["bash", SlurmHelper("spark-standalone.sh")]
+    after `--` comes later and wins. The workers offer the same cores the driver sizes its
+    executors from (the profile's node), shuffle on the profile's node-local scratch."""
+    launcher = ["bash", SlurmHelper("spark-standalone.sh"), "--worker-cores", str(shape["cores"])]
+    launcher += _cluster_settings(shape, "--local-dirs")
     driver = ["--nodes", str(shape["nodes"]), "--node-cores", str(shape["cores"]),
               "--node-memory-gb", str(shape["memory_gb"]), "--gpus-per-node", str(shape["gpus"])]
     if shape.get("rapids"):
@@ -222,8 +236,20 @@ def _dask_cluster(shape):
     node's workers share ``NODE_MEMORY_PERCENT`` of its memory: slurm/dask-cluster.sh gives each of
     them its part (distributed's --memory-limit is per worker process)."""
     return (["bash", SlurmHelper("dask-cluster.sh"), "--gpus-per-node", str(shape["gpus"]),
-             "--node-memory-gb", str(max(1, shape["memory_gb"] * NODE_MEMORY_PERCENT // 100)), "--"],
+             "--node-memory-gb", str(max(1, shape["memory_gb"] * NODE_MEMORY_PERCENT // 100))]
+            + _cluster_settings(shape, "--local-directory") + ["--"],
             ["--nodes", str(shape["nodes"])])
+
+
+def _cluster_settings(shape, scratch_flag):
+    """The profile's settings of a cluster helper: its start-up timeout (defaults.cluster_start_seconds)
+    and its node-local scratch (`scratch`, under the helper's `scratch_flag`)."""
+    out = []
+    if shape.get("start_seconds"):
+        out += ["--timeout", str(shape["start_seconds"])]
+    if shape.get("scratch"):
+        out += [scratch_flag, shape["scratch"]]
+    return out
 
 
 # Multinode preprocessing: the cluster each engine starts inside the allocation (launcher
@@ -297,10 +323,17 @@ def plan(requests, profile, max_array_size=None, submitting=False):
             if any(r.request.kind == prefix for r in resolved):
                 prefix = f"{prefix}{index}"
         handoff = _handoff(res, resolved_all[index + 1:], checkpoints, prefix or "main")
+        container_paths.check_training(res)
+        # container paths: refused when no mount covers them, checked on this host at their host paths
+        argv = engine_argv(res, handoff) if res.engine == "recsys" else []
+        host_argv = container_paths.host_argv(res.profile, argv)
         if res.engine == "recsys" and submitting:
-            engine_args.check(engine_argv(res, handoff), res.ranks, check_existence=not res.request.after,
-                              produced=produced)
-        produced += _produced(res, handoff)
+            try:
+                engine_args.check(host_argv, res.ranks, check_existence=not res.request.after,
+                                  produced=produced)
+            except RequestError as exc:
+                raise RequestError(container_paths.in_container_words(str(exc), argv, host_argv)) from None
+        produced += [container_paths.host_path(res.profile, p, "--output") for p in _produced(res, handoff)]
         own = plan_request(res, max_array_size, key_prefix=prefix, handoff=handoff)
         if previous_exits:
             own_keys = {s.key for s in own}

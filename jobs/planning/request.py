@@ -50,6 +50,12 @@ class JobRequest:
     signal_seconds: Optional[int] = None
     requeue: bool = True
     python: Optional[str] = None
+    # a job name shared with every job this one must never run beside (Slurm: that --job-name
+    # and --dependency=singleton): a study's points on a profile whose nodes share hardware
+    singleton: Optional[str] = None
+    # a copy of the engines and in-job helpers (recsys/, slurm/) the job runs instead of this
+    # checkout: a study's frozen code (jobs.study.frozen)
+    code_dir: Optional[str] = None
     # preprocessing
     preprocess_mode: str = "single"
     input: Optional[str] = None
@@ -236,8 +242,8 @@ def resolve(request, profile):
         name = slug(req.name)
     elif engine == "preproc":
         name = f"preprocess-{req.dataset}"
-    elif engine == "hello":
-        name = f"{req.kind}-hello"
+    elif engine in ("hello", "collectives"):
+        name = f"{req.kind}-{engine}"
     else:
         name = f"{req.kind}-{req.model}"
     return Resolved(request=req, profile=profile, engine=engine, name=name,

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from slurm.cpulist import format_cpulist
 
+from .fabric import Fabric
 from .topology import NodeType
 
 
@@ -19,7 +20,9 @@ class Container:
 
     image: str
     mounts: List[str] = field(default_factory=list)
-    workdir: Optional[str] = None
+    workdir: Optional[str] = None     # no longer set: steps start in the run dir (kept for old records)
+    # what the image holds (schema.IMAGE_CONTENTS); None: not declared, nothing is checked against it
+    provides: Optional[List[str]] = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class Profile:
     # the nodes share hardware (emulated nodes on one host): points of a study run one at a
     # time, and MPI ranks yield their core when idle (SHARED_NODES_ENV)
     shared_nodes: bool = False
+    # how fast the GPUs talk inside a node and between nodes (jobs.profiles.fabric); None: not described
+    fabric: Optional[Fabric] = None
+    # node-local disk (a host path on every node) for Spark shuffle and dask spilling; None: /tmp
+    scratch: Optional[str] = None
 
     def as_dict(self) -> Dict[str, Any]:
         """Plain data in the profile-file format (CPU sets as cpulists), plus ``path``.
@@ -59,6 +66,8 @@ class Profile:
         node = data["node"]
         node["numa_cpus"] = {n: format_cpulist(c) for n, c in node["numa_cpus"].items()}
         node["gpu_cores"] = [format_cpulist(c) for c in node["gpu_cores"]]
+        if data.get("fabric") is not None:
+            data["fabric"] = _without_none(data["fabric"])
         return data
 
     def content_sha256(self) -> str:
@@ -69,6 +78,13 @@ class Profile:
         data.pop("path", None)
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _without_none(value):
+    """A fabric mapping as the file writes it: keys without a value left out."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None and v != {}}
+    return value
 
 
 @dataclass(frozen=True)

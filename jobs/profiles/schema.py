@@ -21,6 +21,7 @@ from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the bind
 from slurm.cpulist import parse_cpulist
 from slurm.yamlfile import control_char, printable, typename  # one home for the YAML words, one-line messages
 
+from .fabric import fabric_from_raw
 from .topology import NodeType
 
 __all__ = [
@@ -176,8 +177,11 @@ NODE_KEYS = {"name", "gpus", "gpu_model", "gpu_memory_gb", "sockets", "cores_per
 PROFILE_KEYS = {"name", "description", "extends", "scheduler", "node", "max_nodes",
                 "partition", "account", "qos", "default_time", "max_array_size", "mpi",
                 "container", "setup", "env", "sbatch_extra", "switches", "python", "defaults",
-                "shared_nodes"}
-CONTAINER_KEYS = {"image", "mounts", "workdir"}
+                "shared_nodes", "fabric", "scratch"}
+CONTAINER_KEYS = {"image", "mounts", "workdir", "provides"}
+# what a container image may declare it holds (container.provides): the submission refuses a job
+# whose engine the image lacks; an image that declares nothing is not checked (unknown, not lacking)
+IMAGE_CONTENTS = ("tensorflow", "horovod", "spark", "rapids", "nvtabular")
 # defaults: key -> (type, check or choices)
 DEFAULT_KEYS: Dict[str, Any] = {
     "binding": (str, BINDING_MODES),
@@ -191,7 +195,35 @@ DEFAULT_KEYS: Dict[str, Any] = {
     # a Unix group that may read (not write) this site's run and study directories; without it
     # they are private to their owner (they hold the profile's env values and the scripts)
     "runs_group": (str, None),
+    # seconds the multinode preprocessing helpers (slurm/spark-standalone.sh, dask-cluster.sh) give
+    # their master and workers to come up, after the job's container exists on every node (120)
+    "cluster_start_seconds": (int, None),
+    # hangs (recsys.watchdog, docs/reliability.md): the engine's no-progress limit in seconds
+    # (recsys-train --hang-timeout; without it the limit scales with the step time), and Horovod's
+    # own stall check (a warning naming the missing ranks after CHECK, the job ended after SHUTDOWN)
+    "hang_timeout": (int, None),
+    "horovod_stall_check_seconds": (int, None),
+    "horovod_stall_shutdown_seconds": (int, None),
+    # the hardware sampler (slurm/hwsample.py, on unless false) and the study report's warning of a
+    # GPU busy less than gpu_min_utilization % of its samples' median (default 50)
+    "hw_sample": (bool, None),
+    "gpu_min_utilization": (int, None),
+    # the GPUs' base SM clock (MHz, the spec sheet's) that a study report warns below; without it,
+    # each GPU's default application clock as nvidia-smi gives it (on some GPUs that is the boost)
+    "gpu_base_clock_mhz": (int, None),
 }
+# defaults that reach the job as environment variables (jobs.backends.slurm.script.job_env)
+DEFAULTS_ENV = {"hang_timeout": "RECSYS_HANG_TIMEOUT",
+                "horovod_stall_check_seconds": "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                "horovod_stall_shutdown_seconds": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                "hw_sample": "RECSYS_HW_SAMPLE"}
+
+
+def defaults_env(defaults) -> Dict[str, str]:
+    """The environment a profile's hang and stall defaults give its jobs."""
+    values = {key: (defaults or {}).get(key) for key in DEFAULTS_ENV}
+    return {var: str(int(values[key]) if isinstance(values[key], bool) else values[key])
+            for key, var in DEFAULTS_ENV.items() if values[key] is not None}
 
 
 def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> Optional[NodeType]:
@@ -341,12 +373,25 @@ def _container_from_raw(ck: Checker, raw: Any) -> Optional[Dict[str, Any]]:
     ck.no_unknown(data, CONTAINER_KEYS, "container.")
     mounts = ck.collect(lambda: ck.str_list(data, "mounts", "container.mounts"), [])
     for i, m in enumerate(mounts):
+        parts = m.split(":")
         if ":" not in m or m.startswith(":"):
             ck.problems.append(ck.fail(f"container.mounts[{i}]", f"must be SRC:DST[:FLAGS], got {m!r}"))
         elif "," in m:
             ck.problems.append(ck.fail(f"container.mounts[{i}]", "must not contain ',' (one mount per entry)"))
+        elif not (parts[0].startswith("/") and parts[1].startswith("/")):
+            # the submission translates container paths to host paths through these (jobs.profiles.mounts)
+            ck.problems.append(ck.fail(f"container.mounts[{i}]", f"SRC and DST must be absolute paths, got {m!r}"))
+    if data.get("workdir") is not None:
+        ck.problems.append(ck.fail("container.workdir", "not used any more: every step starts in the job's run "
+                                                        "directory (where its relative paths point); remove the key"))
+    provides = ck.collect(lambda: ck.str_list(data, "provides", "container.provides"), [])
+    for i, word in enumerate(provides):
+        if word not in IMAGE_CONTENTS:
+            ck.problems.append(ck.fail(f"container.provides[{i}]",
+                                       f"{word!r} is not one of {', '.join(IMAGE_CONTENTS)}"))
     return {"image": ck.collect(lambda: ck.string(data, "image", "container.image", required=True)),
-            "mounts": mounts, "workdir": ck.collect(lambda: ck.string(data, "workdir", "container.workdir"))}
+            "mounts": mounts, "workdir": None,
+            "provides": provides if data.get("provides") is not None else None}
 
 
 def _defaults_from_raw(ck: Checker, raw: Any) -> Dict[str, Any]:
@@ -421,6 +466,22 @@ def _sbatch_extra(ck: Checker, data) -> List[str]:
     return sbatch_extra
 
 
+def _scratch(ck: Checker, data) -> Optional[str]:
+    scratch = ck.string(data, "scratch", "scratch")
+    if scratch is not None and not scratch.startswith("/"):
+        raise ck.fail("scratch", f"must be an absolute path on node-local disk, got {scratch!r}")
+    return scratch
+
+
+def _sharp(ck: Checker, sbatch_extra: List[str], env: Dict[str, str]) -> None:
+    """``--network=sharp`` reserves SHARP resources for the job, which NCCL uses only through its
+    CollNet plugin (NCCL_COLLNET_ENABLE=1 and the nccl-rdma-sharp plugin in the image)."""
+    if any(opt.replace(" ", "=").startswith("--network=") and "sharp" in opt for opt in sbatch_extra) \
+            and env.get("NCCL_COLLNET_ENABLE") != "1":
+        raise ck.fail("sbatch_extra", "--network=sharp without env NCCL_COLLNET_ENABLE: \"1\" (NCCL uses SHARP "
+                                      "only through CollNet): set it, or drop --network=sharp")
+
+
 def check_profile(ck: Checker, data: Dict[str, Any], name: str,
                   resolve_node: Callable[[str], NodeType]) -> Dict[str, Any]:
     """The checked fields of a Profile (``container`` as a mapping) from a merged raw mapping;
@@ -463,6 +524,10 @@ def check_profile(ck: Checker, data: Dict[str, Any], name: str,
         python=get(lambda: ck.string(data, "python", "python")),
         defaults=get(lambda: _defaults_from_raw(ck, data.get("defaults")), {}),
         shared_nodes=shared,
+        fabric=get(lambda: fabric_from_raw(ck, data.get("fabric"))),
+        scratch=get(lambda: _scratch(ck, data)),
     )
+    if fields["sbatch_extra"] is not None and fields["env"] is not None:
+        get(lambda: _sharp(ck, fields["sbatch_extra"], fields["env"]))
     ck.raise_problems()
     return fields

@@ -73,6 +73,35 @@ def startup(paths):
     return [rec for path in paths for rec in records(path) if rec.get("type") == "startup"]
 
 
+def hang_reason(paths):
+    """The line of the watchdog that ended the last run of these logs (its `hang` records, one per
+    rank that could still speak; docs/engine-log.md), or None when none fired: the record of a
+    rank naming the peer it waits for is best, else the lowest rank's. Only records after the
+    run's last start count (a requeued job appends to its log)."""
+    hangs = []
+    for path in paths:
+        for rec in records(path):
+            if rec.get("type") == "startup" and rec.get("phase") == "horovod_init":
+                hangs = []
+            elif rec.get("type") == "hang" and isinstance(rec.get("message"), str):
+                hangs.append(rec)
+    if not hangs:
+        return None
+    best = min(hangs, key=lambda r: (not r.get("waits_for"), r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30))
+    message = best["message"]
+    return message if len(message) <= 400 else message[:397] + "..."
+
+
+def with_state(state, reason):
+    """`STATE: reason`, the state said once: a reason that starts with it ("CANCELLED: rank 1: ...",
+    "hung: rank 0 ...") is shown as it is."""
+    if not reason:
+        return state or ""
+    if not state or reason.split(":", 1)[0].strip().upper() == str(state).upper():
+        return reason
+    return f"{state}: {reason}"
+
+
 def number(record, field):
     """A finite float field of a record, or None (absent, null, "nan", not a number)."""
     if not record:

@@ -12,6 +12,10 @@ does), matches that platform's rows; `dgxa100-40gb` rows match only a node type 
 which no built-in profile has. A point matches a row when model, platform, GPUs, batch per GPU,
 precision (tf32/fp32/amp) and XLA (when the row states it) agree; rows of tables marked
 `match: false` (an older README, TensorFlow 1 where TensorFlow 2 was published) never match.
+Every table names its version (the README's commit, date or container: NVIDIA changed its own
+figures by 10-100 % between versions), and a row's `source` carries it, so a report names the
+version it compared with; DLRM is matched against the 23.02 table (`dlrm_tf2_2302`), the 2022
+table (`dlrm_tf2`) is kept, not matched.
 When two rows fit one point (DLRM on 8 A100s: the large and the extra-large model), the first
 listed wins and the report names its model size.
 """
@@ -57,6 +61,7 @@ class Row:
     source: str
     framework: str
     match: bool                     # whether study points are matched against this row
+    version: str = ""               # the README's commit / date / container the numbers come from
 
     def amp_speedup(self) -> Optional[float]:
         """NVIDIA's "throughput speedup (full precision to mixed precision)" of this row."""
@@ -124,6 +129,13 @@ def _check(data, path) -> Published:
         for key in ("source", "framework"):
             if not isinstance(table.get(key), str) or not table[key]:
                 fail(f"{where}.{key}", "missing (every table names where its numbers come from)")
+        version = table.get("version")
+        if not isinstance(version, dict) or not any(version.get(k) for k in ("commit", "container", "note")):
+            fail(f"{where}.version", "a mapping naming the README's commit or container, or a note saying why "
+                                     "neither is known (NVIDIA's figures change between versions)")
+        version_text = ", ".join(str(x) for x in (
+            version.get("commit") and f"commit {version['commit']}", version.get("date"),
+            version.get("container") and f"container {version['container']}") if x) or str(version.get("note"))
         if not isinstance(table.get("match"), bool):
             fail(f"{where}.match", "true or false")
         throughput = table.get("throughput")
@@ -156,8 +168,8 @@ def _check(data, path) -> Published:
             rows.append(Row(table=tid, model=table["model"], platform=platform, gpus=row["gpus"],
                             batch_per_gpu=row["batch_per_gpu"], xla=row.get("xla"),
                             throughput={p: float(row[p]) for p in PRECISIONS if p in row},
-                            model_size=row.get("model_size"), source=table["source"],
-                            framework=table["framework"], match=table["match"]))
+                            model_size=row.get("model_size"), source=f"{table['source']}, version {version_text}",
+                            framework=table["framework"], match=table["match"], version=version_text))
     return Published(platforms=platforms, tables=tables, rows=rows)
 
 

@@ -32,7 +32,10 @@ import time
 from jobs.errors import RequestError
 from jobs.planning.request import slug
 from jobs.runs.atomic import storage_error, write_bytes, write_group
-from jobs.runs.enginelog import THROUGHPUT, WORLD_SIZE, job_logs, number, startup
+from jobs.runs import tensorboard as tb
+from jobs.runs.enginelog import THROUGHPUT, WORLD_SIZE, job_logs, number, startup, with_state
+from jobs.runs import hwsamples
+from slurm.hostlist import expand as expand_hostlist, natural_key
 
 from . import published
 from .run import DONE, FAILED, MISSING, UNKNOWN, StudyRecord, poll
@@ -73,6 +76,72 @@ def _nodelist(run_dir):
                         out.add(line.strip().split("=", 1)[1])
         except OSError:
             pass
+    return out
+
+
+def node_sets(record, status):
+    """{"points": {point id: the nodes its finished attempt ran on}, "shared": whether every
+    point ran on the first nodes of one node set (a study in one allocation: jobs.study.allocation),
+    "allocation": whether every finished point ran in a study allocation}."""
+    points, in_allocation = {}, []
+    by_id = {p.id: p for p in record.points}
+    for st in status.points:
+        if st.state == DONE and st.run_dir:
+            found = sorted(_nodelist(st.run_dir))
+            points[st.id] = ";".join(found)
+            in_allocation.append(st.run_dir in by_id[st.id].allocation)
+    widest = max(points.values(), key=lambda n: len(n.split(",")), default="").split(",")
+    shared = bool(points) and all(n.split(",") == widest[:len(n.split(","))] for n in points.values())
+    return {"points": points, "shared": shared, "allocation": bool(in_allocation) and all(in_allocation)}
+
+
+def code_used(record, status):
+    """{"points": {point id: sha256 of the frozen code its finished attempt ran, or None},
+    "same": whether every finished point ran one copy, "changes": the study's refreshes}."""
+    by_id = {p.id: p for p in record.points}
+    points = {st.id: by_id[st.id].code.get(st.run_dir) for st in status.points if st.state == DONE and st.run_dir}
+    hashes = set(points.values())
+    source = record.code or {}
+    return {"points": points, "same": len(hashes) == 1 and None not in hashes,
+            "changes": list(record.code_changes), "git_commit": source.get("git_commit"),
+            "git_dirty": source.get("git_dirty")}
+
+
+def _code_text(code):
+    """The report's line on the code the points ran."""
+    if not code or not code["points"]:
+        return None
+    hashes = sorted({h or "not frozen" for h in code["points"].values()})
+    if code["same"]:
+        commit = code.get("git_commit")
+        origin = (f", copied from commit {commit[:12]}{' with local changes' if code.get('git_dirty') else ''}"
+                  if commit else "")
+        return f"- code: every point ran the study's frozen copy {hashes[0][:16]} (study-dir code/{origin})"
+    listed = ", ".join(f"{p} {(h or 'not frozen')[:16]}" for p, h in sorted(code["points"].items()))
+    return f"- code: NOT one copy ({len(code['changes'])} refresh(es) recorded): {listed}"
+
+
+def _node_sets_text(sets):
+    """The report's line on where the points ran."""
+    if not sets or not sets["points"]:
+        return None
+    if sets["shared"]:
+        widest = max(sets["points"].values(), key=lambda n: len(n.split(",")))
+        how = "in study allocations" if sets["allocation"] else "as separate jobs"
+        return (f"- node sets: one node set: every point ran on the first nodes of {widest} ({how}; "
+                "node set of each point in scaling.json)")
+    listed = ", ".join(f"{p} on {n}" for p, n in sorted(sets["points"].items()))
+    return f"- node sets: NOT one node set (points differ by their nodes as well as their size): {listed}"
+
+
+def _hosts(nodelists):
+    """Host names of Slurm node lists ("node1", "node[1-2]" -> node1, node2): each node once."""
+    out = set()
+    for nodelist in nodelists:
+        try:
+            out.update(expand_hostlist(nodelist))
+        except ValueError:
+            out.add(nodelist)           # not a host list this reader knows: shown as recorded
     return out
 
 
@@ -152,6 +221,36 @@ def _platform(record):
         except (ProfileError, RequestError, OSError):
             node = None
     return (published.platform_of_node(node) if node else None), node
+
+
+def _profile_default(record, key):
+    """A profile default (defaults.<key>) as a point's request.json recorded it, or None."""
+    for point in record.points:
+        for run_dir in reversed(point.runs):
+            try:
+                with open(os.path.join(run_dir, "request.json")) as handle:
+                    value = (json.load(handle)["profile"].get("defaults") or {}).get(key)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def _hardware(record, status):
+    """({point id: hardware medians of its timed steps}, [warning lines]) of the finished points
+    (jobs.runs.hwsamples; points without samples are left out)."""
+    out, lines, limits = {}, [], None
+    for st in status.points:
+        if st.state == DONE and st.run_dir:
+            hw = hwsamples.medians(st.run_dir)
+            if hw is not None:
+                if limits is None:
+                    limits = (_profile_default(record, "gpu_min_utilization") or hwsamples.DEFAULT_GPU_MIN_UTILIZATION,
+                              _profile_default(record, "gpu_base_clock_mhz"))
+                out[st.id] = hw
+                lines += hwsamples.warnings(st.id, hw, *limits)
+    return out, lines
 
 
 def _median_repeat(entries):
@@ -243,7 +342,7 @@ def build(record, status):
                              if r.get("phase") == "first_step"]
                     if first and first[-1] is not None:
                         cell["startups"].append(first[-1])
-                    nodes_used |= _nodelist(st.run_dir)
+                    nodes_used |= _hosts(_nodelist(st.run_dir))
             elif st.state == FAILED:
                 cell["failed"].append(f"{point.id}: {st.reason}")
                 cell["missing"].append(_not_measured(point.id, st))
@@ -323,7 +422,8 @@ def build(record, status):
         rows.append(row)
     _amp_speedups(rows, variants, variant_of, settings, published.load().full_precision(platform))
     provenance, differences, no_provenance = _provenance(measured)
-    warnings = list(baseline_problems) + spread_warnings + breakdown_problems + [
+    hardware, hardware_warnings = _hardware(record, status)
+    warnings = list(baseline_problems) + spread_warnings + breakdown_problems + hardware_warnings + [
         f"provenance: point {d['point']} has {d['key']}={_show(d['value'])}, the other points "
         f"{_show(d['common'])}" for d in differences]
     return {
@@ -332,7 +432,9 @@ def build(record, status):
         "model": spec.get("model"),
         "scaling": spec.get("scaling"),
         "profile": record.profile,
-        "nodes_used": sorted(nodes_used),
+        "nodes_used": sorted(nodes_used, key=natural_key),
+        "node_sets": node_sets(record, status),
+        "code": code_used(record, status),
         "max_nodes": max((p.nodes for p in record.points), default=0),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "engine_version": _engine_version(),
@@ -343,6 +445,9 @@ def build(record, status):
         "node_type": node,
         "published_matches": sum(1 for r in rows for c in r["variants"].values() if c["published"]),
         "breakdown_measured": any(c["breakdown"] for r in rows for c in r["variants"].values()),
+        "hardware": hardware,
+        "hardware_warnings": hardware_warnings,
+        "tensorboard": _tensorboard(status),
         "baseline": baseline,
         "baseline_problems": baseline_problems,
         "provenance": provenance,
@@ -440,6 +545,10 @@ def markdown(report):
              "GPUs)" + ("" if strong else " (weak scaling: the batch per GPU is fixed, so efficiency is the "
                                           "weak-scaling efficiency)"),
              f"- baseline: {_baseline_text(report)}"]
+    if _node_sets_text(report.get("node_sets")):
+        lines.append(_node_sets_text(report.get("node_sets")))
+    if _code_text(report.get("code")):
+        lines.append(_code_text(report.get("code")))
     if report["provenance"] is not None:
         lines.append("- provenance: " + ", ".join(f"{k} {_show(v)}" for k, v in report["provenance"].items()) +
                      ("" if not report["provenance_differences"] else " (points that differ: below)"))
@@ -480,6 +589,9 @@ def markdown(report):
         lines += [""] + [f"{WARN} {text}" for text in spread]
     lines += _published_lines(report)
     lines += _breakdown_lines(report)
+    lines += _projection_lines(report)       # with a fabric: the bands of the next sizes up
+    lines += _hardware_lines(report)
+    lines += _tensorboard_lines(report)
     if report["baseline_problems"]:
         lines += ["", "Baseline problems:", ""] + [f"- {text}" for text in report["baseline_problems"]]
     if report["provenance_differences"]:
@@ -490,10 +602,38 @@ def markdown(report):
         lines += ["", f"No provenance recorded (an older engine): {', '.join(report['no_provenance'])}"]
     if report["failures"]:
         lines += ["", "Failed points (resubmitted by `recsys-submit study run`):", ""]
-        lines += [f"- `{f['point']}` {f['state'] or ''}: {f['reason']} ({f['run_dir']})" for f in report["failures"]]
+        lines += [f"- `{f['point']}` {with_state(f['state'], f['reason'])} ({f['run_dir']})" for f in report["failures"]]
     if report["pending"]:
         lines += ["", f"Not finished yet: {', '.join(p['point'] + ' (' + p['state'] + ')' for p in report['pending'])}"]
     return "\n".join(lines) + "\n"
+
+
+def _projection_lines(report):
+    """The "Projection" section (jobs.study.projection.for_report's data; nothing without it): the
+    measured points with their projected bands and the bands of the next sizes up."""
+    proj = report.get("projection")
+    if not proj:
+        return []
+    head = ["", f"## Projection on {report.get('profile')}", ""]
+    if "error" in proj:
+        return head + [f"Not made: {proj['error']}"]
+    c = proj["calibration"]
+    lines = head + [f"Calibrated on {c['source']}; fabric: {proj['fabric']['source']}. The band runs from no "
+                    "overlap of compute and exchanges to full overlap (`recsys-submit study project`, "
+                    "docs/studies.md).", "",
+                    "| GPUs | measured samples/s | projected samples/s (no overlap - full overlap) | vs band | dominant |",
+                    "|---:|---:|---|---:|---|"]
+    for p in proj["points"]:
+        meas = p.get("measured_throughput")
+        where = p.get("measured_vs_band")
+        vs = "-" if not where else ("inside" if where["inside"] else f"{100 * where['error']:+.1f} %")
+        lines.append(f"| {p['gpus']} | {'-' if not meas else f'{meas:,.0f}'} | {p['throughput_low']:,.0f} - "
+                     f"{p['throughput_high']:,.0f} | {vs} | {p['dominant']}"
+                     + ("" if p["fits"] in (None, True) else ", DOES NOT FIT") + " |")
+    if proj.get("next_sizes"):
+        lines += ["", f"Next sizes up: {', '.join(str(n) for n in proj['next_sizes'])} GPUs (2x, 4x, 8x the largest "
+                      "measured)."]
+    return lines
 
 
 def _published_lines(report):
@@ -574,7 +714,112 @@ def _breakdown_lines(report):
                                                + [fmt_number(b["exchanges"][e][key], 2) for e in EXCHANGES]) + " |")
     methods = sorted({f"{c['breakdown']['steps']} step(s), {c['breakdown']['method']}" for r in report["rows"]
                       for c in r["variants"].values() if c["breakdown"]})
-    return lines + ["", "Measured over: " + "; ".join(methods) + "."]
+    return lines + ["", "Measured over: " + "; ".join(methods) + "."] + _slowest_trace_lines(report)
+
+
+def _hardware_lines(report):
+    """The hardware during each point's timed steps (slurm/hwsample.py): medians of ~1 Hz samples."""
+    hardware = report.get("hardware") or {}
+    if not hardware:
+        return []
+    lines = ["", "## The hardware during the timed steps", "",
+             "Medians of the samples (about 1 a second, every node: slurm/hwsample.py) between each point's "
+             "first step and its summary; a value over nodes is the median of the nodes' medians. CPU: the "
+             "job's CPUs on the node (lowest rank: the least busy rank's cores of the binding table); "
+             "network: InfiniBand port counters, else the interfaces' bytes without loopback.", "",
+             "| point | nodes | samples | CPU busy % | lowest rank CPU % | memory (GiB) | net rx / tx (MB/s) "
+             "| GPU busy % (min-max) | GPU memory (MiB) | power (W) | SM clock (MHz, base) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def span(gpus, key, digits=0):
+        values = [g[key] for g in gpus if g.get(key) is not None]
+        if not values:
+            return "-"
+        return fmt_number(min(values), digits) if min(values) == max(values) else \
+            f"{fmt_number(min(values), digits)}-{fmt_number(max(values), digits)}"
+
+    for point, hw in sorted(hardware.items()):
+        gpus = hw.get("gpus") or []
+        base = sorted({g["base_mhz"] for g in gpus if g.get("base_mhz")})
+        lines.append(f"| `{point}` | {hw['nodes']} | {hw['samples']} | {fmt_number(hw['cpu_busy_pct'])} | "
+                     f"{fmt_number(hw['rank_cpu_busy_pct_min'])} | {fmt_number(hw['mem_used_gib'], 1)} | "
+                     f"{fmt_number(hw['net_rx_mb_s'], 1)} / {fmt_number(hw['net_tx_mb_s'], 1)} | "
+                     f"{span(gpus, 'util_pct')} | {span(gpus, 'mem_used_mib')} | {span(gpus, 'power_w')} | "
+                     f"{span(gpus, 'sm_mhz')}{' (' + ', '.join(fmt_number(b) for b in base) + ')' if base else ''} |")
+    if report.get("hardware_warnings"):
+        lines += [""] + [f"{WARN} {text}" for text in report["hardware_warnings"]]
+    return lines
+
+
+def _tensorboard(status):
+    """Each point's event directories and profiler traces (jobs.runs.tensorboard), of its latest
+    attempt, and the command that shows every point side by side (`recsys-submit tensorboard`)."""
+    points, named = [], []
+    for st in status.points:
+        dirs = tb.point_logdirs(st.id, st.run_dir) if st.run_dir else []
+        if not dirs:
+            continue
+        traces = {}
+        for _, path in dirs:
+            for rank, found in tb.traces(path).items():
+                traces.setdefault(str(rank), []).extend(found)
+        points.append({"point": st.id, "logdirs": [{"name": n, "path": p} for n, p in dirs],
+                       "events": any(tb.has_events(p) for _, p in dirs), "traces": traces})
+        named += dirs
+    try:
+        command = tb.shell_line(tb.command(named)) if named else None
+    except RequestError:         # a path TensorBoard's --logdir_spec cannot carry (a comma)
+        command = None
+    profile = tb.profile_command(named) if named else None
+    return {"points": points, "command": command, "profile_command": profile and tb.shell_line(profile)}
+
+
+def _tensorboard_lines(report):
+    """The "TensorBoard" section: the command for every point side by side, each point's event
+    directories and traces."""
+    lines = ["", "## TensorBoard", ""]
+    found = (report.get("tensorboard") or {}).get("points") or []
+    if not found:
+        return lines + ["No point wrote event files or traces (logs/tensorboard/<job> in its run directory)."]
+    lines += ["Each point's event files (loss, learning rate, throughput, step time, evaluation, breakdown "
+              "phases) and tf.profiler traces (spec `profile_steps`), of its latest attempt; TensorBoard names "
+              "each point by its id, each rank `<point>/rank<k>`. `recsys-submit tensorboard <study>` prints this "
+              "command and the ssh tunnel line; a trace opens in the Profile tab.", ""]
+    if report["tensorboard"]["command"]:
+        lines += ["```", report["tensorboard"]["command"], "```", ""]
+    if report["tensorboard"].get("profile_command"):
+        lines += ["The traces, in the Profile tab (TensorBoard 2.15's profile plugin reads only `--logdir`; its "
+                  "runs are the paths below that directory):", "", "```", report["tensorboard"]["profile_command"],
+                  "```", ""]
+    lines += ["| point | event directory | traces (rank: file) |", "|---|---|---|"]
+    for p in found:
+        traces = "; ".join(f"{rank}: `{os.path.relpath(f, p['logdirs'][0]['path'])}`"
+                           for rank, files in sorted(p["traces"].items(), key=lambda kv: int(kv[0])) for f in files)
+        where = ", ".join(f"`{d['path']}`" for d in p["logdirs"])
+        lines.append(f"| `{p['point']}` | {where}{'' if p['events'] else ' (no event file)'} | {traces or '-'} |")
+    return lines
+
+
+def _slowest_trace_lines(report):
+    """Per point with a breakdown: the trace of its slowest rank to open (or how to get one)."""
+    traced = {p["point"]: p for p in (report.get("tensorboard") or {}).get("points") or []}
+    lines = []
+    for row in report["rows"]:
+        for v, cell in row["variants"].items():
+            b = cell and cell["breakdown"]
+            rank = b and b["slowest_rank"] and b["slowest_rank"].get("rank")
+            if rank is None:
+                continue
+            point = traced.get(b["point"])
+            files = (point or {}).get("traces", {}).get(str(rank))
+            if files:
+                run = point["logdirs"][0]["name"]
+                lines.append(f"- `{b['point']}`: slowest rank {rank} (TensorBoard run `{run}/rank{rank}`): trace "
+                             f"`{files[-1]}`, in the Profile tab (section TensorBoard)")
+            else:
+                lines.append(f"- `{b['point']}`: slowest rank {rank}: no trace of it; spec `profile_steps: "
+                             "START-END` traces every rank of every point")
+    return ["", "The slowest rank's trace, per point:", ""] + lines if lines else []
 
 
 CSV_FIELDS = ("throughput", "throughput_min", "throughput_max", "n", "cv", "step_time_ms", "startup_s", "speedup",
@@ -784,16 +1029,19 @@ def make_out_dir(out_dir):
         raise storage_error(out_dir, exc, what="cannot create") from None
 
 
-def write(study_dir, out_dir=None, want_plot=None):
+def write(study_dir, out_dir=None, want_plot=None, project=None):
     """Poll the study and write scaling.{md,csv,json}, breakdown.csv (and scaling.png, one
     breakdown-<variant>.png per variant with a step breakdown) to `out_dir` (default <study>/report). `want_plot`: True needs matplotlib, None plots when it is installed.
     The files are written as one group (jobs.runs.atomic.write_group): all of them or, on a full
     disk, none, the previous report left whole (StorageError). Returns (report dict, {kind: path});
-    the caller prints report["warnings"]."""
+    the caller prints report["warnings"]. `project(record, report)`: the "Projection" section's data
+    (`study report` passes jobs.study.projection.for_report, which sits above this module)."""
     record = StudyRecord.load(study_dir)
     draw = plot_wanted(want_plot)       # refuse before writing anything
     status = poll(record)
     report = build(record, status)
+    if project is not None:     # jobs.study.projection.for_report: None without a profile fabric
+        report["projection"] = project(record, report)
     out_dir = out_dir or os.path.join(record.study_dir, "report")
     make_out_dir(out_dir)
     paths = {"markdown": os.path.join(out_dir, "scaling.md"), "csv": os.path.join(out_dir, "scaling.csv"),

@@ -32,12 +32,13 @@ from jobs import states
 from jobs.schedulers import backend_for
 from jobs.errors import RequestError, ResultsNotSaved, SlurmCommandError, StorageError, SubmitError
 from jobs.polling import poll_until
-from jobs.runs import rundir
+from jobs.runs import enginelog, rundir
 from jobs.runs.atomic import write_json, write_text
 from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, typed_fields
 from jobs.status import poll_many
 from jobs.submit import load, submit
 
+from . import allocation, frozen
 from .spec import StudyError, expand, is_study_dir, spec_yaml
 
 STUDY_VERSION = 1
@@ -47,7 +48,10 @@ DONE, RUNNING, PENDING, FAILED, MISSING, UNKNOWN = "done", "running", "pending",
 POINT_STATES = (DONE, RUNNING, PENDING, UNKNOWN, FAILED, MISSING)
 # spec keys that a study may change between runs: they add points (or set a limit), never
 # change what an existing point measures
-EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description")
+EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description", "placement")
+# the Slurm job name every study point (and study allocation) shares on a profile whose nodes share
+# hardware, with --dependency=singleton: one at a time across all studies of a user on the cluster
+SHARED_NAME = "recsys-study-shared"
 # seconds between two identical progress lines while `run` waits for a free slot
 WAITING_LINE_S = 30
 # seconds `study status --watch` waits, points missing and no `study run` holding the lock, for
@@ -73,6 +77,10 @@ class PointRecord(Record):
     variant_label: str
     repeat: int
     runs: List[str] = field(default_factory=list)
+    # run dir of an attempt that ran in a study allocation -> the allocation's run dir
+    allocation: Dict[str, str] = field(default_factory=dict)
+    # run dir of an attempt -> the sha256 of the study's frozen code it ran (jobs.study.frozen)
+    code: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_point(cls, point):
@@ -93,6 +101,8 @@ class StudyRecord(Record):
     spec: Dict[str, Any]
     created: float
     points: List[PointRecord] = field(default_factory=list)
+    code: Optional[Dict[str, Any]] = None       # the frozen code its points run (jobs.study.frozen.freeze)
+    code_changes: List[Dict[str, Any]] = field(default_factory=list)    # refreshes: from, to, at
     version: int = STUDY_VERSION
 
     def save(self, durable=False):
@@ -177,6 +187,29 @@ def _classify(job_status):
     return UNKNOWN, f"{state}: Slurm has not reported job {job_status.job_id} yet"
 
 
+def _in_allocation(job, run_dir):
+    """(point state, reason, summary) of an attempt that ran in a study allocation (`job`: the
+    allocation's status): from the point's own exit record while the allocation lives on, and a
+    point the allocation ended before it finished is failed, so the next `run` submits it again."""
+    seen = allocation.progress(run_dir, job.key, job.job_id)
+    code = seen.get("exit_code", "").strip()
+    if code == "0":
+        summary = enginelog.summary(enginelog.job_logs(run_dir, job.key, [job.job_id]))
+        if summary is None:
+            return FAILED, "exited 0 but its engine log has no summary record", None
+        return DONE, None, summary
+    if code:
+        return FAILED, enginelog.failure_reason(run_dir, job.key, f"{states.FAILED} (exit {code})"), None
+    if job.state in states.TERMINAL:
+        when = "while it ran" if "start" in seen else "before it began"
+        return FAILED, f"its allocation (job {job.job_id}) ended {job.state} {when}", None
+    if job.state == states.RUNNING:
+        return (RUNNING if "start" in seen else PENDING), None, None
+    if job.state in (states.PENDING, states.REQUEUED, states.SUSPENDED):
+        return PENDING, None, None
+    return UNKNOWN, f"{job.state}: Slurm has not reported allocation job {job.job_id} yet", None
+
+
 def _without_job(run_dir):
     """(point state, reason) of an attempt whose run holds no job: FAILED only when its
     submission provably never reached Slurm (sbatch refused it); an interrupted or uncertain
@@ -211,6 +244,8 @@ def poll(record):
         job = result.jobs[0] if result.jobs else None
         if job is None:
             (state, reason), job_state = _without_job(result.run_dir), None
+        elif result.run_dir in point.allocation:
+            (state, reason, job.summary), job_state = _in_allocation(job, result.run_dir), job.state
         else:
             (state, reason), job_state = _classify(job), job.state
         out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,
@@ -296,18 +331,25 @@ def _check_extension(recorded, spec, study_dir):
 
 
 def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_log,
-        poll_first=None, poll_max=None):
+        poll_first=None, poll_max=None, placement=None, nodes=None, refresh_code=False):
     """Submit every point of `spec` that is missing or failed (all of them for a new study), in
     rounds (every point's first repeat, then every point's second ...), keeping at most
     `max_concurrent` points queued or running: by default one on a profile whose nodes share
     hardware (points measured alone), else no cap. Returns (StudyRecord, [ids of the points
     submitted now]). Bad input raises StudyError/RequestError before anything exists; a second
-    `run` of a study while one is submitting is refused (nothing is ever submitted twice)."""
+    `run` of a study while one is submitting is refused (nothing is ever submitted twice).
+    `placement` ("allocation", else the spec's `placement`): every point submitted now runs in one
+    allocation of `nodes` nodes (default: the largest point's), jobs.study.allocation. Every point
+    runs the study's frozen code (jobs.study.frozen), copied from the checkout when the study is
+    made, again only with `refresh_code`."""
     profile = load(profile)
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):
         raise StudyError(f"--max-concurrent: must be at least 1, got {max_concurrent}")
     if max_concurrent is None and profile.shared_nodes:
         max_concurrent = 1
+    placement = placement or spec.placement or "jobs"
+    if nodes is not None and placement != "allocation":
+        raise StudyError("--nodes: sizes a study's allocation; give --allocation (or placement: allocation)")
     if study_dir is None:
         rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
         study_dir = default_study_dir(spec, runs_dir, profile)
@@ -319,9 +361,62 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     rundir.check_free_space(os.path.dirname(os.path.abspath(study_dir)))
     with _submitting(study_dir, (profile.defaults or {}).get("runs_group")):
         record, points = open_study(spec, profile, study_dir, expanded)
+        _frozen_code(record, refresh_code, log)
         if config is not None:
             config.join()
+        if placement == "allocation":
+            return _run_allocation(spec, profile, backend, record, points, nodes, log)
         return _run_points(spec, profile, backend, record, points, max_concurrent, log, poll_first, poll_max)
+
+
+def point_request(point, spec, profile, code=None):
+    """A point's JobRequest; on a profile whose nodes share hardware it carries the cluster's one
+    study job name (SHARED_NAME: Slurm runs one job of that name and user at a time), so the
+    one-at-a-time rule holds across every study on the cluster, not only within this one; `code`:
+    the study's frozen code (StudyRecord.code), which the job runs instead of the checkout."""
+    request = point.request(spec, profile.name)
+    if profile.shared_nodes:
+        request.singleton = SHARED_NAME
+    if code:
+        request.code_dir = code["dir"]
+    return request
+
+
+def _frozen_code(record, refresh, log):
+    """The study's frozen code: copied from the checkout for a new study (or one from before
+    frozen code) and on `refresh`, which is recorded in code_changes; else the copy it has."""
+    if record.code is not None and not refresh:
+        return record.code
+    code = frozen.freeze(record.study_dir)
+    if record.code is not None and record.code["sha256"] != code["sha256"]:
+        record.code_changes.append({"from": record.code["sha256"], "to": code["sha256"], "at": code["frozen_at"]})
+        log(f"code refreshed: {record.code['sha256'][:16]} -> {code['sha256'][:16]}; points submitted from now "
+            "run the new copy")
+        record.code = code
+        record.save()
+    record.code = code      # a new study's: saved with its first point's run dir, before its sbatch
+    return code
+
+
+def _run_allocation(spec, profile, backend, record, points, nodes, log):
+    """The missing and failed points (in rounds of repeats) as one allocation
+    (jobs.study.allocation), only while no point of the study is queued or running: one
+    allocation at a time, so its points never run beside another of the study's (a `run` meanwhile
+    submits nothing and says so)."""
+    status = poll(record) if any(p.runs for p in record.points) else None
+    if status is not None and active(status.counts):
+        log(f"{active(status.counts)} point(s) of the study are still queued or running; nothing submitted "
+            f"until they end (`recsys-submit study status --watch`): {progress_line(status)}")
+        return record, []
+    point_states = {p.id: p.state for p in status.points} if status else {}
+    todo = [p for p in record.points if p.id in points and point_states.get(p.id, MISSING) in (MISSING, FAILED)]
+    todo.sort(key=lambda p: p.repeat)
+    if not todo:
+        return record, []
+    runs = allocation.submit(spec, profile, backend, record, todo, points, point_request, nodes=nodes, log=log)
+    submitted = [p.id for p in todo]
+    write_results(record, _after_submission(record, status, submitted, runs))
+    return record, submitted
 
 
 def _run_points(spec, profile, backend, record, points, max_concurrent, log, poll_first, poll_max):
@@ -340,10 +435,12 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
         def recorded(run_dir):      # in study.json before anything is submitted from it
             with saving:
                 point.runs.append(run_dir)
+                if record.code:
+                    point.code[run_dir] = record.code["sha256"]
                 record.save(durable=True)
 
-        return submit([points[point.id].request(spec, profile.name)], profile, runs_dir=points_dir, log=log,
-                      on_run_dir=recorded)
+        return submit([point_request(points[point.id], spec, profile, record.code)], profile, runs_dir=points_dir,
+                      log=log, on_run_dir=recorded)
 
     said = {"counts": None, "at": 0.0}
 

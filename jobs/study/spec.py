@@ -26,6 +26,7 @@ from slurm.yamlfile import YamlFileError, keyname, load_yaml_file, shown
 
 SPEC_VERSION = 1
 MODES = ("strong", "weak")
+PLACEMENTS = ("jobs", "allocation")
 # key -> meaning; a spec with any other key is refused
 KEYS = {
     "version": "spec format version (1)",
@@ -45,6 +46,10 @@ KEYS = {
     "data_path": "dataset directory (else synthetic data)",
     "synthetic": "true: synthetic data (the default without data_path)",
     "engine_args": "further engine flags, e.g. ['--embedding-dim', '16']",
+    "profile_steps": "START-END: a tf.profiler trace of those benchmark steps at every point, every rank "
+                     "(docs/tensorboard.md); off by default",
+    "placement": "jobs (each point its own job, the default) | allocation (every point in one allocation, "
+                 "on its first nodes: jobs.study.allocation)",
 }
 # variant values -> engine flags; any other variant key k is the engine flag --k (booleans are
 # switches, other values its argument)
@@ -103,11 +108,16 @@ class StudySpec:
     synthetic: Optional[bool] = None
     engine_args: List[str] = field(default_factory=list)
     description: str = ""
+    placement: Optional[str] = None     # None: jobs
+    profile_steps: Optional[str] = None   # --profile-steps of every point; None: no trace
     version: int = SPEC_VERSION
     source: str = "spec"           # where it came from, for error messages (not stored)
 
     def to_dict(self):
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "source"}
+        """Every key but `source` (and `placement` when not given: a study.yaml written before it
+        existed stays the same spec)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__
+                if k != "source" and not (k in ("placement", "profile_steps") and getattr(self, k) is None)}
 
     @classmethod
     def from_dict(cls, data, source="spec"):
@@ -195,7 +205,7 @@ class StudySpec:
             fail("engine_args", f"{len(engine_args)} entries, more than {MAX_ENGINE_ARGS}")
         engine_args = [str(a) for a in engine_args]
         for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--breakdown-steps",
-                     "--run-mode", "--mode", "--model"):
+                     "--run-mode", "--mode", "--model", "--profile-steps"):
             if any(a == flag or a.startswith(flag + "=") for a in engine_args):
                 fail("engine_args", f"{flag} is set by the study (use its own key)")
         data_path = data.get("data_path")
@@ -215,6 +225,19 @@ class StudySpec:
             except RequestError as exc:
                 raise StudyError(f"{source}: {exc}") from None
             time = str(time)
+        placement = data.get("placement")
+        if placement is not None and (not isinstance(placement, str) or placement not in PLACEMENTS):
+            fail("placement", f"{shown(placement)} is not one of {', '.join(PLACEMENTS)}")
+        profile_steps = data.get("profile_steps")
+        if profile_steps is not None:
+            start, _, end = str(profile_steps).partition("-") if isinstance(profile_steps, str) else ("", "", "")
+            if len(profile_steps if isinstance(profile_steps, str) else "") > 24 \
+                    or not (start.isdigit() and end.isdigit()) or not 1 <= int(start) <= int(end):
+                fail("profile_steps", f"{shown(profile_steps)} is not START-END benchmark steps, e.g. \"30-32\"")
+            if int(end) > ints["warmup_steps"] + ints["steps"]:
+                fail("profile_steps", f"{profile_steps}: a point runs {ints['warmup_steps'] + ints['steps']} "
+                                      "benchmark steps (warmup_steps + steps)")
+            profile_steps = str(profile_steps)
         description = data.get("description") or ""
         if isinstance(description, (list, dict)):
             fail("description", f"must be text, got {shown(description)}")
@@ -228,7 +251,8 @@ class StudySpec:
             fail("points", f"more than {MAX_POINTS} points (sizes x variant combinations x repeats)")
         return cls(name=name, model=model, scaling=scaling, gpus=gpus, points=points, variants=variants,
                    time=time, data_path=data_path, synthetic=synthetic, engine_args=engine_args,
-                   description=str(description), source=source, **ints)
+                   description=str(description), placement=placement, profile_steps=profile_steps,
+                   source=source, **ints)
 
 
 def load_spec(path):
@@ -291,12 +315,23 @@ def _sizes(spec, profile):
     return out
 
 
+def point_args(spec, global_batch, variant):
+    """The recsys-train flags of a point of the spec (without --model and the run mode, which the
+    job request carries): its data, batch, benchmark steps, the spec's and the variant's flags."""
+    base = ["--data-path", spec.data_path] if spec.data_path else ["--synthetic"]
+    return base + ["--batch-size", str(global_batch),
+                   "--benchmark-warmup-steps", str(spec.warmup_steps),
+                   "--benchmark-steps", str(spec.steps)] \
+        + (["--breakdown-steps", str(spec.breakdown_steps)] if spec.breakdown_steps else []) \
+        + (["--profile-steps", spec.profile_steps] if spec.profile_steps else []) \
+        + list(spec.engine_args) + _variant_args(variant)
+
+
 def expand(spec, profile):
     """Every Point of the spec on a loaded Profile, checked against the profile (sizes, time)
     and the engine's flag parser. StudyError names the point at fault."""
     variants = [dict(zip(spec.variants, combo)) for combo in itertools.product(*spec.variants.values())] \
         if spec.variants else [{}]
-    base = ["--data-path", spec.data_path] if spec.data_path else ["--synthetic"]
     points = []
     for nodes, gpn in _sizes(spec, profile):
         size_id = f"n{nodes}x{gpn if gpn is not None else 'd'}"
@@ -320,11 +355,7 @@ def expand(spec, profile):
             for repeat in range(spec.repeats):
                 label = _variant_label(variant)
                 pid = f"g{ranks}-n{nodes}x{gpn}" + ("" if not variant else "-" + _variant_id(label)) + f"-r{repeat}"
-                args = base + ["--batch-size", str(global_batch),
-                               "--benchmark-warmup-steps", str(spec.warmup_steps),
-                               "--benchmark-steps", str(spec.steps)] \
-                    + (["--breakdown-steps", str(spec.breakdown_steps)] if spec.breakdown_steps else []) \
-                    + list(spec.engine_args) + _variant_args(variant)
+                args = point_args(spec, global_batch, variant)
                 points.append(Point(id=pid, nodes=nodes, gpus_per_node=gpn, gpus=ranks, batch_per_gpu=per_gpu,
                                     global_batch=global_batch, variant=dict(variant), variant_label=label,
                                     repeat=repeat, engine_args=args))

@@ -40,9 +40,9 @@ Keys (only ``label`` is required; at least one feature column):
     rows by time are test rows (rows tied with the cut go to test).
 ``models``
     which feature specs to write (``dlrm``, ``wide_deep``, ``ncf``); the first one is
-    ``feature_spec.yaml``. Default: the models that read the table (:data:`NEEDS`):
-    ``wide_deep`` with a categorical or multi-hot column, ``dlrm`` with numerical and
-    categorical columns and no multi-hot ones, ``ncf`` with an ``ncf`` key.
+    ``feature_spec.yaml``. Default: the models that read the table: ``wide_deep`` always
+    (numerical columns alone too), ``dlrm`` with numerical and categorical columns and no
+    multi-hot ones, ``ncf`` with an ``ncf`` key.
 ``ncf``
     ``{user: column, item: column}``: two of the categorical columns, NCF's channels.
 ``format``
@@ -67,9 +67,6 @@ FORMATS = ("csv", "parquet")
 KEYS = ("label", "categorical", "multihot", "numerical", "threshold", "map", "time", "split", "models", "ncf",
         "format", "csv", "missing_values")
 LABEL = "label"  # the label's column name in the output
-# What each model needs of a table (the engine's Wide & Deep and DLRM look up at least one id column).
-NEEDS = {"wide_deep": "a categorical or multihot column", "dlrm": "numerical and categorical columns (no multihot)",
-         "ncf": "the `ncf: {user, item}` key"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,14 +219,11 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
             fail("ncf", "user and item must be different columns")
     models = raw.get("models")
     if models is None:      # the models that read this table; a model the user did not name is never blamed
-        models = [m for m, reads in (("wide_deep", bool(categorical or multihot)),
+        # Wide & Deep reads any feature column (numericals alone feed its deep MLP and the wide
+        # part's linear term), so the list is never empty; DLRM's interaction needs categoricals.
+        models = [m for m, reads in (("wide_deep", True),
                                      ("dlrm", bool(numerical and categorical and not multihot)),
                                      ("ncf", bool(ncf))) if reads]
-        if not models:
-            has = ", ".join(f"{len(v)} {k}" for k, v in (("categorical", categorical), ("multihot", multihot),
-                                                          ("numerical", numerical)) if v)
-            fail("models", f"no model reads a table of {has} column(s): "
-                           + "; ".join(f"{m} needs {need}" for m, need in NEEDS.items()))
     if isinstance(models, str):
         models = [models]
     if not isinstance(models, list) or not models or any(m not in MODELS for m in models):
@@ -240,8 +234,6 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
         fail("models", "dlrm reads no multi-hot columns (drop dlrm or the multihot columns)")
     if "dlrm" in models and (not numerical or not categorical):
         fail("models", "dlrm needs numerical and categorical columns")
-    if "wide_deep" in models and not (categorical or multihot):
-        fail("models", "wide_deep needs at least one categorical or multihot column")
     if "ncf" in models and not ncf:
         fail("models", "ncf needs the `ncf: {user, item}` key")
 

@@ -12,10 +12,12 @@ NVIDIA-Merlin/distributed-embeddings 4cb42d4, version 1.0.0; docs/embeddings.md)
   size by Horovod's tape (``scale_local_gradients``), as the alltoall layer does itself;
 * its own ``Embedding`` layer, with a ``sum`` combiner for multi-hot features (ragged ids);
 * one batch size on every rank (the caller pads evaluation batches, recsys.embeddings.group);
-* whole tables in and out through its global ``set_weights`` / ``get_weights`` (the tables'
-  optimizer slots through the same per-strategy slicing): initial values equal to a replicated
-  run's (seeded per table and column, :class:`LazyTable`), and checkpoints that restore at another
-  world size or into a replicated model (recsys.sharded_checkpoint).
+* its placement (``DistEmbeddingStrategy``), reproduced in pure Python for the plan and the memory
+  check before TensorFlow (:func:`recsys.embeddings.planner.distributed_embeddings_layout`) and
+  checked against the strategy it built (:func:`make_layer`);
+* whole tables in, cut by that layout (:func:`set_global`; DE's own ``set_weights`` cuts a rank's
+  merged slices of one table wrongly, see :func:`set_global`), in row chunks; each rank's slices out,
+  as they are (:func:`local_pieces`), so a checkpoint never gathers a table (recsys.sharded_checkpoint).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import inspect
 
 import numpy as np
 
+from recsys.embeddings.planner import distributed_embeddings_layout
 from recsys.embeddings.seeding import SEED_BLOCK_ROWS, column_values
 from recsys.errors import EngineError
 
@@ -66,8 +69,53 @@ def make_layer(cardinalities, dims, summed, column_slice_threshold=None, data_pa
     tables = [dmp.Embedding(c, d, embeddings_initializer="zeros", combiner="sum" if s else None, name=f"table_{i}")
               for i, (c, d, s) in enumerate(zip(cardinalities, dims, summed))]
     kw = {} if data_parallel_threshold is None else {"data_parallel_threshold": data_parallel_threshold}
-    return dmp.DistributedEmbedding(tables, strategy="memory_balanced",
-                                    column_slice_threshold=column_slice_threshold, **kw)
+    layer = dmp.DistributedEmbedding(tables, strategy="memory_balanced",
+                                     column_slice_threshold=column_slice_threshold, **kw)
+    layer.recsys_layout = distributed_embeddings_layout(list(zip(cardinalities, dims)), layer.world_size,
+                                                        column_slice_threshold, data_parallel_threshold)
+    _check_layout(layer)
+    return layer
+
+
+def built_sizes(layer):
+    """Per rank, the table elements DE's own strategy gave it: (model-parallel, data-parallel)."""
+    st = layer.strategy
+    dp = sum(c["input_dim"] * c["output_dim"] for c in st.dp_configs)
+    local = getattr(st, "local_configs", None) or [[] for _ in range(layer.world_size)]
+    return [(sum(c["input_dim"] * c["output_dim"] for c in rank), dp) for rank in local]
+
+
+def _shapes(layout, rank):
+    """This rank's model-parallel variables as the layout builds them: [(rows, width)]."""
+    out = {}
+    for r, var, _, r1, _, c0, c1 in layout.pieces:
+        if r == rank:
+            out[var] = (max(out.get(var, (0, 0))[0], r1), c1 - c0)
+    return [out[v] for v in sorted(out)]
+
+
+def _check_layout(layer):
+    """The layout the plan and the checkpoints use must be the one DE built (another DE version
+    may place otherwise): one line, exit 2, before any step."""
+    st, layout = layer.strategy, layer.recsys_layout
+    local = getattr(st, "local_configs", None) or [[] for _ in range(layer.world_size)]
+    built = [[(c["input_dim"], c["output_dim"]) for c in local[r]] for r in range(layer.world_size)]
+    mine = [_shapes(layout, r) for r in range(layer.world_size)]
+    if (list(st.table_groups[0]), list(st.table_groups[1])) != (list(layout.data_parallel),
+                                                                list(layout.model_parallel)) or built != mine:
+        raise EngineError(f"{FLAG}: this distributed-embeddings placed the tables otherwise than the 4cb42d4 "
+                          f"strategy the plan and checkpoints follow (rank 0: {built[0][:4]} built, "
+                          f"{mine[0][:4]} planned); use that version or --embedding-implementation horovod-alltoall")
+
+
+def built_line(name, layer):
+    """One log line: the per-rank sizes DE built for group ``name`` (the same as the placement's plan,
+    which :func:`make_layer` checked)."""
+    sizes = built_sizes(layer)
+    shown = ", ".join(f"rank {r} {mp * 4 / 2**30:.3f} GiB" for r, (mp, _) in enumerate(sizes[:8]))
+    more = f", ... (+{len(sizes) - 8})" if len(sizes) > 8 else ""
+    return (f"{name}: distributed-embeddings built its model-parallel tables as planned: {shown}{more} "
+            f"(fp32 weights; {sizes[0][1] * 4 / 2**30:.3f} GiB data parallel on every rank)")
 
 
 def layout_name(layer):
@@ -127,50 +175,62 @@ def seeded_table(seed, table, rows, width):
     return LazyTable((rows, width), fetch)
 
 
-def _materialise_data_parallel(layer, tables):
-    """DE assigns its data-parallel tables whole (``weight.assign(arr)``): give it arrays there."""
-    out = list(tables)
-    for idx in layer.strategy.table_groups[0]:
-        out[idx] = np.asarray(out[idx], np.float32)
+CHUNK_ELEMENTS = 134217728      # rows assigned / written at a time: at most ~128 M elements (DE's chunk)
+
+
+def _row_chunks(rows, width, chunk=None):
+    step = max(1, (chunk or CHUNK_ELEMENTS) // max(1, width))
+    return [(a, min(rows, a + step)) for a in range(0, rows, step)]
+
+
+def assign_rows(var, r0, values_of, rows, width, chunk=None):
+    """Rows [r0, r0 + rows) of ``var`` from ``values_of(a, b)`` (rows a..b of the block), by row chunks
+    through ``scatter_update``: no second copy of the variable (DE's ``set_weights`` does the same)."""
+    import tensorflow as tf
+    for a, b in _row_chunks(rows, width, chunk):
+        values = np.asarray(values_of(a, b), np.float32)
+        if r0 == 0 and a == 0 and b == rows and tuple(var.shape) == values.shape:
+            var.assign(values)
+        else:
+            var.scatter_update(tf.IndexedSlices(values, tf.range(r0 + a, r0 + b, dtype=tf.int64), var.shape))
+
+
+def set_global(layer, tables, variables=None, chunk=None):
+    """Whole tables (arrays or :class:`LazyTable`, in table order) into a built DE layer's variables
+    (``variables``: parallel to ``layer.weights``, e.g. one optimizer slot of each; default the
+    weights), each rank only its own slices, cut by the layout (``layer.recsys_layout``, checked equal
+    to DE's strategy) and assigned by row chunks. Not DE's ``set_weights``: at 4cb42d4 it counts a
+    rank's merged slices of one table as one slice and cuts its columns otherwise than the variable
+    holds them (a shape error at build, e.g. Criteo 1TB on 8 ranks with a column-slice threshold;
+    tests/recsys/test_de_strategy.py). Collective-free."""
+    layout, rank = layer.recsys_layout, layer.rank
+    variables = list(layer.weights if variables is None else variables)
+    if len(variables) != len(layout.data_parallel) + len(_shapes(layout, rank)):
+        raise ValueError(f"{len(variables)} variables for the {layer.name} layout")
+    for var, t in zip(variables, layout.data_parallel):
+        rows, width = tables[t].shape
+        assign_rows(var, 0, lambda a, b, t=t: tables[t][a:b, :], rows, width, chunk)
+    for r, v, r0, r1, t, c0, c1 in layout.pieces:
+        if r == rank:
+            assign_rows(variables[v], r0, lambda a, b, t=t, c0=c0, c1=c1: tables[t][a:b, c0:c1], r1 - r0, c1 - c0,
+                        chunk)
+
+
+def local_pieces(layer, variables=None):
+    """What this rank holds of the layer's tables: ``[(table, col_start, col_end, variable, row_start,
+    row_end)]``, rows [row_start, row_end) of ``variables[variable]`` (parallel to ``layer.weights``)
+    being that table's columns; the data-parallel tables whole, on rank 0 only (every rank has them)."""
+    layout, rank = layer.recsys_layout, layer.rank
+    out = []
+    if rank == 0:
+        for v, t in enumerate(layout.data_parallel):
+            rows, width = layer.weights[v].shape
+            out.append((t, 0, int(width), v, 0, int(rows)))
+    out += [(t, c0, c1, v, r0, r1) for r, v, r0, r1, t, c0, c1 in layout.pieces if r == rank]
     return out
 
 
-def set_global(layer, tables):
-    """Whole tables (arrays or :class:`LazyTable`, in table order) into a built DE layer, through its
-    ``set_weights`` (each rank keeps its slices). Collective-free."""
-    layer.set_weights(_materialise_data_parallel(layer, tables))
-
-
-def set_global_slots(layer, slot_vars, tables):
-    """Whole-table values of one optimizer slot into its variables (``slot_vars`` parallel to
-    ``layer.weights``), cut exactly as DE's ``set_weights`` cuts the tables."""
-    tables = _materialise_data_parallel(layer, tables)
-    groups = layer.strategy.table_groups
-    values = ([tables[i] for i in groups[0]] + layer.set_col_slice_weights([tables[i] for i in groups[1]])
-              + layer.set_row_slice_weights([tables[i] for i in groups[2]]))
-    if len(values) != len(slot_vars):
-        raise ValueError(f"{len(values)} slot values for {len(slot_vars)} variables of {layer.name}")
-    for var, value in zip(slot_vars, values):
-        var.assign(np.asarray(value, np.float32))
-
-
-def get_global(layer):
-    """Whole tables in table order on rank 0 through DE's ``get_weights`` (a collective: every rank
-    calls it; other ranks get None)."""
-    weights = layer.get_weights()
-    return [np.asarray(w) for w in weights] if layer.rank == 0 else None
-
-
-def get_global_slots(layer, slot_vars):
-    """Whole-table values of one optimizer slot (``slot_vars`` parallel to ``layer.weights``) on rank 0,
-    gathered as DE's ``get_weights`` gathers the tables (a collective; other ranks get None)."""
+def read_rows(var, r0, r1):
+    """Rows [r0, r1) of a variable as an array, read by a gather (no copy of the whole variable)."""
     import tensorflow as tf
-    num_dp, num_col = len(layer.dp_layers), len(layer.local_embedding_layers)
-    tensors = [tf.convert_to_tensor(v) for v in slot_vars]
-    values = ([t.numpy() for t in tensors[:num_dp]]
-              + layer.get_col_sliced_weights(tensors[num_dp:num_dp + num_col], all_ranks=False)
-              + layer.get_row_sliced_weights(tensors[num_dp + num_col:]))
-    if layer.rank != 0:
-        return None
-    order = [idx for group in layer.strategy.table_groups for idx in group]
-    return [np.asarray(v) for _, v in sorted(zip(order, values), key=lambda pair: pair[0])]
+    return var.sparse_read(tf.range(r0, r1, dtype=tf.int64)).numpy()

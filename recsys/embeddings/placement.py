@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from recsys.embeddings.planner import OPTIMIZER_SLOTS, Plan, PlacementError, plan_placement, rank_lines
+from recsys.embeddings.planner import (OPTIMIZER_SLOTS, Plan, PlacementError, distributed_embeddings_layout,
+                                       plan_distributed_embeddings, plan_placement, rank_lines)
 from recsys.embeddings.tables import Table, TableGroup
 
 BYTES_PER_PARAM = 4      # fp32 tables: mixed precision keeps float32 variables
@@ -27,10 +28,16 @@ def slots(optimizer):
 
 
 def plan_for_group(cardinalities, dims, world_size, column_slice_threshold=None, data_parallel_threshold=None, *,
-                   names=None, optimizer_slots=0, model_parallel=True):
+                   names=None, optimizer_slots=0, model_parallel=True, implementation=IMPLEMENTATIONS[0]):
     """The plan of one group's tables on ``world_size`` ranks (thresholds in elements; the
-    slots count in the memory, not in the cut)."""
+    slots count in the memory, not in the cut). distributed-embeddings places a model-parallel group
+    by its own strategy: the plan is then the one it builds (planner.plan_distributed_embeddings)."""
     names = names or [f"table_{i}" for i in range(len(cardinalities))]
+    if implementation == "distributed-embeddings" and model_parallel and world_size > 1:
+        return plan_distributed_embeddings(list(zip(names, cardinalities, dims)), world_size,
+                                           bytes_per_param=BYTES_PER_PARAM, optimizer_slots=optimizer_slots,
+                                           column_slice_threshold=column_slice_threshold,
+                                           data_parallel_threshold=data_parallel_threshold)
     return plan_placement(list(zip(names, cardinalities, dims)), world_size, bytes_per_param=BYTES_PER_PARAM,
                           optimizer_slots=optimizer_slots, model_parallel=model_parallel, auto_slice=True,
                           column_slice_threshold=column_slice_threshold and column_slice_threshold * BYTES_PER_PARAM,
@@ -46,24 +53,8 @@ def distributed_embeddings_slices(tables, world_size, column_slice_threshold=Non
     cut into the smallest power of two of column slices under the threshold, but never more than
     the ranks or its width. With fewer pieces than ranks some rank gets none, and DE stops at build
     ("Not enough table after slicing"): 1-wide tables (Wide & Deep's wide group) cannot be cut."""
-    sizes = [(rows * width, width) for rows, width in tables
-             if not (data_parallel_threshold and rows * width <= data_parallel_threshold)]
-    if not sizes:
-        return 0
-    threshold = column_slice_threshold
-    if threshold is None:
-        pending = sorted(size for size, _ in sizes)
-        while world_size > len(pending):
-            largest = pending.pop()
-            threshold = largest - 1
-            pending = sorted(pending + [largest // 2, largest // 2])
-    pieces = 0
-    for size, width in sizes:
-        n = 1
-        while threshold is not None and size / n > threshold:
-            n *= 2
-        pieces += 1 if n == 1 else min(n, world_size, width)
-    return pieces
+    layout = distributed_embeddings_layout(tables, world_size, column_slice_threshold, data_parallel_threshold)
+    return layout.slice_count
 
 
 def _unspreadable_by_distributed_embeddings(group, world_size, column_slice_threshold, data_parallel_threshold):
@@ -184,7 +175,7 @@ def place(mode, reason, world_size, groups, *, dense_params=0, dense_slots=0, bu
     dp_names = {name for name, _ in data_parallel_groups}
     plans = tuple((g, plan_for_group(g.cardinalities, g.widths, world_size, column_slice_threshold,
                                      data_parallel_threshold, names=[t.name for t in g.tables],
-                                     optimizer_slots=slots(g.optimizer),
+                                     optimizer_slots=slots(g.optimizer), implementation=implementation,
                                      model_parallel=model_parallel and g.name not in dp_names))
                   for g in groups)
     return Placement(mode, reason, world_size, plans,

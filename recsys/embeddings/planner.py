@@ -3,7 +3,8 @@
 Pure Python, so the argument layer and ``python -m recsys.placement`` run it
 before TensorFlow starts; :mod:`recsys.embeddings.placement` applies it to a run's groups.
 
-Strategy (the memory-balanced one NVIDIA's distributed-embeddings uses):
+Strategy (of the project's alltoall layer; NVIDIA distributed-embeddings places its tables by its own
+rules, reproduced by :func:`distributed_embeddings_layout` at the end of this module):
 tables whose weights are smaller than ``data_parallel_threshold`` bytes stay
 replicated on every rank; tables larger than ``column_slice_threshold`` bytes are
 split by columns into at most ``world_size`` slices, then slices are placed largest
@@ -204,3 +205,130 @@ def format_plan(plan: Plan) -> str:
 def _is_sliced(plan, s):
     return (not s.replicated and plan.model_parallel
             and sum(1 for t in plan.slices if t.table == s.table and t.rank != s.rank) > 0)
+
+
+# --- NVIDIA distributed-embeddings' own strategy ---------------------------------------------------
+# DE (--embedding-implementation distributed-embeddings) places a group's tables by itself; the plan
+# a DE run is checked against must be the one DE builds, not the balancing planner above (which cuts
+# ceil(size / threshold) slices, keeps a table at the threshold replicated and places greedily). The
+# rules below are those of ``DistEmbeddingStrategy`` in DE's ``dist_model_parallel.py`` at 4cb42d4
+# (strategy "memory_balanced", no row slicing, no CPU offload: what recsys.embeddings.de_adapter asks
+# for); tests/recsys/test_de_strategy.py holds them against DE's own code when its source is given.
+
+@dataclass(frozen=True)
+class DistributedEmbeddingsLayout:
+    """Where DE puts one group's tables. ``pieces``: ``(rank, variable, row_start, row_end, table,
+    col_start, col_end)``, one per table slice a rank holds, ``variable`` indexing that rank's
+    ``layer.weights`` (data-parallel tables first, then the rank's concatenated tables); a data-parallel
+    table is every rank's variable ``data_parallel.index(table)``, whole."""
+    world_size: int
+    data_parallel: tuple
+    model_parallel: tuple
+    rank_tables: tuple          # per rank: the table indices it holds slices of, in DE's order
+    pieces: tuple
+    slice_count: int = 0        # model-parallel slices before a rank's slices of one table are merged
+
+    def rank_elements(self):
+        """Per rank: elements of its model-parallel slices."""
+        out = [0] * self.world_size
+        for rank, _, r0, r1, _, c0, c1 in self.pieces:
+            out[rank] += (r1 - r0) * (c1 - c0)
+        return out
+
+    @property
+    def every_rank_has_a_piece(self):
+        return not self.model_parallel or all(self.rank_tables)
+
+
+def distributed_embeddings_layout(tables, world_size, column_slice_threshold=None, data_parallel_threshold=None):
+    """DE's layout of ``tables`` (``[(rows, width)]``) on ``world_size`` ranks, thresholds in elements.
+
+    A table of at most ``data_parallel_threshold`` elements stays data parallel (``<=``; none on one
+    rank); without a column-slice threshold one is chosen by halving the largest table until there
+    are as many pieces as ranks; a table is cut into the smallest power of two N of slices whose
+    halved size is at most the threshold, then min(N, ranks, width) slices of equal width (the first
+    ones one column wider); slices are sorted by (elements, table) from the largest and dealt to the
+    ranks back and forth (rank 0..W-1, then W-1..0); a rank's slices of one table are merged, and its
+    tables of one width are concatenated by rows into one variable."""
+    tables = [(int(r), int(w)) for r, w in tables]
+    world_size = int(world_size)
+    if world_size == 1:
+        data_parallel_threshold = None
+    sizes = [r * w for r, w in tables]
+    dp = tuple(i for i, n in enumerate(sizes) if data_parallel_threshold and n <= data_parallel_threshold)
+    mp = tuple(i for i in range(len(tables)) if i not in dp)
+    if not mp:
+        return DistributedEmbeddingsLayout(world_size, dp, mp, tuple(() for _ in range(world_size)), ())
+    threshold = column_slice_threshold
+    if threshold is None:
+        pending = [sizes[i] for i in mp]
+        while world_size > len(pending):
+            pending.sort()
+            threshold = pending[-1] - 1
+            largest = pending.pop()
+            pending += [largest // 2, largest // 2]
+    widths = []                      # per model-parallel table (position k in mp): its slices' widths
+    for i in mp:
+        rows, width = tables[i]
+        n, size = 1, sizes[i]
+        while threshold is not None and size > threshold:
+            n, size = n * 2, size / 2
+        n = 1 if n == 1 else min(n, world_size, width)
+        base, extra = divmod(width, n)
+        widths.append([base + (1 if s < extra else 0) for s in range(n)])
+    ids = [k for k, ws in enumerate(widths) for _ in ws]
+    elements = [tables[mp[k]][0] * w for k, ws in enumerate(widths) for w in ws]
+    if world_size == 1:              # DE's "basic" strategy on one rank: table order
+        dealt = [ids]
+    else:
+        order = [k for _, k in sorted(zip(elements, ids), reverse=True)]
+        dealt = [order[r::2 * world_size] + order[2 * world_size - 1 - r::2 * world_size]
+                 for r in range(world_size)]
+    cursor = [0] * len(mp)           # next column of each table, slices taken in rank order
+    queue = [list(ws) for ws in widths]
+    rank_tables, pieces = [], []
+    for rank, ks in enumerate(dealt):
+        held, spans = [], []         # merged: table position k -> [c0, c1]
+        for k in ks:
+            w = queue[k].pop(0)
+            if k in held:
+                spans[held.index(k)][1] += w
+            else:
+                held.append(k)
+                spans.append([cursor[k], cursor[k] + w])
+            cursor[k] += w
+        groups = []                  # concatenation: [width, next row, variable]
+        for k, (c0, c1) in zip(held, spans):
+            rows = tables[mp[k]][0]
+            group = next((g for g in groups if g[0] == c1 - c0), None)
+            if group is None:
+                group = [c1 - c0, 0, len(dp) + len(groups)]
+                groups.append(group)
+            pieces.append((rank, group[2], group[1], group[1] + rows, mp[k], c0, c1))
+            group[1] += rows
+        rank_tables.append(tuple(mp[k] for k in held))
+    return DistributedEmbeddingsLayout(world_size, dp, mp, tuple(rank_tables), tuple(pieces), len(ids))
+
+
+def plan_distributed_embeddings(tables, world_size, *, bytes_per_param=4, optimizer_slots=0, dense_params=0,
+                                column_slice_threshold=None, data_parallel_threshold=None, capacity_bytes=None):
+    """The :class:`Plan` of ``tables`` (``[(name, rows, dim)]``) as DE places them (thresholds in
+    elements; :func:`distributed_embeddings_layout`): the memory check of a DE run counts what DE builds."""
+    per_param = bytes_per_param * (1 + optimizer_slots)
+    tables = [(str(n), int(r), int(d)) for n, r, d in tables]
+    layout = distributed_embeddings_layout([(r, d) for _, r, d in tables], world_size,
+                                           column_slice_threshold, data_parallel_threshold)
+    plan = Plan(world_size=world_size, model_parallel=world_size > 1,
+                dense_bytes=int(dense_params) * per_param, capacity_bytes=capacity_bytes)
+    load = [0] * world_size
+    for i in layout.data_parallel:
+        name, rows, dim = tables[i]
+        plan.slices += [TableSlice(i, name, r, 0, dim, rows, rows * dim * per_param, True) for r in range(world_size)]
+        load = [x + rows * dim * per_param for x in load]
+    for rank, _, _, _, i, c0, c1 in layout.pieces:
+        name, rows, _ = tables[i]
+        plan.slices.append(TableSlice(i, name, rank, c0, c1, rows, rows * (c1 - c0) * per_param))
+        load[rank] += rows * (c1 - c0) * per_param
+    plan.slices.sort(key=lambda s: (s.table, s.col_start, s.rank))
+    plan.embedding_bytes = load
+    return plan

@@ -12,6 +12,8 @@ from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count, embe
 
 # Wide & Deep trains its wide part (the 1-wide tables) with FTRL, whatever --optimizer says.
 WIDE_OPTIMIZER = "ftrl"
+# The models that train on numerical features alone (no embedding table).
+MODELS_WITHOUT_TABLES = ("wide_deep",)
 
 
 def dlrm_groups(features, width, optimizer=None):
@@ -27,9 +29,12 @@ def wide_deep_groups(onehot, multihot, embedding_dim, combiner="sum", optimizer=
     ``onehot``/``multihot``: ``[(feature, rows)]``. ``embedding_dim``: one width, which
     :func:`recsys.models.defaults.embedding_dims` turns into the recipe's per-feature widths
     where they apply, or the list of deep widths itself. Multi-hot deep rows are combined by
-    ``combiner``."""
+    ``combiner``. A table of numericals alone has no tables: no group (the deep MLP and the wide
+    part's linear term read the numericals)."""
     features = [(f, int(r), "onehot_categorical", None) for f, r in onehot]
     features += [(f, int(r), "multihot_categorical", combiner) for f, r in multihot]
+    if not features:
+        return ()
     names = [f for f, _, _, _ in features]
     widths = (embedding_dims("wide_deep", names, int(embedding_dim)) if isinstance(embedding_dim, int)
               else [int(w) for w in embedding_dim])
@@ -68,18 +73,24 @@ def model_groups(model, channels, *, embedding_dim=None, factors=None, layers=No
 
 
 def spec_channels(model, spec):
-    """{channel: [(feature, cardinality)]} of the model's categorical channels in a FeatureSpec."""
+    """{channel: [(feature, cardinality)]} of the model's categorical channels in a FeatureSpec.
+
+    Wide & Deep reads a table of numericals alone (no channel has a feature); DLRM and NCF look
+    up ids, so a spec without them is a ValueError naming what the model needs."""
     channels = {ch: [(f, spec.cardinality(f)) for f in spec.features(ch)]
                 for ch in CATEGORICAL_CHANNELS[model] if ch in spec.channel_spec}
-    if not any(channels.values()):
-        raise ValueError(f"{spec.origin}: no categorical channel of model {model} "
-                         f"({', '.join(CATEGORICAL_CHANNELS[model])})")
+    if not any(channels.values()) and model not in MODELS_WITHOUT_TABLES:
+        raise ValueError(f"{spec.origin}: --model {model} needs categorical features (channel "
+                         f"{' / '.join(CATEGORICAL_CHANNELS[model])}) and the spec has none: a table of numerical "
+                         f"columns alone trains with --model wide_deep")
     return channels
 
 
 def dense_params(model, groups, **sizes):
     """Replicated (non-embedding) parameters of ``model`` built on ``groups`` (its first group
     feeds the MLPs); ``sizes``: the run's layer widths (bottom_mlp, deep_hidden_units, ...)."""
+    if not groups:                       # numericals alone (Wide & Deep): the MLP reads them only
+        return dense_param_count(model, n_tables=0, embedding_dim=0, total_embedding_dim=0, **sizes)
     main = groups[0]
     return dense_param_count(model, n_tables=len(main.tables), embedding_dim=main.widths[0],
                              total_embedding_dim=sum(main.widths), **sizes)

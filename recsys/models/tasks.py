@@ -22,6 +22,8 @@ from recsys.optim import WarmupPolyDecay, make_optimizer
 class Task:
     """Raises :class:`recsys.errors.EngineError` for a configuration it cannot run."""
     name = None
+    # The metric the best checkpoint and the early stop go by (higher is better).
+    watched_metric = "auc"
 
     def __init__(self, config, spec, dist, logger):
         self.config, self.spec, self.dist, self.log = config, spec, dist, logger
@@ -208,6 +210,10 @@ class WideDeepTask(Task):
 class NCFTask(Task):
     """NeuMF on positives-only data: 4 negatives per positive resampled each epoch; eval vs 100 negatives."""
     name = "ncf"
+
+    @property
+    def watched_metric(self):
+        return f"hr_at_{self.config.topk}"
 
     def __init__(self, config, spec, dist, logger):
         super().__init__(config, spec, dist, logger)

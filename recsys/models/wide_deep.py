@@ -23,12 +23,14 @@ class WideDeep(tf.keras.Model):
     def __init__(self, onehot=(), multihot=(), embedding_dim=64, deep_hidden_units=(1024,) * 5,
                  deep_dropout=0.1, combiner="sum", placement=None, seed=0, groups=None, name="wide_deep"):
         super().__init__(name=name)
-        deep, wide = groups or wide_deep_groups(onehot, multihot, embedding_dim, combiner)
+        groups = wide_deep_groups(onehot, multihot, embedding_dim, combiner) if groups is None else groups
+        # No groups: a table of numericals alone, read by the deep MLP and the wide linear term.
+        deep, wide = groups if groups else (None, None)
         # The wide group's tables follow the deep group's features in order: one id list feeds both.
-        self.inputs_of = [(t.channel, t.feature) for t in deep.tables]
-        self.wide_embeddings = EmbeddingGroup(wide, placement)
+        self.inputs_of = [(t.channel, t.feature) for t in deep.tables] if deep else []
+        self.wide_embeddings = EmbeddingGroup(wide, placement) if wide else None
         self.wide_numerical = tf.keras.layers.Dense(1, use_bias=True, name="wide_numerical", dtype="float32")
-        self.deep_embeddings = EmbeddingGroup(deep, placement)
+        self.deep_embeddings = EmbeddingGroup(deep, placement) if deep else None
         self.deep = mlp(list(deep_hidden_units) + [1], "deep_mlp", dropout=deep_dropout,
                         last_linear=True, last_dtype="float32", seed=seed * 100)
 
@@ -44,9 +46,10 @@ class WideDeep(tf.keras.Model):
     def call(self, inputs, training=False):
         ids = self._ids(inputs)
         numerical = tf.cast(inputs["numerical"], tf.float32)
-        wide = tf.add_n([tf.cast(w, tf.float32) for w in self.wide_embeddings(ids)])
-        wide = wide + self.wide_numerical(numerical)
-        deep_in = self.deep_embeddings(ids)
+        wide = self.wide_numerical(numerical)
+        if self.wide_embeddings is not None:
+            wide = wide + tf.add_n([tf.cast(w, tf.float32) for w in self.wide_embeddings(ids)])
+        deep_in = self.deep_embeddings(ids) if self.deep_embeddings is not None else []
         deep_x = tf.concat([tf.cast(e, self.compute_dtype) for e in deep_in]
                            + [tf.cast(numerical, self.compute_dtype)], axis=1)
         deep = self.deep(deep_x, training=training)
@@ -54,8 +57,10 @@ class WideDeep(tf.keras.Model):
 
     @property
     def wide_variables(self):
-        return self.wide_embeddings.trainable_variables + self.wide_numerical.trainable_variables
+        tables = self.wide_embeddings.trainable_variables if self.wide_embeddings is not None else []
+        return tables + self.wide_numerical.trainable_variables
 
     @property
     def deep_variables(self):
-        return self.deep_embeddings.trainable_variables + self.deep.trainable_variables
+        tables = self.deep_embeddings.trainable_variables if self.deep_embeddings is not None else []
+        return tables + self.deep.trainable_variables

@@ -62,16 +62,19 @@ CASES = {
                              "dgxa100-pod", 0),
     "dgxa100-pod-benchmark": (lambda: JobRequest(kind="benchmark", model="dlrm", nodes=2), "dgxa100-pod", 0),
     "dgxa100-pod-study-point": (_study_point, "dgxa100-pod", 0),
-    "dgxa100-pod-preprocess-single": (lambda: _preprocess("single", nodes=1), "dgxa100-pod", 0),
+    # preprocessing: the pod's image for it (dgxa100-pod's NGC TensorFlow image has no Spark)
+    "dgxa100-pod-preprocess-single": (lambda: _preprocess("single", nodes=1), "dgxa100-pod-spark", 0),
     # RAPIDS on one node: a Spark standalone master and worker inside the allocation, not local mode
     "dgxa100-pod-preprocess-single-rapids": (
         lambda: _preprocess("single", nodes=1, engine_args=["--rapids-jar", "/opt/rapids/rapids-4-spark.jar"]),
-        "dgxa100-pod", 0),
-    "dgxa100-pod-preprocess-array-dictionary": (lambda: _preprocess("array", shards=4), "dgxa100-pod", 0),
-    "dgxa100-pod-preprocess-array-transform": (lambda: _preprocess("array", shards=4), "dgxa100-pod", 1),
-    "dgxa100-pod-preprocess-multinode-spark": (lambda: _preprocess("multinode", nodes=2), "dgxa100-pod", 0),
-    "dgxa100-pod-preprocess-multinode-nvtabular": (lambda: _preprocess("multinode", "nvtabular", nodes=2),
-                                                   "dgxa100-pod", 0),
+        "dgxa100-pod-spark", 0),
+    "dgxa100-pod-preprocess-array-dictionary": (lambda: _preprocess("array", shards=4), "dgxa100-pod-spark", 0),
+    "dgxa100-pod-preprocess-array-transform": (lambda: _preprocess("array", shards=4), "dgxa100-pod-spark", 1),
+    "dgxa100-pod-preprocess-multinode-spark": (lambda: _preprocess("multinode", nodes=2), "dgxa100-pod-spark", 0),
+    # no built-in image declares NVTabular: the dask helper without a container (the container
+    # mechanics of the helpers are the Spark case's: allocation-cluster.sh)
+    "dgxa100-preprocess-multinode-nvtabular": (lambda: _preprocess("multinode", "nvtabular", nodes=2),
+                                               "dgxa100", 0),
 }
 
 
@@ -119,20 +122,26 @@ def _step(text):
     return text.split("# --- the step ---\n", 1)[1].split(" &\nrecsys_step_pid=$!", 1)[0]
 
 
-@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][1] == "dgxa100-pod"))
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][1].startswith("dgxa100-pod")))
 def test_container_profile_runs_the_step_in_the_container(case, tmp_path):
-    """dgxa100-pod: the srun ranks get the job's container flags; a multinode step hands them to
-    its cluster helper (which starts the daemons and the driver with them); never a bare python."""
+    """dgxa100-pod: the srun ranks get the job's container flags and start with container-entry.sh
+    (the checkout before the image's own PYTHONPATH, which no host value replaces); a multinode step
+    hands the flags to its cluster helper (which starts the daemons and the driver with them);
+    never a bare python."""
     make_request, profile, index = CASES[case]
-    _, text = render_plan([make_request()], profile, run_dir=str(tmp_path / "run"))[index]
+    run = os.path.abspath(str(tmp_path / "run"))
+    _, text = render_plan([make_request()], profile, run_dir=run)[index]
     step = _step(text)
     assert "export RECSYS_CONTAINER_SRUN_FLAGS" in text
     assert '"--container-name=recsys-${SLURM_JOB_ID:-local}"' in text
-    assert re.search(r"--container-env=PYTHONPATH,NCCL_SOCKET_IFNAME,OMPI_MCA_btl,CUDA_DEVICE_MAX_CONNECTIONS\b", text)
-    if step.split("} ", 1)[1].startswith("srun "):
-        assert step.index('"${recsys_container[@]}"') < step.index(" python -m ")
+    env = re.search(r"--container-env=(\S+)", text).group(1).split(",")
+    assert env[0] == "OMPI_MCA_btl" and "PYTHONPATH" not in env and "PYTHONPATH" not in step
+    assert f"--container-workdir={run}\n" in text
+    if step.startswith("srun "):
+        entry = '"${recsys_container[@]}" bash "$RECSYS_SLURM_DIR/container-entry.sh"'
+        assert step.index(entry) < step.index(" python -m "), step
     else:
-        helper = re.match(r'PYTHONPATH=\S+ bash "\$RECSYS_SLURM_DIR/(spark-standalone|dask-cluster)\.sh" ', step)
+        helper = re.match(r'bash "\$RECSYS_SLURM_DIR/(spark-standalone|dask-cluster)\.sh" ', step)
         assert helper, step
 
 
@@ -147,7 +156,7 @@ def test_host_profile_has_no_container_pieces(case, tmp_path):
 def test_helpers_get_the_rendered_container_flags_word_for_word(tmp_path):
     """The rendered container section, run by bash, and slurm/allocation-cluster.sh sourced after
     it: the helpers' srun prefix is the script's flags, the job id expanded, one word each."""
-    _, text = render_plan([_preprocess("multinode", nodes=2)], "dgxa100-pod", run_dir=str(tmp_path / "run"))[0]
+    _, text = render_plan([_preprocess("multinode", nodes=2)], "dgxa100-pod-spark", run_dir=str(tmp_path / "run"))[0]
     block = text.split("# --- container (pyxis)", 1)[1].split("# --- record what ran where ---", 1)[0]
     block = block.split("\n", 1)[1]
     script = (f"set -euo pipefail\n{block}\n"
@@ -161,14 +170,15 @@ def test_helpers_get_the_rendered_container_flags_word_for_word(tmp_path):
     container = [line[10:] for line in out.stdout.splitlines() if line.startswith("container=")]
     run = os.path.abspath(str(tmp_path / "run"))
     assert container == [
-        "--container-image=nvcr.io/nvidia/tensorflow:23.12-tf2-py3",
+        "--container-image=/lustre/images/recsys-spark-3.5.sqsh",
         "--container-name=recsys-4242",
-        f"--container-mounts=/raid/datasets:/data:ro,/lustre/checkpoints:/checkpoints,{REPO}:{REPO}:ro,{run}:{run}",
-        "--container-env=PYTHONPATH,NCCL_SOCKET_IFNAME,OMPI_MCA_btl,CUDA_DEVICE_MAX_CONNECTIONS,"
-        "RECSYS_PYTHON,SPARK_HOME,SPARK_MASTER_URL",
-        "--container-workdir=/workspace"]
+        f"--container-mounts=/lustre/datasets:/data,/lustre/checkpoints:/checkpoints,{REPO}:{REPO}:ro,{run}:{run},"
+        "/raid/scratch:/raid/scratch",
+        f"--container-workdir={run}",
+        "--container-env=OMPI_MCA_btl,RECSYS_PYTHON,SPARK_HOME,SPARK_MASTER_URL"]
     assert here == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--overlap",
-                    "--kill-on-bad-exit=1", "--nodelist=dgx-001"] + container
+                    "--kill-on-bad-exit=1", "--nodelist=dgx-001"] + container + [
+                        "bash", f"{REPO}/slurm/container-entry.sh"]
     # without a container (no RECSYS_CONTAINER_SRUN_FLAGS) the helpers exec their commands as before
     bare = (f"set -euo pipefail\nsource {REPO}/slurm/allocation-cluster.sh\ncontainer_env SPARK_HOME\n"
             "printf 'here=%s\\n' \"${here[@]}\"; echo \"n=${#container[@]}\"\n")
@@ -190,6 +200,11 @@ def test_cluster_helpers_start_every_process_through_the_container_prefix(helper
         if re.match(r"\s*srun ", line):
             command = " ".join(code[i:i + 3])
             assert '${container[@]+"${container[@]}"}' in command, f"{helper}: srun without the container flags: {line}"
+            # in the container, the workers start with container-entry.sh (the checkout on PYTHONPATH)
+            assert '${entry[@]+"${entry[@]}"}' in command, f"{helper}: srun without the container entry: {line}"
+    # the job's container is created on every node before the first timeout starts
+    assert code.index(next(c for c in code if "containers_on_all_nodes" in c)) < \
+        code.index(next(c for c in code if "deadline=" in c))
 
 
 def test_other_batch_commands_become_a_container_step(tmp_path):
@@ -199,14 +214,15 @@ def test_other_batch_commands_become_a_container_step(tmp_path):
 
     from jobs.backends.slurm.script import render
 
-    [(spec, _)] = render_plan([_preprocess("single", nodes=1)], "dgxa100-pod", run_dir=str(tmp_path / "run"))
+    [(spec, _)] = render_plan([_preprocess("single", nodes=1)], "dgxa100-pod-spark", run_dir=str(tmp_path / "run"))
     step = _step(render(dataclasses.replace(spec, launcher="batch"), str(tmp_path / "run")))
-    assert re.match(r'PYTHONPATH=\S+ srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --overlap '
-                    r'--kill-on-bad-exit=1 "\$\{recsys_container\[@\]\}" \\\n    python -m preproc criteo run ', step), step
+    assert re.match(r'srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --overlap '
+                    r'--kill-on-bad-exit=1 "\$\{recsys_container\[@\]\}" \\\n    '
+                    r'bash "\$RECSYS_SLURM_DIR/container-entry.sh" python -m preproc criteo run ', step), step
 
 
 def test_run_dir_pyxis_cannot_mount_is_refused(tmp_path):
     from jobs.errors import RequestError
 
     with pytest.raises(RequestError, match=r"^--runs-dir: .* contains ',' or ':'"):
-        render_plan([_preprocess("single", nodes=1)], "dgxa100-pod", run_dir=str(tmp_path / "a,b"))
+        render_plan([_preprocess("single", nodes=1)], "dgxa100-pod-spark", run_dir=str(tmp_path / "a,b"))

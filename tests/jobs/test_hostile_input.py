@@ -44,7 +44,7 @@ def one_line_error(proc):
 
 def _with_container(data, **fields):
     data["container"] = dict({"image": "nvcr.io/nvidia/tensorflow:23.12-tf2-py3", "mounts": ["/data:/data:ro"],
-                              "workdir": "/workspace"}, **fields)
+                              "provides": ["tensorflow"]}, **fields)
 
 
 def _set(path, value):
@@ -81,7 +81,8 @@ FIELDS = [
     ("node", lambda d, p: d.update(node="dgx1" + p)),
     ("container.image", lambda d, p: _set("container.image", "nvcr.io/x" + p)(d)),
     ("container.mounts[0]", lambda d, p: _set("container.mounts", ["/data:/data" + p])(d)),
-    ("container.workdir", lambda d, p: _set("container.workdir", "/workspace" + p)(d)),
+    ("container.provides[0]", lambda d, p: _set("container.provides", ["spark" + p])(d)),
+    ("scratch", lambda d, p: d.update(scratch="/raid/scratch" + p)),
     ("defaults.time", lambda d, p: _set("defaults.time", "00:10:00" + p)(d)),
     ("defaults.runs_dir", lambda d, p: _set("defaults.runs_dir", "/scratch/runs" + p)(d)),
     ("defaults.binding", lambda d, p: _set("defaults.binding", "off" + p)(d)),

@@ -20,15 +20,21 @@ def test_data_loads_and_holds_known_values():
     data = published.load()
     assert set(data.platforms) == {"dgxa100", "dgxa100-40gb", "dgx1", "dgx2"}
     assert {t["id"] for t in data.tables} == {"dlrm_tf2", "wide_deep_tf2", "wide_deep_tf2_earlier", "wide_deep_tf1",
-                                              "ncf_tf1"}
+                                              "ncf_tf1", "dlrm_tf2_2302"}
     assert all(t["source"].startswith("NVIDIA DeepLearningExamples, ") for t in data.tables)
     [dlrm] = [r for r in published.rows("dlrm", "dgxa100") if r.gpus == 1]
-    assert (dlrm.batch_per_gpu, dlrm.throughput, dlrm.model_size) == (65536, {"tf32": 2.68e6, "amp": 4.47e6}, "small")
+    # the 23.02 table is matched; the 2022 one (2.68e6 / 4.47e6) is kept, not matched
+    assert (dlrm.batch_per_gpu, dlrm.throughput, dlrm.model_size) == (65536, {"tf32": 2.84e6, "amp": 4.55e6}, "small")
+    assert dlrm.table == "dlrm_tf2_2302" and "container TF2 23.02-py3" in dlrm.source
+    [old] = [r for r in published.rows("dlrm", "dgxa100", matched_only=False) if r.gpus == 1 and not r.match]
+    assert old.table == "dlrm_tf2" and old.throughput["tf32"] == 2.68e6 and "commit 3b05bf18" in old.version
     [wd] = [r for r in published.rows("wide_deep", "dgx1") if r.gpus == 8 and r.xla]
     assert wd.throughput == {"fp32": 1925045.33, "amp": 3536706.63} and wd.table == "wide_deep_tf2"
     ncf = [r for r in published.rows("ncf", "dgx1") if r.gpus == 4][0]
     assert ncf.throughput == {"fp32": 30.31e6, "amp": 39.47e6}          # published in millions
-    assert published.rows("dlrm", "dgx2")[-1].amp_speedup() == pytest.approx(9.39 / 5.74)
+    assert published.rows("dlrm", "dgx2")[-1].amp_speedup() == pytest.approx(10.5 / 6.43)
+    # every table names its version (commit, date or container), and its rows' source carries it
+    assert all(r.version and r.version in r.source for r in data.rows)
     # every row gives the platform's full precision and amp, as positive numbers
     for row in data.rows:
         assert set(row.throughput) == {data.full_precision(row.platform), "amp"}
@@ -132,7 +138,8 @@ def test_list(capsys):
     head, *rows = text.split("\n\n")[0].splitlines()
     assert head.split()[:3] == ["model", "platform", "profiles"]
     assert len(rows) == len(published.rows())
-    assert any(r.split()[:3] == ["wide_deep", "dgxa100", "dgxa100,dgxa100-pod"] for r in rows)
+    # every built-in profile of that node type (the pod profiles reuse it)
+    assert any(r.split()[:3] == ["wide_deep", "dgxa100", "dgxa100,dgxa100-pod,dgxa100-pod-spark"] for r in rows)
     assert "source wide_deep_tf2: NVIDIA DeepLearningExamples" in text
     assert cli.main(["study", "reference", "--list", "--model", "ncf"]) == 0
     rows = capsys.readouterr().out.split("\n\n")[0].splitlines()[1:]

@@ -40,20 +40,22 @@ def _step(text):
 
 @pytest.mark.parametrize("mode, nodes", [("single", None), ("multinode", 2)])
 def test_rapids_runs_start_a_standalone_cluster_with_the_documented_gpu_amounts(tmp_path, mode, nodes):
-    profile = load_profile("dgxa100-pod")
+    profile = load_profile("dgxa100-pod-spark")
     [(spec, text)] = render_plan([_request(mode, nodes)], profile, run_dir=str(tmp_path / "run"))
     n = nodes or 1
     assert spec.launcher == "batch" and spec.nodes == n and spec.gpus_per_node == 8
     assert f"#SBATCH --nodes={n}" in text and "#SBATCH --gres=gpu:8" in text
     step = _step(text)
-    assert '"$RECSYS_SLURM_DIR/spark-standalone.sh" --gpus-per-node 8 -- ' in step, step
+    # the workers offer the driver's node cores; the profile's start-up timeout and node-local scratch
+    assert ('"$RECSYS_SLURM_DIR/spark-standalone.sh" --worker-cores 256 --timeout 300 --local-dirs /raid/scratch '
+            '--gpus-per-node 8 -- ') in step, step
     assert f"--nodes {n} --node-cores 256 --node-memory-gb 1024 --gpus-per-node 8 {AMOUNTS}" in step, step
     assert f"--rapids-jar {JAR}" in step and "local[" not in text
     assert "spark.driver.resource" not in text
 
 
 def test_a_users_spark_conf_comes_after_the_planned_amounts(tmp_path):
-    profile = load_profile("dgxa100-pod")
+    profile = load_profile("dgxa100-pod-spark")
     request = _request("single", engine_args=(JAR, "--spark-conf", "spark.task.resource.gpu.amount=0.0625"))
     [(_, text)] = render_plan([request], profile, run_dir=str(tmp_path / "run"))
     step = _step(text)
@@ -62,7 +64,7 @@ def test_a_users_spark_conf_comes_after_the_planned_amounts(tmp_path):
 
 def test_cpu_spark_on_one_node_stays_in_local_mode(tmp_path):
     """No RAPIDS jar (a CPU plan even on a GPU node) or no GPUs: one process, Spark's local mode."""
-    for profile, request in ((load_profile("dgxa100-pod"), _request("single", engine_args=())),
+    for profile, request in ((load_profile("dgxa100-pod-spark"), _request("single", engine_args=())),
                              (load_profile("ci"), _request("single", engine_args=()))):
         [(spec, text)] = render_plan([request], profile, run_dir=str(tmp_path / profile.name))
         assert spec.launcher == "srun" and "spark-standalone.sh" not in text
@@ -76,7 +78,7 @@ def test_cpu_spark_on_one_node_stays_in_local_mode(tmp_path):
 def test_the_driver_plans_what_the_script_shows(tmp_path, mode, nodes):
     """The rendered driver arguments, run with --dry-run (no master exported yet): the standalone
     cluster spark-standalone.sh starts, one executor per GPU, the amounts the script shows."""
-    _, [spec] = plan([_request(mode, nodes)], load_profile("dgxa100-pod"))
+    _, [spec] = plan([_request(mode, nodes)], load_profile("dgxa100-pod-spark"))
     command = [str(a) for a in spec.command]
     driver = command[command.index("--") + 1:]
     assert driver[:3] == ["python", "-m", "preproc"]
@@ -96,12 +98,14 @@ def test_the_driver_plans_what_the_script_shows(tmp_path, mode, nodes):
 
 
 def test_dask_cluster_gets_the_node_memory_share_not_a_per_worker_node_limit(tmp_path):
-    profile = load_profile("dgxa100-pod")
+    (tmp_path / "nvt.yaml").write_text("extends: dgxa100-pod\ncontainer:\n  provides: [nvtabular]\n")
+    profile = load_profile(str(tmp_path / "nvt.yaml"))
     request = JobRequest(kind="preprocess", dataset="criteo", preprocess_mode="multinode", nodes=2,
-                         preprocess_engine="nvtabular", input="/raw", output="/out")
+                         preprocess_engine="nvtabular", input="/data/raw", output="/data/out")
     [(_, text)] = render_plan([request], profile, run_dir=str(tmp_path / "run"))
     step = _step(text)
     # 85 % of the 1024 GiB node, which dask-cluster.sh splits over its 8 dask-cuda workers
-    assert '"$RECSYS_SLURM_DIR/dask-cluster.sh" --gpus-per-node 8 --node-memory-gb 870 -- ' in step, step
+    assert ('"$RECSYS_SLURM_DIR/dask-cluster.sh" --gpus-per-node 8 --node-memory-gb 870 --timeout 300 '
+            '--local-directory /raid/scratch -- ') in step, step
     assert "--worker-memory-gb" not in step
     assert shlex.split(step)  # quoting intact

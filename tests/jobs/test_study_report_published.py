@@ -108,7 +108,9 @@ def test_platform_from_the_recorded_profile_and_none_for_an_emulated_cluster(tmp
     report = study_report.build(record, _status(record, lambda p: 1e6))
     cell = _cell(report, 1, "default")
     assert report["platform"] == "dgx1" and cell["precision"] == "fp32"
-    assert cell["published"]["throughput"] == 648000 and cell["published"]["model_size"] == "small"
+    # the 23.02 table (dlrm_tf2_2302) is the one matched, and the report names its version
+    assert cell["published"]["throughput"] == 663000 and cell["published"]["model_size"] == "small"
+    assert cell["published"]["table"] == "dlrm_tf2_2302" and "TF2 23.02-py3" in cell["published"]["source"]
 
 
 def test_amp_speedup_needs_both_precisions(tmp_path):
@@ -120,7 +122,7 @@ def test_amp_speedup_needs_both_precisions(tmp_path):
         assert amp["amp_speedup"] == pytest.approx(1.5) and amp["amp_speedup_vs"] == "amp=false"
         assert full["amp_speedup"] is None
         assert (amp["precision"], full["precision"], amp["xla"]) == ("amp", "tf32", True)
-    assert _cell(report, 8, "amp=true")["published_amp_speedup"] == pytest.approx(13.31 / 9.39)
+    assert _cell(report, 8, "amp=true")["published_amp_speedup"] == pytest.approx(13.8 / 10.9)
     text = study_report.markdown(report)
     assert "speedup to mixed precision amp=true" in text and "amp=true vs amp=false" in text
     row = next(line for line in text.splitlines() if line.startswith("| 8 |"))

@@ -110,6 +110,16 @@ def test_dlrm_report_table_comes_from_the_summaries(dlrm_study, study_cli):
     import matplotlib.image
 
     assert matplotlib.image.imread(png).shape[0] > 100
+    # ci has a (measured) fabric: the report projects the next sizes up, and the exchange bytes
+    # the projection computes from the engine's own placement are the bytes this run counted
+    projection = report["projection"]
+    assert projection["next_sizes"] == [16, 32, 64] and "## Projection on ci" in text
+    projected = {p["gpus"]: p for p in projection["points"]}
+    for gpus in (2, 4, 8):
+        counted = rows[gpus]["variants"]["default"]["breakdown"]["exchanges"]
+        assert projected[gpus]["embedding_bytes_mean"] == counted["embedding_exchange"]["bytes"]
+        assert projected[gpus]["gradient_allreduce_bytes"] == counted["gradient_exchange"]["bytes"]
+        assert projected[gpus]["measured_throughput"] == rows[gpus]["variants"]["default"]["throughput"]
 
 
 def test_dlrm_step_breakdown_adds_up_and_the_exchange_share_grows(dlrm_study, study_cli):

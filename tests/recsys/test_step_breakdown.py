@@ -48,11 +48,20 @@ def test_one_rank_breakdown(tmp_path):
 def test_two_ranks_model_parallel_breakdown(tiny_data, tmp_path):
     log = tmp_path / "log.jsonl"
     args = ["--model", "dlrm", "--data-path", tiny_data("dlrm"), *SMALL["dlrm"], *BENCH,
-            "--embedding-placement", "model_parallel", "--log-path", log]
+            "--embedding-placement", "model_parallel", "--log-path", log,
+            "--tensorboard-ranks", "all", "--profile-steps", "3-4", "--profile-ranks", "1"]
     res = subprocess.run(mpirun_cmd(2, train_cmd(*args)), env=base_env(), cwd=REPO, text=True,
                          capture_output=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     b = _breakdown(summary(read_log(log)), 2)
+    # every rank's event files hold the breakdown (recsys/tensorboard.py); rank 1 alone traced steps 3-4
+    from tb_events import accumulator, markers, series, traces
+    for rank in (0, 1):
+        acc = accumulator(tmp_path / "tensorboard" / "log" / f"rank{rank}")
+        for which, prefix in (("mean", "breakdown"), ("slowest_rank", "breakdown_slowest_rank")):
+            assert series(acc, f"{prefix}/step_ms") == [(12, pytest.approx(b[which]["step_ms"], rel=1e-6))]
+    assert traces(tmp_path / "tensorboard" / "log" / "rank0") == []
+    assert [markers(t)[0] for t in traces(tmp_path / "tensorboard" / "log" / "rank1")] == [[3, 4]]
     assert b["mean"]["embedding_exchange_ms"] > 0 and b["mean"]["gradient_exchange_ms"] > 0
     assert b["bytes_per_step"]["embedding_exchange"] > 0 and b["bytes_per_step"]["gradient_exchange"] > 0
     # 26 tables of width 8 split over 2 ranks, local batch 128: the ids out (int32), the vectors back and

@@ -72,12 +72,19 @@ def job_env(spec, run_dir, task_index=None):
     env.update({k: str(v) for k, v in spec.env.items()})
     if spec.bind:
         env.update(bind_env(spec.profile.node))
-    env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=slurm_dir(), RECSYS_JOB_KEY=spec.key,
+    if spec.code_dir:       # a study's frozen code (jobs.study.frozen): the engines from the copy
+        env["PYTHONPATH"] = spec.code_dir
+    env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=_helpers(spec), RECSYS_JOB_KEY=spec.key,
                RECSYS_NNODES="1", RECSYS_JOB_PROFILE=spec.profile.name,
                RECSYS_JOB_PROFILE_SHA256=spec.profile.content_sha256())
     if task_index is not None:
         env.update(RECSYS_TASK_INDEX=str(task_index), RECSYS_TASK_COUNT=str(spec.task_count))
     return env
+
+
+def _helpers(spec):
+    """The slurm/ helpers a job runs: its frozen copy's (JobSpec.code_dir), else this checkout's."""
+    return os.path.join(spec.code_dir, "slurm") if spec.code_dir else slurm_dir()
 
 
 def rank_argv(spec, run_dir, log_prefix):
@@ -89,7 +96,7 @@ def rank_argv(spec, run_dir, log_prefix):
         elif isinstance(arg, RunPath):
             out.append(arg.under(run_dir))
         elif isinstance(arg, SlurmHelper):
-            out.append(os.path.join(slurm_dir(), arg.name))
+            out.append(os.path.join(_helpers(spec), arg.name))
         else:
             out.append(str(arg))
     return out

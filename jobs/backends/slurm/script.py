@@ -15,6 +15,7 @@ from jobs.planning.argv import RunPath, SlurmHelper, slurm_dir
 from jobs.planning.plan import rank_command
 from jobs.planning.requeue import MAX_IDLE_REQUEUES
 from jobs.profiles.binding import bind_env
+from jobs.profiles.schema import defaults_env
 from jobs.profiles.schema import has_control
 from jobs.slurmtime import format_time
 
@@ -77,14 +78,16 @@ def directives(spec, run_dir, ids=None, token=None):
     check_run_dir(run_dir)
     batch_out, _ = log_paths(spec, run_dir)
     lines = [
-        ("--job-name", spec.name),
+        ("--job-name", spec.singleton or spec.name),
         ("--nodes", spec.nodes),
         ("--ntasks-per-node", spec.ntasks_per_node),
     ]
     if spec.gpus_per_node:
         lines.append(("--gres", f"gpu:{spec.gpus_per_node}"))
     if (profile.defaults or {}).get("exclusive", True):
-        lines.append(("--exclusive", None))
+        # --exclusive gives the job every core but only the partition's default memory: --mem=0 gives
+        # it the node's memory too (Slurm's "all the memory on each node")
+        lines += [("--exclusive", None), ("--mem", "0")]
     lines.append(("--time", format_time(spec.time_seconds)))
     for flag, value in (("--partition", profile.partition), ("--account", profile.account),
                         ("--qos", profile.qos)):
@@ -98,6 +101,8 @@ def directives(spec, run_dir, ids=None, token=None):
         first, last, cap = spec.array
         lines.append(("--array", f"{first}-{last}" + (f"%{cap}" if cap else "")))
     dep = dependency_string(spec, ids or {})
+    if spec.singleton:      # one job of this name (and user) at a time, whoever submitted it
+        dep = ",".join(d for d in (dep, "singleton") if d)
     if dep:
         lines.append(("--dependency", dep))
     if token:
@@ -144,8 +149,10 @@ CONTAINER_NAME = "recsys-${SLURM_JOB_ID:-local}"
 
 
 def job_env(spec):
-    """The variables the script exports: the profile's `env:`, then the job's own (which win)."""
-    return dict(spec.profile.env or {}, **spec.env)
+    """The variables the script exports: the profile's hang and stall defaults, its `env:`, then the
+    job's own (each later one wins)."""
+    frozen = {"PYTHONPATH": spec.code_dir} if spec.code_dir else {}     # the engines from the study's copy
+    return {**defaults_env(spec.profile.defaults), **(spec.profile.env or {}), **spec.env, **frozen}
 
 
 def _checkout():
@@ -157,28 +164,36 @@ def container_flags(spec, run_dir):
     """The pyxis srun flags of a container profile, each one shell word (already quoted).
 
     The steps run this checkout's code (bind.sh, the engines, preproc) and write into the run dir:
-    both are mounted at their host paths, and the checkout is put on PYTHONPATH. Every variable
-    the profile's `env:` and the job set is named in --container-env, so that its value wins over
-    the image's own (pyxis keeps an image's values over the host's for all other names)."""
+    both are mounted at their host paths, as is the profile's node-local `scratch`, and every step
+    starts in the run dir (where its relative paths point). slurm/container-entry.sh puts the
+    checkout in front of the image's PYTHONPATH inside the container. Every variable the
+    profile's `env:` and the job set is named in --container-env, so that its value wins over the
+    image's own (pyxis keeps an image's values over the host's for all other names)."""
     profile = spec.profile
     container = profile.container
-    code = _checkout()
+    code = spec.code_dir or _checkout()
     run = os.path.abspath(run_dir)
     for what, path in (("--runs-dir", run), ("the checkout", code)):
         if "," in path or ":" in path:
             raise RequestError(f"{what}: {path!r} contains ',' or ':', which pyxis --container-mounts cannot take")
     mounts = list(container.mounts) + [f"{code}:{code}:ro", f"{run}:{run}"]
-    for key, value in (("image", container.image), ("workdir", container.workdir or ""),
-                       ("mounts", ",".join(mounts))):
+    if profile.scratch:
+        mounts.append(f"{profile.scratch}:{profile.scratch}")
+    for key, value in (("image", container.image), ("mounts", ",".join(mounts))):
         if any(c in value for c in "\n\r"):
             raise RequestError(f"profile {profile.name}: container.{key}: {value!r} spans lines")
-    names = ["PYTHONPATH"] + [k for k in job_env(spec) if k != "PYTHONPATH"]
+    names = list(job_env(spec))
     flags = [shlex.quote(f"--container-image={container.image}"), f'"--container-name={CONTAINER_NAME}"',
              shlex.quote("--container-mounts=" + ",".join(mounts)),
-             shlex.quote("--container-env=" + ",".join(names))]
-    if container.workdir:
-        flags.append(shlex.quote(f"--container-workdir={container.workdir}"))
+             shlex.quote(f"--container-workdir={run}")]
+    if names:
+        flags.append(shlex.quote("--container-env=" + ",".join(names)))
     return flags
+
+
+# What a step runs first inside the container (slurm/container-entry.sh): the checkout on PYTHONPATH
+# in front of the image's own value, and no user site-packages.
+CONTAINER_ENTRY = 'bash "$RECSYS_SLURM_DIR/container-entry.sh"'
 
 
 def container_block(spec, run_dir):
@@ -195,17 +210,14 @@ def container_block(spec, run_dir):
             "export RECSYS_CONTAINER_SRUN_FLAGS")
 
 
-def _python_path_prefix():
-    return f"PYTHONPATH={shlex.quote(_checkout())}" + "${PYTHONPATH:+:$PYTHONPATH} "
-
-
-def step_lines(spec, run_dir):
+def step_lines(spec, run_dir, in_allocation=False):
     """The step as a list of already-quoted argv pieces (one per line in the script).
 
     With a container profile every piece of Python runs in the container: srun rank steps get the
     script's "${recsys_container[@]}" flags; a batch step whose command is a slurm/ cluster helper
     passes them on through RECSYS_CONTAINER_SRUN_FLAGS (the helper starts its daemons and the
-    driver in the container); any other batch command becomes a one-task srun step in it."""
+    driver in the container); any other batch command becomes a one-task srun step in it. In the
+    container each step starts with CONTAINER_ENTRY."""
     profile = spec.profile
     container = profile.container
     if spec.launcher == "batch":
@@ -213,9 +225,9 @@ def step_lines(spec, run_dir):
         if container is None:
             return [" ".join(argv)]
         if len(spec.command) > 1 and isinstance(spec.command[1], SlurmHelper):
-            return [_python_path_prefix() + " ".join(argv)]
+            return [" ".join(argv)]
         srun = ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]
-        return [_python_path_prefix() + " ".join(srun) + ' "${recsys_container[@]}"', " ".join(argv)]
+        return [" ".join(srun) + ' "${recsys_container[@]}"', CONTAINER_ENTRY + " " + " ".join(argv)]
     _, rank_out = log_paths(spec, run_dir)
     mpi = profile.mpi or "pmix"
     srun = ["srun", f"--mpi={mpi}", "-N", str(spec.nodes),
@@ -223,10 +235,10 @@ def step_lines(spec, run_dir):
             f"--ntasks={spec.nodes * spec.ntasks_per_node}", "--kill-on-bad-exit=1"]
     pieces = [" ".join(shlex.quote(a) for a in srun),
               " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
+    if in_allocation:   # a study point inside one allocation: its fixed node set (render_allocation)
+        pieces[1] += ' ${RECSYS_STEP_NODES:+"--nodelist=$RECSYS_STEP_NODES"}'
     if container is not None:
-        # PYTHONPATH reaches the ranks over the image's own value (--container-env names it)
-        pieces[0] = _python_path_prefix() + pieces[0]
-        pieces.append('"${recsys_container[@]}"')
+        pieces.append('"${recsys_container[@]}" ' + CONTAINER_ENTRY)
     argv = _quote_command(rank_command(spec))
     if argv[:2] == ["bash", '"$RECSYS_SLURM_DIR/bind.sh"']:
         cut = argv.index("--") + 1
@@ -267,12 +279,12 @@ def _comment(text, what):
     return text
 
 
-def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
+def render(spec, run_dir, script_path=None, ids=None, token=None, written=True, in_allocation=False):
     """The sbatch script text of `spec` for run directory `run_dir`; `written`: whether it is
     saved as `script_path` (what its comment tells the reader to sbatch), or only printed."""
     profile = spec.profile
     container = profile.container
-    step = " \\\n    ".join(step_lines(spec, run_dir))
+    step = " \\\n    ".join(step_lines(spec, run_dir, in_allocation))
     title = (f"{spec.kind} {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
              f"{spec.gpus_per_node} GPU(s)/node, job key {spec.key}")
     return _template().substitute(
@@ -282,7 +294,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
         profile_path=_comment(profile.path or "", f"profile {profile.name!r}: path"),
         submit_hint=_comment(submit_hint(spec, script_path, ids, written), "the script's path"),
         run_dir=shlex.quote(os.path.abspath(run_dir)),
-        slurm_dir=shlex.quote(slurm_dir()),
+        slurm_dir=shlex.quote(os.path.join(spec.code_dir, "slurm") if spec.code_dir else slurm_dir()),
         key=shlex.quote(spec.key),
         profile=shlex.quote(profile.name),
         profile_sha256=shlex.quote(profile.content_sha256()),
@@ -296,4 +308,27 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True):
         checkpoint_dir=quote(spec.checkpoint_dir or ""),
         max_idle_requeues=int(MAX_IDLE_REQUEUES),
         step=step,
+    )
+
+
+def render_allocation(spec, run_dir, points, token=None):
+    """The sbatch script of one allocation (`spec`: its size, time and name) that runs a study's
+    points in turn (slurm/study-allocation.sbatch.tmpl); `points`: [(point JobSpec, its run dir,
+    its script path)], each script rendered by `render(..., in_allocation=True)`."""
+    profile = spec.profile
+    path = os.path.join(slurm_dir(), "study-allocation.sbatch.tmpl")
+    with open(path) as handle:
+        template = _Template(handle.read())
+    lines = [" ".join(["recsys_point", shlex.quote(os.path.abspath(point_dir)), shlex.quote(script),
+                       shlex.quote(point.key), str(int(point.nodes))])
+             for point, point_dir, script in points]
+    title = (f"study allocation {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
+             f"{len(points)} point(s)")
+    return template.substitute(
+        directives="\n".join(directives(spec, run_dir, None, token)),
+        title=_comment(title, "the allocation's title"),
+        profile_name=_comment(profile.name, "profile name"),
+        profile_path=_comment(profile.path or "", f"profile {profile.name!r}: path"),
+        run_dir=shlex.quote(os.path.abspath(run_dir)),
+        points="\n".join(lines) or "# (no points)",
     )

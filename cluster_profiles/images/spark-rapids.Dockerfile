@@ -1,0 +1,39 @@
+# The preprocessing image of the dgxa100-pod-spark profile: Spark 3.5 (pyspark, as setup.cfg's
+# [preproc] extra pins it), Java 17, the RAPIDS Accelerator jar and this toolkit, on Ubuntu 22.04.
+#
+#   GPU image (the default base: the CUDA 12.2 runtime the RAPIDS jar's cudf needs):
+#     docker build -f cluster_profiles/images/spark-rapids.Dockerfile -t recsys-spark:3.5 .
+#     enroot import -o /lustre/images/recsys-spark-3.5.sqsh dockerd://recsys-spark:3.5
+#   CPU twin (the same recipe on plain Ubuntu: Spark without GPUs, for a laptop or CI):
+#     docker build -f cluster_profiles/images/spark-rapids.Dockerfile --build-arg BASE=ubuntu:22.04 -t recsys-spark:3.5-cpu .
+#
+# Run from the checkout (the build context is the toolkit). The image declares what it holds in
+# the profile (container.provides: [spark, rapids]); the last step checks it.
+ARG BASE=nvcr.io/nvidia/cuda:12.2.2-runtime-ubuntu22.04
+FROM ${BASE}
+
+# Java 17: Spark 3.5 runs on 8/11/17; 17 is what the test machines run pyspark 3.5.9 on.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      openjdk-17-jre-headless python3 python3-venv python3-pip procps curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+
+# The RAPIDS Accelerator for Spark: the Scala 2.12 build (pyspark 3.5 is Scala 2.12), from Maven Central.
+ARG RAPIDS_VERSION=24.12.1
+RUN mkdir -p /opt/rapids \
+ && curl -fsSL -o /opt/rapids/rapids-4-spark.jar \
+      "https://repo1.maven.org/maven2/com/nvidia/rapids-4-spark_2.12/${RAPIDS_VERSION}/rapids-4-spark_2.12-${RAPIDS_VERSION}.jar"
+
+# The toolkit and its [preproc] extra (pyspark, numpy, pandas, pyarrow at setup.cfg's pins), in a venv
+# that is first on PATH: `python` in the profile and in the job scripts is this one.
+COPY . /opt/recsys-submit
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir "/opt/recsys-submit[preproc]"
+ENV PATH=/opt/venv/bin:$PATH \
+    JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+    PYSPARK_PYTHON=/opt/venv/bin/python
+
+# What the profile says the image holds, checked when it is built (tests/jobs/test_images.py runs
+# the same line against the test machine's venv).
+RUN python -c "import pyspark, preproc; print('pyspark', pyspark.__version__)" && java -version \
+ && python -m preproc --help > /dev/null && recsys-preproc --help > /dev/null && test -s /opt/rapids/rapids-4-spark.jar

@@ -1,0 +1,116 @@
+"""A container job's paths, checked on the login node before anything is submitted.
+
+With a container profile the paths a job is given are container paths (jobs.profiles.mounts).
+Here they are refused when no mount covers them (the job could not see them), when a job would
+write under a read-only mount, or when the image declares (``container.provides``) that it lacks
+the engine the job needs; and they are translated to host paths for whatever the login node or
+the batch host looks at (the engine's existence checks, the requeue guard, the lead-time
+warning). Without a container every path is its own host path and nothing here refuses.
+"""
+
+import os
+
+from jobs.errors import RequestError
+from jobs.profiles import mounts
+
+from .argv import RunPath
+from .engine_args import PATH_FLAGS, flag_value
+
+# the engine flags a job writes to (the others it reads)
+WRITTEN_FLAGS = ("--checkpoint-dir", "--log-path")
+
+
+def host_path(profile, path, what):
+    """The host path of a job's `path` (RunPaths, under the run dir, stay as they are);
+    RequestError naming `what` when no mount of the container covers it."""
+    if path is None or isinstance(path, RunPath) or profile.container is None:
+        return path
+    host = mounts.to_host(profile, str(path))
+    if host is None:
+        raise RequestError(f"{what} {path}: not inside the container of profile {profile.name} (no mount covers "
+                           f"it; mounts: {mounts.describe(profile)}): give a path under a mount")
+    return host
+
+
+def _writable(profile, path, what):
+    if profile.container is None or path is None or isinstance(path, RunPath):
+        return
+    mount = mounts.mount_of(profile, str(path))
+    if mount is not None and mount.read_only:
+        raise RequestError(f"{what} {path}: under the read-only mount {mount.host}:{mount.container}:ro of "
+                           f"profile {profile.name}: the job cannot write there")
+
+
+def host_argv(profile, argv, flags=PATH_FLAGS):
+    """The argv with the values of the path `flags` translated to host paths (for checks on the
+    host); a path no mount covers, or a written one under a read-only mount, is refused."""
+    if profile.container is None:
+        return list(argv)
+    out, args = [], list(argv)
+    for index, arg in enumerate(args):
+        text = str(arg)
+        if index and str(args[index - 1]) in flags:
+            flag = str(args[index - 1])
+            if flag in WRITTEN_FLAGS:
+                _writable(profile, arg, flag)
+            out.append(host_path(profile, arg, flag))
+        elif "=" in text and text.split("=", 1)[0] in flags and not isinstance(arg, RunPath):
+            flag, value = text.split("=", 1)
+            if flag in WRITTEN_FLAGS:
+                _writable(profile, value, flag)
+            out.append(f"{flag}={host_path(profile, value, flag)}")
+        else:
+            out.append(arg)
+    return out
+
+
+def in_container_words(message, argv, host_args):
+    """An engine check's line about host paths, told with the container paths the user gave:
+    `--data-path /data/x (host path /lustre/x): ...`."""
+    for given, host in zip(map(str, argv), map(str, host_args)):
+        if given != host and host in message:
+            message = message.replace(host, f"{given} (host path {host})", 1)
+    return message
+
+
+def _needs(profile, words, what):
+    """Refuse a job whose image declares its contents without `words` (undeclared: unknown)."""
+    provides = profile.container.provides if profile.container is not None else None
+    if provides is None:
+        return
+    missing = [w for w in words if w not in provides]
+    if missing:
+        raise RequestError(f"{what}: the image of profile {profile.name} ({profile.container.image}) holds "
+                           f"{', '.join(provides) or 'nothing declared'}, not {', '.join(missing)} "
+                           "(container.provides): use a profile whose image has it (docs/dgx.md)")
+
+
+def check_training(res):
+    """A training/evaluation/benchmark job's image holds TensorFlow (and Horovod for several ranks)."""
+    if res.engine == "recsys":
+        _needs(res.profile, ["tensorflow"] + (["horovod"] if res.ranks > 1 else []),
+               f"recsys-submit {res.request.kind}")
+
+
+def check_preprocess(res, stage_args):
+    """A preprocessing job's container paths: --input and --config visible, --output visible and
+    writable, a --rapids-jar under a mount unless the image declares RAPIDS (its own jar), and an
+    image that holds the engine. Pure: looks at no file (a script may be for another machine)."""
+    profile, req = res.profile, res.request
+    if profile.container is None:
+        return
+    _needs(profile, ["spark"] if req.preprocess_engine == "spark" else ["nvtabular"],
+           f"recsys-submit preprocess --engine {req.preprocess_engine}")
+    host_path(profile, os.path.abspath(req.input), "--input")
+    host_path(profile, os.path.abspath(req.output), "--output")
+    _writable(profile, os.path.abspath(req.output), "--output")
+    config = flag_value(stage_args, "--config")
+    if config:
+        host_path(profile, config, "--config")
+    jar = flag_value(stage_args, "--rapids-jar")
+    if jar:
+        provides = profile.container.provides or []
+        if mounts.mount_of(profile, os.path.abspath(jar)) is None and "rapids" not in provides:
+            raise RequestError(f"--rapids-jar {jar}: not inside the container of profile {profile.name} (no mount "
+                               f"covers it; mounts: {mounts.describe(profile)}) and its image does not declare "
+                               "rapids (container.provides): mount the jar's directory or use an image with it")

@@ -1,0 +1,237 @@
+"""A profile's fabric: how fast its GPUs talk inside a node and between nodes.
+
+The ``fabric:`` section of a profile gives, per level, the link, the bandwidth per GPU and per
+direction (GB/s, 1e9 bytes) and a latency per collective (microseconds), with the source of the
+figures; ``measured`` bus bandwidths per collective and level (nccl-tests or the toolkit's own
+collective micro-benchmark, ``python -m bench.collectives``) override the nominal bandwidth of
+that collective. ``jobs.study.projection`` is its only reader. Standard library only.
+
+    fabric:
+      source: "NVIDIA DGX A100 datasheet; NCCL src/graph/tuning.cc latencies"
+      intra_node: {link: nvswitch, gb_per_s: 300, latency_us: 11.8}
+      inter_node: {link: infiniband, nics: 8, nic_gb_per_s: 25, latency_us: 22.4}
+      measured:                      # optional
+        source: "nccl-tests 2.13 on 2 nodes, 2026-11-27"
+        intra_node: {allreduce: {busbw_gb_per_s: 230, latency_us: 20}}
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+__all__ = ["Level", "Fabric", "FABRIC_KEYS", "LEVELS", "COLLECTIVES", "fabric_from_raw", "parse_nccl_tests",
+           "bus_factor"]
+
+LEVELS = ("intra_node", "inter_node")
+COLLECTIVES = ("allreduce", "alltoall", "allgather")
+INTRA_LINKS = ("nvlink", "nvswitch", "pcie", "shared_memory", "loopback")
+INTER_LINKS = ("infiniband", "ethernet", "roce", "loopback")
+FABRIC_KEYS = {"source", "intra_node", "inter_node", "measured"}
+LEVEL_KEYS = {"intra_node": {"link", "gb_per_s", "latency_us"},
+              "inter_node": {"link", "nics", "nic_gb_per_s", "latency_us"}}
+MEASURED_KEYS = {"busbw_gb_per_s", "latency_us"}
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md): bus bw = algorithm bw x factor,
+    so a collective of `size` bytes takes size x factor / bus bw."""
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n if collective == "allreduce" else (n - 1) / n
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the fabric. Inside a node `gb_per_s` is per GPU; between nodes a node has
+    `nics` NICs of `nic_gb_per_s` each (a GPU's share: nics x rate / GPUs per node)."""
+
+    link: str
+    latency_us: float
+    gb_per_s: Optional[float] = None
+    nics: Optional[int] = None
+    nic_gb_per_s: Optional[float] = None
+
+    def per_gpu_gb_per_s(self, gpus_per_node: int) -> float:
+        if self.gb_per_s is not None:
+            return float(self.gb_per_s)
+        return float(self.nics) * float(self.nic_gb_per_s) / max(1, gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The checked ``fabric:`` section (plain data in the file format: asdict loads back)."""
+
+    source: str
+    intra_node: Level
+    inter_node: Optional[Level] = None
+    # {"source": str, level: {collective: {"busbw_gb_per_s": x, "latency_us": y}}}
+    measured: Dict[str, Any] = field(default_factory=dict)
+
+    def bandwidth(self, level: str, collective: str, gpus_per_node: int) -> float:
+        """GB/s per GPU of a collective at a level: the measured bus bandwidth, else nominal."""
+        got = (self.measured.get(level) or {}).get(collective) or {}
+        if got.get("busbw_gb_per_s"):
+            return float(got["busbw_gb_per_s"])
+        lvl = self.level(level)
+        return lvl.per_gpu_gb_per_s(gpus_per_node)
+
+    def latency_us(self, level: str, collective: str) -> float:
+        got = (self.measured.get(level) or {}).get(collective) or {}
+        if got.get("latency_us") is not None:
+            return float(got["latency_us"])
+        return float(self.level(level).latency_us)
+
+    def level(self, level: str) -> Level:
+        lvl = getattr(self, level)
+        if lvl is None:
+            raise ValueError(f"fabric.{level}: not described (a projection over several nodes needs it)")
+        return lvl
+
+    def source_of(self, level: str, collective: str) -> str:
+        got = (self.measured.get(level) or {}).get(collective) or {}
+        return ("measured: " + str(self.measured.get("source", ""))) if got else self.source
+
+
+def _positive(ck, data, key, path, integer=False):
+    value = ck.integer(data, key, path, minimum=1) if integer else ck.number(data, key, path)
+    return value
+
+
+def _level(ck, raw, level: str) -> Optional[Level]:
+    p = f"fabric.{level}"
+    data = ck.mapping(raw, p)
+    ck.no_unknown(data, LEVEL_KEYS[level], f"{p}.")
+    links = INTRA_LINKS if level == "intra_node" else INTER_LINKS
+    link = ck.collect(lambda: ck.string(data, "link", f"{p}.link", required=True, choices=links))
+    latency = ck.collect(lambda: _required_number(ck, data, "latency_us", f"{p}.latency_us"))
+    if level == "intra_node":
+        bw = ck.collect(lambda: _required_number(ck, data, "gb_per_s", f"{p}.gb_per_s"))
+        return None if None in (link, latency, bw) else Level(link=link, latency_us=latency, gb_per_s=bw)
+    nics = ck.collect(lambda: ck.integer(data, "nics", f"{p}.nics", required=True, minimum=1))
+    rate = ck.collect(lambda: _required_number(ck, data, "nic_gb_per_s", f"{p}.nic_gb_per_s"))
+    return None if None in (link, latency, nics, rate) else \
+        Level(link=link, latency_us=latency, nics=nics, nic_gb_per_s=rate)
+
+
+def _required_number(ck, data, key, path):
+    if data.get(key) is None:
+        raise ck.fail(path, "required key is missing")
+    return ck.number(data, key, path)
+
+
+def _measured(ck, raw) -> Dict[str, Any]:
+    if raw is None:
+        return {}
+    data = ck.mapping(raw, "fabric.measured")
+    ck.no_unknown(data, {"source", *LEVELS}, "fabric.measured.")
+    out: Dict[str, Any] = {"source": ck.collect(lambda: ck.string(data, "source", "fabric.measured.source",
+                                                                  required=True))}
+    for level in LEVELS:
+        if data.get(level) is None:
+            continue
+        p = f"fabric.measured.{level}"
+        colls = ck.collect(lambda: ck.mapping(data[level], p))
+        if colls is None:
+            continue
+        ck.no_unknown(colls, set(COLLECTIVES), f"{p}.")
+        out[level] = {}
+        for coll in COLLECTIVES:
+            if coll not in colls:
+                continue
+            entry = ck.collect(lambda: ck.mapping(colls[coll], f"{p}.{coll}"))
+            if entry is None:
+                continue
+            ck.no_unknown(entry, MEASURED_KEYS, f"{p}.{coll}.")
+            bw = ck.collect(lambda: _required_number(ck, entry, "busbw_gb_per_s", f"{p}.{coll}.busbw_gb_per_s"))
+            lat = ck.collect(lambda: ck.number(entry, "latency_us", f"{p}.{coll}.latency_us"))
+            out[level][coll] = {"busbw_gb_per_s": bw, "latency_us": lat}
+    return out
+
+
+def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
+    """The Fabric of a profile's ``fabric:`` mapping (None when absent); problems recorded in
+    `ck` (a jobs.profiles.schema.Checker), None when there are any."""
+    if raw is None:
+        return None
+    before = len(ck.problems)
+    data = ck.mapping(raw, "fabric")
+    ck.no_unknown(data, FABRIC_KEYS, "fabric.")
+    source = ck.collect(lambda: ck.string(data, "source", "fabric.source", required=True))
+    if data.get("intra_node") is None:
+        ck.problems.append(ck.fail("fabric.intra_node", "required key is missing"))
+    intra = ck.collect(lambda: _level(ck, data["intra_node"], "intra_node")) if data.get("intra_node") else None
+    inter = ck.collect(lambda: _level(ck, data["inter_node"], "inter_node")) if data.get("inter_node") else None
+    measured = ck.collect(lambda: _measured(ck, data.get("measured")), {})
+    if len(ck.problems) > before:
+        return None
+    return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured)
+
+
+# nccl-tests prints one row per size: size count type redop [root] | out-of-place: time algbw
+# busbw #wrong | in-place: the same four (all_reduce_perf, alltoall_perf, all_gather_perf; the
+# root column came in nccl-tests 2.10, older versions print 12 columns)
+_LAYOUTS = {13: 5, 12: 4, 9: 5, 8: 4}     # columns of a result row -> index of the out-of-place time
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_nccl_tests(text: str) -> Dict[str, float]:
+    """{"busbw_gb_per_s", "latency_us"} of an nccl-tests run (all_reduce_perf, alltoall_perf,
+    all_gather_perf output): the peak out-of-place bus bandwidth over the sizes and the smallest
+    size's out-of-place time. ValueError (one line) when no result row is found."""
+    rows: List[tuple] = []
+    for line in text.splitlines():
+        tokens = line.split()
+        if not tokens or tokens[0].startswith("#") or len(tokens) not in _LAYOUTS or not tokens[0].isdigit():
+            continue
+        at = _LAYOUTS[len(tokens)]
+        time_us, busbw = _number(tokens[at]), _number(tokens[at + 2])
+        if time_us is None or busbw is None or not tokens[1].isdigit():
+            continue
+        rows.append((int(tokens[0]), time_us, busbw))
+    if not rows:
+        raise ValueError("no nccl-tests result rows (size count type redop [root] time algbw busbw ...) found")
+    rows.sort()
+    return {"busbw_gb_per_s": max(r[2] for r in rows), "latency_us": rows[0][1]}
+
+
+def fabric_from_measurements(records: List[Dict[str, Any]], gpus_per_node: int,
+                             intra_link: str = "loopback", inter_link: str = "loopback") -> Dict[str, Any]:
+    """A profile's ``fabric:`` mapping from the fabric files of `python -m recsys.collectives`
+    (one per level: a 1-node job for intra_node, a job of one rank per node for inter_node):
+    every figure measured. The nominal bandwidth of a level is its best collective's bus
+    bandwidth and its latency the shortest (the schema wants both); ``measured`` keeps each
+    collective's own, which a projection uses. ValueError (one line) on a malformed record."""
+    measured: Dict[str, Any] = {}
+    sources = []
+    for record in records:
+        if not isinstance(record, dict) or record.get("version") != 1 or record.get("level") not in LEVELS:
+            raise ValueError("not a fabric file of python -m recsys.collectives (version 1, level intra_node "
+                             "or inter_node)")
+        level = record["level"]
+        colls = (record.get("measured") or {}).get(level) or {}
+        if not colls or any(c not in COLLECTIVES for c in colls):
+            raise ValueError(f"{level}: no measured collectives ({', '.join(COLLECTIVES)}) in the file")
+        measured[level] = {c: {"busbw_gb_per_s": float(v["busbw_gb_per_s"]), "latency_us": float(v["latency_us"])}
+                           for c, v in colls.items()}
+        sources.append(f"{level}: {record.get('source', 'python -m recsys.collectives')}")
+    if "intra_node" not in measured:
+        raise ValueError("no intra_node file (a 1-node job of python -m recsys.collectives)")
+    out: Dict[str, Any] = {"source": "measured: " + "; ".join(sources)}
+    for level in LEVELS:
+        if level not in measured:
+            continue
+        best = max(v["busbw_gb_per_s"] for v in measured[level].values())
+        latency = min(v["latency_us"] for v in measured[level].values())
+        if level == "intra_node":
+            out[level] = {"link": intra_link, "gb_per_s": best, "latency_us": latency}
+        else:       # one NIC whose per-GPU share (rate / GPUs per node) is what one rank per node got
+            out[level] = {"link": inter_link, "nics": 1, "nic_gb_per_s": best * gpus_per_node, "latency_us": latency}
+    out["measured"] = {"source": "python -m recsys.collectives (Horovod over MPI, the engine's path)", **measured}
+    return out

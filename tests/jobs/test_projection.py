@@ -1,0 +1,348 @@
+"""`recsys-submit study project` and the profiles' fabric (issue 36): the model's arithmetic on
+recorded breakdowns, the engine's own placement and byte counts, the CLI's refusals, and the
+validation table of docs/studies.md against NVIDIA's and distributed-embeddings' published
+figures. No scheduler, no TensorFlow: the fast tier (the engine's planning command is pure Python)."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+import yaml
+
+from jobs import cli
+from jobs.errors import RequestError
+from jobs.profiles import ProfileError, load_profile
+from jobs.profiles.fabric import Fabric, Level, bus_factor, parse_nccl_tests
+from jobs.study import projection as P
+
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("isolated_profile_search_path")]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORDED = os.path.join(ROOT, "tests", "jobs", "recorded")
+STUDY = os.path.join(ROOT, "docs", "studies", "emulated-dlrm-strong")     # .yaml spec, .json its report
+
+
+def recorded_report():
+    with open(STUDY + ".json") as f:
+        return json.load(f)
+
+
+def target(fabric, gpus_per_node=8, memory=80, host_cores=None, name="t"):
+    return P.Target(profile=name, gpus_per_node=gpus_per_node, gpu_memory_gb=memory, fabric=fabric,
+                    host_cores=host_cores)
+
+
+DGXA100 = Fabric(source="test", intra_node=Level(link="nvswitch", gb_per_s=300, latency_us=11.8),
+                 inter_node=Level(link="infiniband", nics=8, nic_gb_per_s=25, latency_us=22.4))
+
+
+# ------------------------------------------------------------------ the fabric in the profiles
+
+
+@pytest.mark.parametrize("name,intra,nics,rate", [("dgxa100", 300, 8, 25), ("dgxa100-pod", 300, 8, 25),
+                                                  ("dgx1", 150, 4, 12.5), ("dgx2", 150, 8, 12.5)])
+def test_builtin_dgx_profiles_carry_nvidias_figures_with_their_source(name, intra, nics, rate):
+    fabric = load_profile(name).fabric
+    assert (fabric.intra_node.gb_per_s, fabric.inter_node.nics, fabric.inter_node.nic_gb_per_s) == (intra, nics, rate)
+    # latencies from NCCL's tuning model: base 8.4 us + 3.4 (NVLink hop) / + 14.0 (network hop)
+    assert (fabric.intra_node.latency_us, fabric.inter_node.latency_us) == (11.8, 22.4)
+    assert "datasheet" in fabric.source and "tuning.cc" in fabric.source
+    # a GPU's share of the node's NICs between nodes
+    assert fabric.bandwidth("inter_node", "allreduce", 8) == nics * rate / 8
+
+
+def test_a_profile_with_a_fabric_loads_back_from_its_as_dict(tmp_path):
+    profile = load_profile("dgxa100")
+    data = profile.as_dict()
+    data.pop("path"), data.pop("name")
+    data["fabric"]["measured"] = {"source": "nccl-tests", "intra_node": {"alltoall": {"busbw_gb_per_s": 210.0}}}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    again = load_profile(str(path))
+    assert again.fabric.intra_node == profile.fabric.intra_node
+    assert again.fabric.bandwidth("intra_node", "alltoall", 8) == 210.0        # the measured one overrides
+    assert again.fabric.bandwidth("intra_node", "allreduce", 8) == 300.0       # the nominal one elsewhere
+    assert again.as_dict()["fabric"] == data["fabric"]
+
+
+@pytest.mark.parametrize("fabric,expected", [
+    ({"intra_node": {"link": "nvswitch", "gb_per_s": 300, "latency_us": 5}}, "fabric.source: required key is missing"),
+    ({"source": "x", "intra_node": {"link": "nvswitch", "gb_per_s": -1, "latency_us": 5}},
+     "fabric.intra_node.gb_per_s: must be positive, got -1"),
+    ({"source": "x", "intra_node": {"link": "warp", "gb_per_s": 1, "latency_us": 5}},
+     "fabric.intra_node.link: must be one of nvlink, nvswitch, pcie, shared_memory, loopback, got 'warp'"),
+    ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5, "gbps": 3}},
+     "fabric.intra_node.gbps: unknown key"),
+    ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
+      "inter_node": {"link": "infiniband", "nic_gb_per_s": 25, "latency_us": 2}}, "fabric.inter_node.nics: required key"),
+    ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
+      "measured": {"source": "m", "intra_node": {"allreduce": {"latency_us": 3}}}},
+     "fabric.measured.intra_node.allreduce.busbw_gb_per_s: required key is missing"),
+    ({"source": "x"}, "fabric.intra_node: required key is missing"),
+])
+def test_a_bad_fabric_is_one_line_naming_the_key(tmp_path, fabric, expected):
+    data = yaml.safe_load(open(os.path.join(ROOT, "cluster_profiles", "dgx1.yaml")))
+    data["fabric"] = fabric
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(path))
+    assert "\n" not in str(info.value) and expected in str(info.value)
+
+
+def test_nccl_tests_output_is_read_from_recorded_runs():
+    gather = parse_nccl_tests(open(os.path.join(RECORDED, "nccl-tests-all_gather_perf.txt")).read())
+    assert gather == {"busbw_gb_per_s": 125.56, "latency_us": 108.8}           # the peak; the smallest size's time
+    reduce = parse_nccl_tests(open(os.path.join(RECORDED, "nccl-tests-all_reduce_perf.txt")).read())
+    assert reduce == {"busbw_gb_per_s": 300.51, "latency_us": 18.66}
+    with pytest.raises(ValueError, match="no nccl-tests result rows"):
+        parse_nccl_tests("# nThread 1 nGpus 1\n# Out of bounds values : 0 OK\n")
+
+
+# ------------------------------------------------------------------ the model's arithmetic
+
+
+def test_collectives_follow_the_nccl_tests_bus_factors():
+    t = target(DGXA100)
+    assert (bus_factor("allreduce", 8), bus_factor("alltoall", 8), bus_factor("allgather", 1)) == (1.75, 0.875, 0)
+    # 1 GB allreduce on one node of 8: 2 log2(8) latencies + size x 2(n-1)/n / 300 GB/s
+    assert P.collective_ms(t, "allreduce", 1e9, 8) == pytest.approx(6 * 11.8e-3 + 1e9 * 1.75 / 300e9 * 1e3)
+    # on 2 nodes: the same inside, then 1/8 of it between the nodes at a GPU's NIC share (25 GB/s)
+    assert P.collective_ms(t, "allreduce", 1e9, 16) == pytest.approx(
+        6 * 11.8e-3 + 1e9 * 1.75 / 300e9 * 1e3 + 2 * 22.4e-3 + 1e9 / 8 * 1.0 / 25e9 * 1e3)
+    # alltoall: 7/8 of the size leaves the rank over NVSwitch; on 2 nodes 8/16 crosses the NICs
+    assert P.collective_ms(t, "alltoall", 1e9, 8) == pytest.approx(11.8e-3 + 1e9 * 7 / 8 / 300e9 * 1e3)
+    assert P.collective_ms(t, "alltoall", 1e9, 16) == pytest.approx(22.4e-3 + 1e9 * 8 / 16 / 25e9 * 1e3)
+    assert P.collective_ms(t, "allreduce", 1e9, 1) == 0.0
+
+
+def test_exchange_bytes_are_the_engines_own_counters():
+    """The emulated study's recorded breakdown: the bytes the engine counted per step at 2, 4 and 8
+    ranks equal the projection's, from the engine's own placement of the same command line."""
+    report = recorded_report()
+    spec = yaml.safe_load(open(STUDY + ".yaml"))
+    argv = ["--model", "dlrm", "--run-mode", "benchmark", "--synthetic", "--batch-size", "512"] + spec["engine_args"]
+    layouts = P.layouts_of_argv({n: argv for n in (1, 2, 4, 8)})
+    for row in report["rows"]:
+        n, b = row["gpus"], row["batch_per_gpu"]
+        counted = row["variants"]["default"]["breakdown"]["exchanges"]
+        sent = P.alltoall_bytes(layouts[n], n, b)
+        assert sum(sent) / n == counted["embedding_exchange"]["bytes"]          # the mean over ranks, exactly
+        assert (P.gradient_bytes(layouts[n], b)[0] if n > 1 else 0) == counted["gradient_exchange"]["bytes"]
+    assert layouts[8]["model_parallel"] and not layouts[1]["model_parallel"]
+
+
+def test_calibration_stands_on_the_timed_step():
+    calib, measured, variant = P.calibration_of_report(recorded_report())
+    cell = recorded_report()["rows"][0]["variants"]["default"]
+    k = cell["step_time_ms"] / cell["breakdown"]["mean"]["step_ms"]
+    assert variant == "default" and calib.gpus == 1 and calib.batch_per_gpu == 512
+    assert calib.step_ms == pytest.approx(cell["step_time_ms"])                 # not the split step
+    assert calib.fixed_ms == pytest.approx(cell["breakdown"]["mean"]["phases"]["optimizer"]["ms"] * k)
+    assert sorted(measured) == [1, 2, 4, 8]
+    with pytest.raises(RequestError, match="--variant: 'amp' is not a variant"):
+        P.calibration_of_report(recorded_report(), "amp")
+
+
+def layout(n, dense=1000, tables=(), slices=(), rank_bytes=None, sparse_as_dense=False):
+    return {"dense_params": dense, "sparse_as_dense": sparse_as_dense, "tables": [list(t) for t in tables],
+            "slices": [list(s) for s in slices], "rank_bytes": rank_bytes or [0] * n}
+
+
+def test_band_phases_memory_and_the_dominant_phase():
+    calib = P.Calibration(gpus=1, batch_per_gpu=1024, scaled_ms=8.0, fixed_ms=2.0)
+    # one model-parallel table per rank on 2 ranks, 16 wide, 1 id each
+    two = layout(2, tables=[["g", "a", 100, 16, 1, 4, True, 1], ["g", "b", 100, 16, 1, 4, True, 1]],
+                 slices=[[0, 0, 0, 16], [1, 1, 0, 16]], rank_bytes=[90e9, 10e9])
+    p = P.project_point(two, calib, target(DGXA100), 2, 512)
+    # compute: the batch-proportional part halves, the fixed part stays
+    assert p.phases_ms["compute"] == pytest.approx(4.0 + 2.0)
+    # rank 0 sends 512 ids of table b (4 B), table a's vectors for rank 1's 512 rows and b's gradients
+    assert p.embedding_bytes_slowest == 512 * 4 + 512 * 16 * 4 + 512 * 16 * 4
+    assert p.step_ms_overlap == max(p.phases_ms["compute"], p.phases_ms["embedding_exchange"]
+                                    + p.phases_ms["gradient_exchange"])
+    assert p.step_ms_overlap <= p.step_ms_serial and p.throughput_low <= p.throughput_high
+    assert p.dominant == "compute"
+    assert p.memory_gb_per_rank == 90 and p.fits is False                      # the slowest rank's, not the mean
+    one = P.project_point(layout(1, rank_bytes=[1e9]), calib, target(DGXA100), 1, 1024)
+    assert one.efficiency_low == one.efficiency_high == pytest.approx(1.0) and one.fits is True
+
+
+def test_replicated_tables_are_allgathered_unless_sparse_as_dense():
+    tables = [["g", "u", 1000, 8, 2, 4, False, 1]]
+    assert P.gradient_bytes(layout(4, dense=10, tables=tables), 256) == (10 * 4 + 8, 256 * 2 * (8 * 4 + 4))
+    assert P.gradient_bytes(layout(4, dense=10, tables=tables, sparse_as_dense=True), 256) == \
+        (10 * 4 + 8 + 1000 * 8 * 4, 0)
+
+
+def test_ranks_sharing_cores_slow_each_other():
+    """The emulated cluster: every rank on one host's 2 cores; 4 ranks run 2x slower each than 1 or 2."""
+    calib = P.Calibration(gpus=1, batch_per_gpu=512, scaled_ms=4.0)
+    shared = target(DGXA100, gpus_per_node=2, host_cores=2)
+    at = {n: P.project_point(layout(n), calib, shared, n, 512 // n).phases_ms["compute"] for n in (1, 2, 4, 8)}
+    assert at == pytest.approx({1: 4.0, 2: 2.0, 4: 2.0, 8: 2.0})
+    alone = P.project_point(layout(8), calib, target(DGXA100), 8, 64).phases_ms["compute"]
+    assert alone == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ the command
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(["study", "project", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_study_project_from_a_spec_prints_and_writes_the_band(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100-pod", "--gpus", "16,64,512",
+                           "--step-ms", "6", "--out", str(tmp_path), "--no-plot")
+    assert code == 0
+    assert "| 512 | 64 | 1 |" in out and "gradient_exchange" in out     # 64 nodes: the exchange dominates
+    record = json.load(open(tmp_path / "projection.json"))
+    assert [p["gpus"] for p in record["points"]] == [1, 16, 64, 512]
+    assert open(tmp_path / "projection.csv").readline().startswith("gpus,nodes,")
+    code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", "--step-ms", "6", "--json")
+    assert code == 0 and json.loads(out)["profile"] == "dgxa100"
+
+
+def test_a_recorded_study_is_projected_with_its_measured_points_overlaid():
+    record = P.run(STUDY + ".yaml", load_profile("dgxa100"), [16], report=STUDY + ".json")
+    by = {p["gpus"]: p for p in record["points"]}
+    assert sorted(by) == [1, 2, 4, 8, 16]
+    assert by[8]["measured_throughput"] == pytest.approx(5220.326263978691)
+    assert by[8]["measured_vs_band"]["inside"] is False                   # a DGX is not the emulated cluster
+    assert by[16]["measured_throughput"] is None
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--profile", "local", "--gpus", "2", "--step-ms", "6"], "profile 'local' has no fabric: section"),
+    (["--profile", "dgxa100", "--gpus", "2,x", "--step-ms", "6"], "--gpus: 'x' is not a GPU count"),
+    (["--profile", "dgxa100", "--gpus", "3", "--step-ms", "6"], "does not divide over 3 GPUs"),
+    (["--profile", "dgxa100", "--gpus", "8"], "nothing measured to calibrate on; give --step-ms"),
+    (["--profile", "dgxa100", "--gpus", "8", "--step-ms", "0"], "--step-ms: 0 is not a positive time"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
+    code, out, err = run_cli(capsys, STUDY + ".yaml", *argv)
+    assert code == 2 and out == "" and expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_source_is_refused(capsys):
+    code, _, err = run_cli(capsys, "/nonexistent/study", "--profile", "dgxa100", "--gpus", "8", "--step-ms", "1")
+    assert code == 2 and "neither a study spec file nor a study directory" in err
+
+
+# ------------------------------------------------------------------ the validation table
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_projection", os.path.join(ROOT, "bench",
+                                                                                   "bench_projection.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_validation_table_in_the_docs_is_what_the_bench_computes_now():
+    """docs/studies.md's validation table is the output of bench/bench_projection.py: every row
+    projected from a 1-GPU figure of the same table, model and size, no constant fitted."""
+    bench = _bench()
+    rows = bench.validation_rows()
+    cases = {(r["case"], r["gpus"], r["precision"], r["xla"]) for r in rows}
+    assert ("DE synthetic small", 32, "tf32", None) in cases and ("NCF dgx1", 8, "amp", None) in cases
+    assert not any(r["case"].startswith("DLRM") for r in rows)     # no 1-GPU row of the large model
+    for r in rows:
+        assert r["low"] <= r["high"]
+        assert r["ok"] == (r["inside"] or abs(r["error"]) <= 0.2)
+    table = bench.markdown(rows)
+    docs = open(os.path.join(ROOT, "docs", "studies.md")).read()
+    assert table.strip() in docs
+
+
+# ------------------------------------------------------------------ the report's section
+
+
+def _measured_study(tmp_path, profile_text):
+    """A study record of a tiny synthetic DLRM at 1 and 2 GPUs (strong, global batch 512), every
+    point done at the given throughput, on a profile file of `profile_text`."""
+    from jobs.study.run import PointRecord, PointStatus, StudyRecord, StudyStatus
+
+    tmp_path.mkdir(parents=True)
+    profile = tmp_path / "mysite.yaml"
+    profile.write_text(profile_text)
+    spec = yaml.safe_load(open(STUDY + ".yaml"))
+    spec.update(gpus=[1, 2], repeats=1)
+    points, statuses = [], []
+    for gpus, throughput in ((1, 80_000.0), (2, 120_000.0)):
+        pid = f"g{gpus}-n1x{gpus}-r0"
+        run_dir = tmp_path / "points" / pid
+        run_dir.mkdir(parents=True)
+        points.append(PointRecord(id=pid, nodes=1, gpus_per_node=gpus, gpus=gpus, batch_per_gpu=512 // gpus,
+                                  global_batch=512, variant={}, variant_label="default", repeat=0, runs=[str(run_dir)]))
+        statuses.append(PointStatus(id=pid, state="done", job_state="COMPLETED", run_dir=str(run_dir), job_id="9",
+                                    attempts=1, summary={"type": "summary", "throughput_samples_per_s": throughput,
+                                                         "world_size": gpus}))
+    record = StudyRecord(name="tiny", study_dir=str(tmp_path), profile="mysite", profile_path=str(profile),
+                         scheduler="slurm", spec=spec, created=0.0, points=points)
+    return record, StudyStatus(study_dir=str(tmp_path), points=statuses, counts={}, done=True, calls=0, elapsed_s=0.0)
+
+
+def test_a_report_on_a_profile_with_a_fabric_projects_the_next_sizes_up(tmp_path):
+    from jobs.study import report as study_report
+
+    record, status = _measured_study(tmp_path / "a", "extends: dgxa100\n")
+    report = study_report.build(record, status)
+    report["projection"] = P.for_report(record, report)
+    proj = report["projection"]
+    assert proj["next_sizes"] == [4, 8, 16]                                 # 2x, 4x, 8x the largest measured
+    assert [p["gpus"] for p in proj["points"]] == [1, 2, 4, 8, 16]
+    two = next(p for p in proj["points"] if p["gpus"] == 2)
+    assert two["measured_throughput"] == 120_000.0 and "measured_vs_band" in two
+    text = study_report.markdown(report)
+    assert "## Projection on mysite" in text and "Next sizes up: 4, 8, 16 GPUs" in text
+    # no fabric, no section
+    record, status = _measured_study(tmp_path / "b", "extends: local\n")
+    report = study_report.build(record, status)
+    assert P.for_report(record, report) is None
+    assert "## Projection" not in study_report.markdown(dict(report, projection=None))
+
+
+def test_study_project_on_a_study_directory_calibrates_on_its_measured_point(tmp_path, capsys):
+    from jobs.study import report as study_report
+
+    record, status = _measured_study(tmp_path / "s", "extends: dgxa100\n")
+    record.save()
+    os.makedirs(tmp_path / "s" / "report")
+    (tmp_path / "s" / "report" / "scaling.json").write_text(json.dumps(study_report.build(record, status)))
+    code, out, _ = run_cli(capsys, str(tmp_path / "s"), "--profile", "dgx2", "--gpus", "16", "--json")
+    assert code == 0
+    proj = json.loads(out)
+    assert proj["calibration"]["gpus"] == 1 and "study tiny, 1 GPU(s)" in proj["calibration"]["source"]
+    assert {p["gpus"]: p["measured_throughput"] for p in proj["points"]} == {1: 80_000.0, 2: 120_000.0, 16: None}
+
+
+def test_published_calibration_marks_the_published_rows(tmp_path, capsys):
+    """Wide & Deep on the reference Outbrain feature spec, calibrated on NVIDIA's 1-GPU row (DGX
+    A100, tf32, XLA): the published 8-GPU row is marked beside its band (docs/studies.md's row)."""
+    from preproc.outbrain import features as F
+
+    data = tmp_path / "outbrain"
+    data.mkdir()
+    spec = F.feature_spec_dict(F.feature_layout("reference", *F.default_sizes("reference")),
+                               ["train.parquet"], ["test.parquet"], {})
+    (data / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+    path = tmp_path / "wd.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "name": "wd", "model": "wide_deep", "scaling": "strong",
+                                    "batch_size": 131072, "gpus": [1, 8], "data_path": str(data),
+                                    "engine_args": ["--xla"]}))
+    code, out, _ = run_cli(capsys, str(path), "--profile", "dgxa100", "--gpus", "8", "--published", "--json")
+    assert code == 0
+    proj = json.loads(out)
+    assert "wide_deep_tf2 (commit 7b673991, 2022-09-05)" in proj["calibration"]["source"]
+    assert proj["calibration"]["scaled_ms"] == pytest.approx(131072 / 1640579.8 * 1000)
+    eight = next(p for p in proj["points"] if p["gpus"] == 8)
+    [row] = eight["published"]
+    assert row["throughput"] == 5369859.03 and row["vs_band"]["error"] == pytest.approx(-0.476, abs=1e-3)
+    code, _, err = run_cli(capsys, str(path), "--profile", "dgx2", "--gpus", "8", "--published")
+    assert code == 2 and "NVIDIA published no 1-GPU wide_deep row on dgx2" in err

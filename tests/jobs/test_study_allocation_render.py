@@ -1,0 +1,160 @@
+"""A study in one allocation, without a cluster: the allocation's script and its points' scripts
+as rendered, the `placement` key, the allocation's size, a point's state from its own exit record
+while the allocation lives on or after it ended, the report's node sets, and the one study job
+name on a profile whose nodes share hardware (Slurm's singleton)."""
+
+import dataclasses
+import os
+import re
+
+import pytest
+
+from jobs.profiles import load_profile
+from jobs.runs.records import JobStatus
+from jobs.schedulers import backend_for
+from jobs.study import allocation, run
+from jobs.study.spec import StudyError, StudySpec, expand, spec_yaml
+
+pytestmark = pytest.mark.fast
+
+SPEC = dict(name="alloc", model="ncf", batch_size=512, warmup_steps=1, steps=2, breakdown_steps=0,
+            time="00:05:00", placement="allocation",
+            points=[{"nodes": 1, "gpus_per_node": 1}, {"nodes": 2, "gpus_per_node": 1},
+                    {"nodes": 1, "gpus_per_node": 2}])
+
+
+def _drafts(tmp_path, nodes=None, profile="ci"):
+    spec = StudySpec.from_dict(dict(SPEC))
+    prof = load_profile(profile)
+    points = {p.id: p for p in expand(spec, prof)}
+    records = [run.PointRecord.from_point(p) for p in points.values()]
+    study = run.StudyRecord(name="alloc", study_dir=str(tmp_path), profile="ci", profile_path=None,
+                            scheduler="slurm", spec={}, created=0.0)
+    planned = allocation._plan_points(spec, prof, study, records, points, run.point_request)
+    alloc = allocation.allocation_spec(spec, planned, nodes)
+    dirs = [str(tmp_path / "points" / p.id) for p in records]
+    return alloc, backend_for(prof).allocation(alloc, [(s, d) for (_, _, s), d in zip(planned, dirs)],
+                                               str(tmp_path / "alloc"), token="t0k3n")
+
+
+def test_the_allocation_runs_each_points_own_script_on_its_first_nodes(tmp_path):
+    alloc, (draft, points) = _drafts(tmp_path)
+    assert alloc.nodes == 2 and alloc.ntasks_per_node == 2 and not alloc.requeue
+    assert alloc.time_seconds == 3 * (300 + allocation.MARGIN_S)
+    text = draft.text
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --comment=recsys:t0k3n" in text
+    assert "#SBATCH --requeue" not in text
+    lines = re.findall(r"^recsys_point (\S+) (\S+) main (\d)$", text, re.M)
+    assert [(d, s, int(n)) for d, s, n in lines] == [(p.run_dir, p.script, p.spec.nodes) for p in points]
+    for point in points:        # the script a separate job runs, plus its node set, minus requeueing
+        assert point.token == draft.token
+        assert '${RECSYS_STEP_NODES:+"--nodelist=$RECSYS_STEP_NODES"}' in point.text
+        assert "recsys_requeue=no" in point.text
+
+
+def test_an_allocation_smaller_than_the_largest_point_is_refused(tmp_path):
+    with pytest.raises(StudyError, match=r"--nodes: .* largest point's 2 node"):
+        _drafts(tmp_path, nodes=1)
+    alloc, _ = _drafts(tmp_path, nodes=4)
+    assert alloc.nodes == 4
+
+
+def test_points_on_shared_nodes_share_one_singleton_job_name(tmp_path):
+    _, (draft, points) = _drafts(tmp_path)
+    for text in [draft.text] + [p.text for p in points]:
+        assert f"#SBATCH --job-name={run.SHARED_NAME}" in text and "#SBATCH --dependency=singleton" in text
+    unshared = tmp_path / "unshared.yaml"
+    unshared.write_text("extends: ci\nshared_nodes: false\n")
+    _, (draft, points) = _drafts(tmp_path, profile=str(unshared))
+    assert "singleton" not in draft.text and "#SBATCH --job-name=alloc-allocation" in draft.text
+
+
+def test_placement_is_checked_and_left_out_of_older_specs():
+    with pytest.raises(StudyError, match=r"placement: .*jobs, allocation"):
+        StudySpec.from_dict(dict(SPEC, placement="pod"))
+    plain = StudySpec.from_dict({k: v for k, v in SPEC.items() if k != "placement"})
+    assert "placement" not in plain.to_dict() and "placement" not in spec_yaml(plain)
+    assert StudySpec.from_dict(dict(SPEC)).to_dict()["placement"] == "allocation"
+
+
+def _point(tmp_path, lines, state):
+    run_dir = tmp_path / "p"
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    info = run_dir / "logs" / "main-7.info"
+    if lines is None:
+        info.unlink(missing_ok=True)
+    else:
+        info.write_text("".join(f"{line}\n" for line in lines))
+    job = JobStatus(key="main", job_id="7", name="x", state=state, tasks={"7": state})
+    return run._in_allocation(job, str(run_dir))
+
+
+def test_a_points_state_comes_from_its_own_record_and_the_allocations(tmp_path):
+    assert _point(tmp_path, None, "PENDING")[0] == run.PENDING
+    assert _point(tmp_path, None, "RUNNING")[0] == run.PENDING      # an earlier point runs
+    assert _point(tmp_path, ["start=1"], "RUNNING")[0] == run.RUNNING
+    state, reason, _ = _point(tmp_path, ["start=1"], "CANCELLED")
+    assert state == run.FAILED and reason == "its allocation (job 7) ended CANCELLED while it ran"
+    state, reason, _ = _point(tmp_path, None, "TIMEOUT")
+    assert state == run.FAILED and reason == "its allocation (job 7) ended TIMEOUT before it began"
+    state, reason, _ = _point(tmp_path, ["start=1", "exit_code=0"], "RUNNING")
+    assert state == run.FAILED and "no summary" in reason
+    (tmp_path / "p" / "logs" / "main-7.engine.jsonl").write_text(
+        '{"type": "summary", "throughput_samples_per_s": 5.0}\n')
+    state, reason, summary = _point(tmp_path, ["start=1", "exit_code=0"], "RUNNING")
+    assert state == run.DONE and summary["throughput_samples_per_s"] == 5.0
+    state, reason, _ = _point(tmp_path, ["start=1", "exit_code=1"], "COMPLETED")
+    assert state == run.FAILED and "exit 1" in reason
+    assert _point(tmp_path, None, "UNKNOWN")[0] == run.UNKNOWN
+
+
+def test_the_report_says_whether_all_points_shared_one_node_set(tmp_path):
+    from jobs.study import report
+
+    def point(pid, nodes, in_alloc=True):
+        run_dir = tmp_path / pid
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "main-1.info").write_text(f"nodelist={nodes}\n")
+        rec = dataclasses.replace(_record(pid), runs=[str(run_dir)],
+                                  allocation={str(run_dir): "a"} if in_alloc else {})
+        st = run.PointStatus(id=pid, state=run.DONE, job_state="COMPLETED", run_dir=str(run_dir), job_id="1",
+                             attempts=1)
+        return rec, st
+
+    pairs = [point("a", "node1"), point("b", "node1,node2")]
+    sets = report.node_sets(_study(pairs), _status(pairs))
+    assert sets == {"points": {"a": "node1", "b": "node1,node2"}, "shared": True, "allocation": True}
+    assert "one node set: every point ran on the first nodes of node1,node2 (in study allocations" in \
+        report._node_sets_text(sets)
+    pairs.append(point("c", "node3", in_alloc=False))
+    sets = report.node_sets(_study(pairs), _status(pairs))
+    assert sets["shared"] is False and sets["allocation"] is False
+    assert "NOT one node set" in report._node_sets_text(sets) and "c on node3" in report._node_sets_text(sets)
+
+
+def _record(pid):
+    return run.PointRecord(id=pid, nodes=1, gpus_per_node=1, gpus=1, batch_per_gpu=1, global_batch=1, variant={},
+                           variant_label="default", repeat=0)
+
+
+def _study(pairs):
+    return run.StudyRecord(name="s", study_dir="/x", profile="ci", profile_path=None, scheduler="slurm", spec={},
+                           created=0.0, points=[r for r, _ in pairs])
+
+
+def _status(pairs):
+    points = [s for _, s in pairs]
+    return run.StudyStatus(study_dir="/x", points=points, counts=run._counts(points), done=True, calls=0,
+                           elapsed_s=0.0)
+
+
+def test_a_study_record_without_allocations_still_loads(tmp_path):
+    import json
+
+    (tmp_path / "study.json").write_text(json.dumps({
+        "version": 1, "name": "s", "study_dir": str(tmp_path), "profile": "ci", "profile_path": None,
+        "scheduler": "slurm", "spec": {}, "created": 0.0,
+        "points": [{"id": "a", "nodes": 1, "gpus_per_node": 1, "gpus": 1, "batch_per_gpu": 1, "global_batch": 1,
+                    "variant": {}, "variant_label": "default", "repeat": 0, "runs": []}]}))
+    assert run.StudyRecord.load(str(tmp_path)).points[0].allocation == {}
+    assert os.path.exists(tmp_path / "study.json")

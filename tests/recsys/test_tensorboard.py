@@ -1,0 +1,73 @@
+"""TensorBoard event files and tf.profiler traces of real engine runs, read back with TensorBoard's
+own loader and the XSpace proto that ships with TensorFlow (recsys/tensorboard.py)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import SMALL, read_log, records, run_train
+from tb_events import accumulator, markers, series, traces
+
+# 16 steps an epoch: an epoch checkpoint at 16, the end's at 30.
+RUN = ["--model", "dlrm", "--synthetic", "--synthetic-rows", "4096", *SMALL["dlrm"], "--epochs", "3",
+       "--log-every", "5", "--benchmark-warmup-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def restored_run(tmp_path_factory):
+    """A run to step 30 (profiled at steps 3-4) whose last checkpoint is then lost, as when a job dies
+    after its figures of steps 17-30 were written; the same job restarted with --restore (a requeue:
+    same log, same event directory) continues from step 16 to 40."""
+    out = tmp_path_factory.mktemp("tensorboard")
+    log = out / "logs" / "main-7.engine.jsonl"
+    common = [*RUN, "--checkpoint-dir", out / "ck", "--log-path", log]
+    first = run_train([*common, "--max-steps", "30", "--profile-steps", "3-4"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(out / "ck" / "ckpt-0000000030")
+    second = run_train([*common, "--max-steps", "40", "--restore"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    return out, read_log(log)
+
+
+def test_scalars_are_the_json_logs_and_continue_after_a_restore(restored_run):
+    out, log = restored_run
+    rank0 = out / "logs" / "tensorboard" / "main-7" / "rank0"
+    assert len(list(rank0.glob("events.out.tfevents.*"))) == 2       # one file per attempt
+    acc = accumulator(rank0)
+    restored = [r for r in records(log, "info") if "restored_step" in r]
+    assert [r["restored_step"] for r in restored] == [16]
+    # The JSON log keeps both attempts (steps 20-30 twice); TensorBoard shows each step once, the
+    # figure of the attempt that the run continued from.
+    steps = records(log, "step")
+    assert [r["step"] for r in steps] == [5, 10, 15, 20, 25, 30, 20, 25, 30, 35, 40]
+    last = {r["step"]: r for r in steps}
+    for key, tag in (("loss", "train/loss"), ("lr", "train/lr"), ("samples_per_s", "train/samples_per_s"),
+                     ("step_time_ms", "train/step_time_ms")):
+        got = series(acc, tag)
+        assert [s for s, _ in got] == sorted(last), tag
+        assert [v for _, v in got] == pytest.approx([last[s][key] for s in sorted(last)], rel=1e-6), tag
+    # evaluations: up to the restored step the first attempt's; after it (30 was lost with its
+    # checkpoint) the second's: 32 and 40
+    cut = log.index(restored[0])
+    kept = {r["step"]: r for r in records(log[:cut], "eval") if r["step"] <= 16}
+    kept.update({r["step"]: r for r in records(log[cut:], "eval") if r["step"] > 16})
+    assert sorted(kept) == [16, 32, 40]
+    for metric in ("auc", "bce"):
+        assert series(acc, f"eval/{metric}") == [(s, pytest.approx(kept[s][metric], rel=1e-6)) for s in sorted(kept)]
+    # the summary's throughput at its step, once per attempt that timed steps
+    summaries = records(log, "summary")
+    assert series(acc, "summary/throughput_samples_per_s") == [
+        (s["step"], pytest.approx(s["throughput_samples_per_s"], rel=1e-6)) for s in summaries[-1:]]
+
+
+def test_profiled_steps_are_traced_and_open_in_the_profile_plugin(restored_run):
+    out, _ = restored_run
+    found = traces(out / "logs" / "tensorboard" / "main-7" / "rank0")
+    assert len(found) == 1, found
+    steps, planes = markers(found[0])
+    assert steps == [3, 4]
+    assert "/host:CPU" in planes
+    convert = pytest.importorskip("tensorboard_plugin_profile.convert.raw_to_tool_data")
+    data, content_type = convert.xspace_to_tool_data([found[0]], "trace_viewer^", {})
+    assert content_type == "application/json" and b"train" in (data if isinstance(data, bytes) else data.encode())
