@@ -108,9 +108,10 @@ def de_rows():
 
 
 def published_de():
-    """de_synthetic_step_ms of the shared reference data, the only published multi-node figures."""
+    """distributed-embeddings' published step times (bench/de_synthetic_published.yaml, with its
+    source), the only published multi-node figures."""
     import yaml
-    path = os.path.join(os.path.dirname(ROOT), "shared", "reference", "published-results.yaml")
+    path = os.path.join(ROOT, "bench", "de_synthetic_published.yaml")
     with open(path) as f:
         return yaml.safe_load(f)["de_synthetic_step_ms"]
 

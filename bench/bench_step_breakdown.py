@@ -1,19 +1,22 @@
 """Does ``--breakdown-steps`` change the throughput of a benchmark's fused timed steps? (DLRM, 1 rank)
 
 The same ``recsys-train --run-mode benchmark`` run (tiny DLRM on a synthetic dataset written once),
-without and with ``--breakdown-steps``, in alternating repeats (A B A B ...) so that drift of the
-machine hits both alike. The breakdown steps run after the timed steps, so the throughput of the
-timed (fused) steps should not move: the median over the repeats of the ratio with / without of each
-back-to-back pair is checked against ``--tolerance`` (3 %). Prints a markdown table, the ratio, the last run's step breakdown
-and the reproduce command.
+without and with ``--breakdown-steps``, in back-to-back pairs whose order alternates (A B, B A,
+A B, ...) so that drift of the machine and the second run of a pair being warmer hit both alike. The
+breakdown steps run after the timed steps, so the throughput of the timed (fused) steps should not
+move: the median over the pairs of the ratio with / without is checked against ``--tolerance``
+(3 %), with the geometric mean of the ratios and a Wilcoxon signed-rank p (scipy) beside it. Prints
+a markdown table, the ratio, the last run's step breakdown (split / timed step, the measured
+remainder) and the reproduce command.
 
-    python bench/bench_step_breakdown.py [--repeats 3] [--steps 200] [--warmup 20] \
+    python bench/bench_step_breakdown.py [--repeats 6] [--steps 2000] [--warmup 20] \
         [--breakdown-steps 20]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -47,8 +50,8 @@ def run(data, workdir, name, steps, warmup, breakdown):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=200, help="timed (fused) steps per run")
+    p.add_argument("--repeats", type=int, default=6, help="pairs (one run without, one with, order alternating)")
+    p.add_argument("--steps", type=int, default=2000, help="timed (fused) steps per run")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--breakdown-steps", type=int, default=20)
     p.add_argument("--tolerance", type=float, default=0.03, help="allowed |ratio - 1|")
@@ -58,7 +61,8 @@ def main(argv=None):
         data = make_data(os.path.join(work, "data"))
         rows = {"without": [], "with": []}
         for k in range(args.repeats):
-            for label, n in (("without", 0), ("with", args.breakdown_steps)):
+            pair = (("without", 0), ("with", args.breakdown_steps))
+            for label, n in (pair if k % 2 == 0 else pair[::-1]):
                 s = run(data, work, f"{label}-{k}", args.steps, args.warmup, n)
                 rows[label].append(s)
                 print(f"# repeat {k} {label}: {s['throughput_samples_per_s']:.0f} samples/s", file=sys.stderr,
@@ -68,8 +72,15 @@ def main(argv=None):
     pairs = [w["throughput_samples_per_s"] / o["throughput_samples_per_s"]
              for w, o in zip(rows["with"], rows["without"])]
     ratio = statistics.median(pairs)
+    geomean = math.exp(statistics.fmean(math.log(r) for r in pairs))
+    try:
+        from scipy.stats import wilcoxon
+        p_value = f"{wilcoxon([math.log(r) for r in pairs]).pvalue:.3f}"
+    except (ImportError, ValueError):
+        p_value = "n/a"
     print(f"DLRM tiny (batch 256, dims 8), 1 rank, {args.steps} timed steps after {args.warmup} warm-up, "
-          f"{args.repeats} alternating repeats; 'with' adds --breakdown-steps {args.breakdown_steps}.\n")
+          f"{args.repeats} back-to-back pairs, order alternating; 'with' adds --breakdown-steps "
+          f"{args.breakdown_steps}.\n")
     print("| run | throughput samples/s (each repeat) | median | mean step ms (median) |")
     print("|---|---|---|---|")
     for label, runs in rows.items():
@@ -79,10 +90,13 @@ def main(argv=None):
     ok = abs(ratio - 1) <= args.tolerance
     print(f"\nthroughput ratio with / without, median of the {len(pairs)} back-to-back pairs "
           f"({', '.join(f'{r:.3f}' for r in pairs)}): {ratio:.3f} ({'within' if ok else 'OUTSIDE'} "
-          f"{args.tolerance:.0%}); ratio of the medians: {med['with'] / med['without']:.3f}")
+          f"{args.tolerance:.0%}); geometric mean {geomean:.3f}; Wilcoxon signed-rank p {p_value}; "
+          f"ratio of the medians: {med['with'] / med['without']:.3f}")
     b = rows["with"][-1]["step_breakdown"]
-    print(f"\nstep_breakdown of the last 'with' run (mean of {b['steps']} split steps; fused step "
-          f"{rows['with'][-1]['mean_step_time_ms']:.3f} ms):\n")
+    split = [s["step_breakdown"].get("split_over_timed") for s in rows["with"]]
+    print(f"\nsplit step / timed step of each 'with' run: {', '.join('-' if r is None else f'{r:.2f}' for r in split)}")
+    print(f"\nstep_breakdown of the last 'with' run (version {b['version']}, mean of {b['steps']} split steps; "
+          f"timed step {rows['with'][-1]['mean_step_time_ms']:.3f} ms):\n")
     print("| " + " | ".join(["step_ms"] + [f"{x}_ms" for x in b["phases"]]) + " |")
     print("|" + "---|" * (1 + len(b["phases"])))
     print("| " + " | ".join(f"{b['mean'][k]:.3f}" for k in ["step_ms"] + [f"{x}_ms" for x in b["phases"]]) + " |")

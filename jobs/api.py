@@ -22,7 +22,9 @@ __all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCom
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
            "study_progress_line", "report_study", "compare_studies", "dry_run_study", "reference_study",
            "published_results", "published_results_text", "project_study", "projection_text",
-           "tensorboard_logdirs", "tensorboard_command"]
+           "tensorboard_logdirs", "tensorboard_command", "find_studies", "study_history", "study_history_text",
+           "plot_study_history", "history_point", "screen_nodes", "collect_screen",
+           "default_runs_dir"]
 
 # Following a run (jobs.status, jobs.runs) and the studies are loaded by the operations that use
 # them: a job command (render, submit) does not pay for them at start-up.
@@ -168,17 +170,19 @@ def requeue(run_dir, log=None):
     return backend.requeue(run_dir, jobs) or []
 
 
-def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None, nodes=None, refresh_code=False):
+def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None, nodes=None, refresh_code=False,
+              exclude=None):
     """Submit the missing or failed points of a study, in rounds of repeats, at most
     `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap),
-    or (`placement` "allocation") all in one allocation of `nodes` nodes:
+    or (`placement` "allocation") all in one allocation of `nodes` nodes (without the `exclude`
+    ones: a Slurm host list, or the `--exclude=` line `study screen` prints):
     (StudyRecord, [point ids submitted])."""
     from .study import run as study_run
     from .study.published import check_data_path
 
     check_data_path(spec)       # a reference spec's placeholder data_path: refused before anything exists
     return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent, placement=placement,
-                         nodes=nodes, refresh_code=refresh_code)
+                         nodes=nodes, refresh_code=refresh_code, exclude=exclude)
 
 
 def dry_run_study(spec, profile):
@@ -241,7 +245,10 @@ def report_study(study_dir, out_dir=None, plot=None):
     from .study import projection
     from .study import report as study_report
 
-    return study_report.write(study_dir, out_dir=out_dir, want_plot=plot, project=projection.for_report)
+    from .study import history
+
+    return study_report.write(study_dir, out_dir=out_dir, want_plot=plot, project=projection.for_report,
+                              on_written=history.on_report)
 
 
 def reference_study(model, profile):
@@ -274,6 +281,76 @@ def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
     from .study import compare as study_compare
 
     return study_compare.write(study_dirs, out_dir=out_dir, want_plot=plot, fail_if_slower=fail_if_slower)
+
+
+def find_studies(studies, runs_dir=None):
+    """Study dirs of `study compare`'s arguments: dirs, names under the runs dir, or names from
+    the runs dir's history (the newest study of that name)."""
+    from .study import compare as study_compare
+    from .study import history
+
+    return study_compare.find(studies, runs_dir, history=history.find)
+
+
+def study_history(runs_dir=None, model=None, profile=None):
+    """The finished studies of the runs dir (jobs.study.history), oldest first, each with its
+    `state` now (present or gone)."""
+    from .study import history
+
+    return history.listing(runs_dir or _runs_dir(), model=model, profile=profile)
+
+
+def study_history_text(entries):
+    from .study import history
+
+    return history.text(entries)
+
+
+def history_point(point):
+    """`study history --plot`'s POINT, checked (RequestError naming --plot)."""
+    from .study import history
+
+    return history.check_point(point)
+
+
+def plot_study_history(entries, point, path):
+    """Write `point`'s throughput over the listed studies as a PNG, each marked with its compare
+    verdict against the study before it; returns the plotted series."""
+    from .study import history
+
+    return history.plot(entries, point, path)
+
+
+def screen_nodes(profile, nodes=None, nodelist=None, margin=None, runs_dir=None, log=None, on_submitted=None,
+                 **benchmark):
+    """`study screen`: the one-node benchmark on every node of one allocation at once; waits for
+    it and writes screen.{md,json} into the screen's dir. Returns the screen dict (jobs.study.screen)."""
+    from .study import screen
+
+    margin = screen.MARGIN if margin is None else margin
+    screen_dir = screen.submit(profile, nodes=nodes, nodelist=nodelist, margin=margin, runs_dir=runs_dir, log=log,
+                               **{k: v for k, v in benchmark.items() if v is not None})
+    if on_submitted:
+        on_submitted(screen_dir)
+    return screen.collect(screen_dir, screen.wait(screen_dir), margin)
+
+
+def default_runs_dir(profile=None):
+    """Where runs and studies go: $RECSYS_RUNS_DIR, the profile's runs_dir, or ./recsys-runs."""
+    from .runs.rundir import default_runs_dir as runs_dir
+
+    return runs_dir(profile)
+
+
+def collect_screen(screen_dir):
+    """A screen submitted before: wait for its allocation and write screen.{md,json}; the screen dict."""
+    from .study import screen
+
+    return screen.collect(screen.check_dir(screen_dir), screen.wait(screen.check_dir(screen_dir)))
+
+
+def _runs_dir():
+    return default_runs_dir()
 
 
 def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=None, plot=None, published=False):

@@ -238,6 +238,9 @@ def _study_parser(sub):
                      help="run the points in one allocation, each on its first nodes (the spec's placement: "
                           "allocation); what it does not finish the next `study run` submits again")
     run.add_argument("--nodes", type=int, help="with --allocation: its size (default: the largest point's nodes)")
+    run.add_argument("--exclude", metavar="HOSTLIST",
+                     help="with --allocation: nodes it leaves out (e.g. node3,node7, or the --exclude=... line "
+                          "`study screen` prints)")
     run.add_argument("--refresh-code", action="store_true",
                      help="copy the checkout's recsys/ and slurm/ into the study again: points submitted from now "
                           "run the new copy (recorded in study.json); by default every point runs the copy made "
@@ -313,7 +316,8 @@ def _study_parser(sub):
                           "Points are matched by (GPUs, nodes, variant); each later study is tested against the "
                           "first\n(two-sided, alpha 0.05; 3 or more repeats on each side, 4 or more for a verdict).")
     compare.add_argument("studies", nargs="+", metavar="STUDY",
-                         help="study dirs or names, at least two; the first is the reference")
+                         help="study dirs or names (from the runs dir or `study history`), at least two; "
+                              "the first is the reference")
     compare.add_argument("--out", help="directory for compare.{md,csv,json,png} "
                                        "(default FIRST_STUDY/compare/vs-<other names>)")
     compare.add_argument("--fail-if-slower", type=float, metavar="PCT",
@@ -323,6 +327,41 @@ def _study_parser(sub):
     cplot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
     cplot.add_argument("--no-plot", dest="plot", action="store_false", help="tables only")
     compare.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    history = _sub(st_sub, "history", "the finished studies of the runs dir over time; a point's throughput plot",
+                   epilog="examples:\n  recsys-submit study history\n  recsys-submit study history --model ncf "
+                          "--profile ci --json\n  recsys-submit study history --model ncf --plot g2-n1x2\n\n"
+                          "A study is listed once its report is written (`study report`); `study compare` takes "
+                          "the names listed.")
+    history.add_argument("--model", help="only studies of this model")
+    history.add_argument("--profile", help="only studies on this profile")
+    history.add_argument("--json", action="store_true", help="print the entries as JSON")
+    history.add_argument("--plot", metavar="POINT",
+                         help="write POINT's throughput over the listed studies (e.g. g2-n1x2) as a PNG, each "
+                              "marked with its compare verdict against the study before it (needs matplotlib)")
+    history.add_argument("--out", help="the plot's file (default RUNS_DIR/history-POINT.png)")
+    history.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    screen = _sub(st_sub, "screen", "the same one-node benchmark on every node of one allocation; slow nodes flagged",
+                  epilog="examples:\n  recsys-submit study screen --profile mysite --nodes 16\n"
+                         "  recsys-submit study screen --profile ci --nodelist 'node[1-4]' --margin 0.2\n\n"
+                         "Waits for the allocation, prints the per-node table and an --exclude= line of the nodes "
+                         "more than\nthe margin below the median (exit 1 when a node is flagged or failed). "
+                         "Arguments after `--` go to the engine.")
+    screen.add_argument("screen", nargs="?", metavar="SCREEN_DIR",
+                        help="a screen submitted before (e.g. one whose wait was interrupted): wait for it and "
+                             "write its table; nothing is submitted")
+    screen.add_argument("--profile", default=os.environ.get("RECSYS_PROFILE", "local"),
+                        help="cluster profile name or YAML file (default $RECSYS_PROFILE or 'local')")
+    where = screen.add_mutually_exclusive_group()
+    where.add_argument("--nodes", type=int, help="screen N nodes, whichever Slurm gives")
+    where.add_argument("--nodelist", help="screen these nodes (a Slurm host list, e.g. node[1-4])")
+    screen.add_argument("--margin", type=float, default=0.1,
+                        help="flag a node more than this fraction below the median throughput (default 0.1)")
+    screen.add_argument("--model", help="the benchmark's model (default ncf, a small fixed size)")
+    screen.add_argument("--gpus", type=int, help="GPUs of each node to use (default: all of the node's)")
+    screen.add_argument("--steps", type=int, help="timed steps (default 100)")
+    screen.add_argument("--warmup-steps", type=int, help="steps left out of the throughput (default 10)")
+    screen.add_argument("--json", action="store_true", help="print screen.json instead of the table")
+    screen.add_argument("--runs-dir", help="parent of the screen's dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
 
 
 @contextlib.contextmanager
@@ -369,7 +408,7 @@ def _cmd_study(api, args, engine_args):
         record, submitted = api.run_study(spec, args.profile, runs_dir=args.runs_dir,
                                           max_concurrent=args.max_concurrent,
                                           placement="allocation" if args.allocation else None, nodes=args.nodes,
-                                          refresh_code=args.refresh_code)
+                                          refresh_code=args.refresh_code, exclude=args.exclude)
         print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
               + (f": {' '.join(submitted)}" if submitted else " (nothing missing or failed)"))
         print(f"study dir {record.study_dir}")
@@ -383,6 +422,10 @@ def _cmd_study(api, args, engine_args):
         return 0
     if args.action == "compare":
         return _cmd_compare(api, args)
+    if args.action == "history":
+        return _cmd_history(api, args)
+    if args.action == "screen":
+        return _cmd_screen(api, args, engine_args)
     if args.action == "reference":
         return _cmd_reference(api, args)
     if args.action == "project":
@@ -440,7 +483,7 @@ def _print_written(paths, plot, warnings):
 
 
 def _cmd_compare(api, args):
-    dirs = [api.find_study(study, args.runs_dir) for study in args.studies]
+    dirs = api.find_studies(args.studies, args.runs_dir)       # dirs, names, or names from `study history`
     comparison, paths = api.compare_studies(dirs, out_dir=args.out, plot=args.plot,
                                             fail_if_slower=args.fail_if_slower)
     _print_written(paths, args.plot, comparison["warnings"])   # failed and unfinished points: no verdict
@@ -449,6 +492,45 @@ def _cmd_compare(api, args):
               file=sys.stderr)
     # the regression gate, or a failed point (as `study report`): not a clean comparison
     return 1 if comparison["slower"] or comparison["failures"] else 0
+
+
+def _cmd_history(api, args):
+    """`study history`: the table (or JSON); with --plot the PNG of one point over time."""
+    import json
+
+    runs_dir = args.runs_dir or api.default_runs_dir()
+    entries = api.study_history(runs_dir, model=args.model, profile=args.profile)
+    if args.plot:
+        path = args.out or os.path.join(runs_dir, f"history-{api.history_point(args.plot)}.png")
+        api.plot_study_history(entries, args.plot, path)
+        print(f"wrote plot {path}", file=sys.stderr if args.json else sys.stdout)
+    print(json.dumps(entries, indent=2) if args.json else api.study_history_text(entries), end="\n" if args.json else "")
+    return 0
+
+
+def _cmd_screen(api, args, engine_args):
+    """`study screen`: submit, wait, print the table (or JSON) and the --exclude line."""
+    import json
+
+    if args.screen:
+        if args.nodes is not None or args.nodelist is not None:
+            raise api.RequestError("--nodes/--nodelist: a new screen's; not with SCREEN_DIR (a screen submitted "
+                                   "before)")
+        screen = api.collect_screen(args.screen)
+    else:
+        screen = api.screen_nodes(args.profile, nodes=args.nodes, nodelist=args.nodelist, margin=args.margin,
+                                  runs_dir=args.runs_dir, log=lambda line: print(f"{PROG}: {line}", file=sys.stderr),
+                                  on_submitted=lambda d: print(f"screen dir {d}", flush=True,
+                                                               file=sys.stderr if args.json else sys.stdout),
+                                  model=args.model, gpus=args.gpus, steps=args.steps, warmup_steps=args.warmup_steps,
+                                  engine_args=engine_args or None)
+    if args.json:
+        print(json.dumps(screen, indent=2))
+    else:
+        print(open(os.path.join(screen["screen_dir"], "screen.md")).read(), end="")
+        if screen["exclude"]:
+            print(screen["exclude"])        # the last line: pass it on to sbatch or a study's allocation
+    return 1 if screen["flagged"] else 0
 
 
 def _cmd_project(api, args):

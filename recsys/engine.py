@@ -12,6 +12,7 @@ and every optimizer group applies, or skips, on that shared answer (docs/engine.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -50,10 +51,16 @@ EXPLOSION_MIN_LOSS = 10.0
 SUMMARY_VERSION = 3
 # The phases of a split step (--breakdown-steps), in order; their times add up to the step's.
 BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder")
-BREAKDOWN_METHOD = ("split step: next(it), forward+backward, gradient exchange and optimizer each called and "
-                    "synchronised on its own under host timers, the model-parallel embedding alltoalls timed "
-                    "separately on the same step's ids (after a barrier) and subtracted from forward+backward "
-                    "to give compute; remainder = step - the parts")
+# Version of the summary's `step_breakdown` object (docs/engine-log.md); 2: compute timed on its own
+# (1: forward+backward less the exchange, which left the remainder 0 by construction), the remainder a
+# measurement, `forward_backward_ms`, `timed_step_ms` and `split_over_timed` added.
+BREAKDOWN_VERSION = 2
+BREAKDOWN_METHOD = ("split step: next(it), forward+backward (its embedding alltoalls inside), gradient exchange "
+                    "and optimizer each called and synchronised on its own under host timers; then, on the same "
+                    "step's inputs, compute alone (forward+backward with the model-parallel alltoalls replaced "
+                    "by local stand-ins of the same shapes) and the embedding alltoalls alone (after a barrier) "
+                    "each timed on its own; remainder = split step - the timed phases, a measurement (what the "
+                    "step's forward+backward took beyond compute and exchange alone: waits, overlap, noise)")
 
 
 class StopTraining(Exception):
@@ -761,6 +768,21 @@ class Engine:
                 return self._apply_gradients(unflatten(flat, "reduced" if self.dist.size > 1 else "structure"),
                                              finite if self.loss_scaler is not None else None)
 
+            def compute(inputs, labels):
+                # forward+backward traced with every model-parallel layer's exchange local (the grads
+                # returned, so that backward is not pruned); not _grad_fn: that one is traced already
+                with contextlib.ExitStack() as local:
+                    for layer in layers:
+                        local.enter_context(layer.local_exchange())
+                    loss, grads = self._gradients(inputs, labels)
+                return loss, tf.nest.flatten(list(grads), expand_composites=True)
+
+            gradients_fn = tf.function(gradients, reduce_retracing=True)
+            # without model-parallel layers the step's forward+backward has no exchange to take out:
+            # compute alone is a second call of it (one trace fewer)
+            compute_fn = (tf.function(compute, jit_compile=bool(self.config.xla), reduce_retracing=True)
+                          if layers else gradients_fn)
+
             def exchange(ids_per_layer):
                 sent = tf.constant(0, tf.int64)
                 for layer, ids in zip(layers, ids_per_layer):
@@ -770,7 +792,7 @@ class Engine:
 
             split.update(
                 layers=layers, unmeasured=unmeasured, unflatten=unflatten,
-                gradients=tf.function(gradients, reduce_retracing=True),
+                gradients=gradients_fn, compute=compute_fn,
                 exchange=tf.function(exchange, reduce_retracing=True),
                 gradient_exchange=tf.function(gradient_exchange, reduce_retracing=True),
                 optimizer=tf.function(optimizer, reduce_retracing=True),
@@ -787,7 +809,8 @@ class Engine:
         return small.numpy()
 
     def _split_step(self, it):
-        """One training step as separately timed units; returns (loss, {phase: seconds}, bytes)."""
+        """One training step as separately timed units, then compute and the embedding exchange each
+        alone on the step's inputs; returns (loss, {phase: seconds, step, forward_backward}, bytes)."""
         f = self._split
         t_start = time.perf_counter()
         watchdog.phase(watchdog.INPUT)
@@ -807,8 +830,16 @@ class Engine:
         watchdog.phase("optimizer, split step")
         self._sync(f["optimizer"](reduced) if finite is None else f["optimizer"](reduced, finite))
         t_end = time.perf_counter()
-        # Outside the step: the embedding exchange alone on this step's ids, the ranks aligned first
-        # (so that it times the exchange, not a wait for a slower rank), and the bytes.
+        # Outside the step: compute alone on this step's inputs (no collective, unless
+        # distributed-embeddings' layer holds one: then the ranks are aligned first) ...
+        watchdog.phase("compute alone (forward+backward, no embedding exchange), split step")
+        if f["unmeasured"] and self.dist.size > 1:
+            self.dist.barrier()
+        t_c = time.perf_counter()
+        self._sync(f["compute"](inputs, labels)[0])
+        compute_s = time.perf_counter() - t_c
+        # ... and the embedding exchange alone on this step's ids, the ranks aligned first (so that it
+        # times the exchange, not a wait for a slower rank), and the bytes.
         exchange_s, embedding_bytes = 0.0, 0
         if f["layers"]:
             watchdog.phase("embedding exchange (barrier, alltoall), split step")
@@ -824,11 +855,12 @@ class Engine:
                 [grads[k] for k in shared], self.config.sparse_as_dense,
                 extras=[loss, self._stop_flag] + ([tf.cast(finite, tf.float32)] if finite is not None else [])))
         step = t_end - t_start
-        parts = dict(input_wait=t_input - t_start, compute=(t_grads - t_input) - exchange_s,
+        parts = dict(input_wait=t_input - t_start, compute=compute_s,
                      embedding_exchange=exchange_s, gradient_exchange=t_exchanged - t_grads,
                      optimizer=t_end - t_exchanged)
+        # measured: the step's own forward+backward less compute and exchange timed alone (any sign)
         parts["remainder"] = step - sum(parts.values())
-        parts["step"] = step
+        parts["step"], parts["forward_backward"] = step, t_grads - t_input
         return loss_v, parts, dict(embedding_exchange=embedding_bytes, gradient_exchange=gradient_bytes)
 
     def _step_breakdown(self, it, n, losses):
@@ -847,12 +879,13 @@ class Engine:
             if k:
                 rows.append(parts)
                 sent.append(nbytes)
-        mine = {f"{key}_ms": 1000.0 * float(np.mean([r[key] for r in rows])) for key in ("step", *BREAKDOWN_PHASES)}
+        keys = ["step_ms"] + [f"{p}_ms" for p in BREAKDOWN_PHASES] + ["forward_backward_ms"]
+        mine = {key: 1000.0 * float(np.mean([r[key[:-3]] for r in rows])) for key in keys}
         mine_bytes = {key: float(np.mean([b[key] for b in sent])) for key in sent[0]}
         every = self.dist.allgather_object(dict(rank=self.dist.rank, ms=mine, bytes=mine_bytes))
-        keys = ["step_ms"] + [f"{p}_ms" for p in BREAKDOWN_PHASES]
         slowest = max(every, key=lambda e: e["ms"]["step_ms"])
-        out = {"version": 1, "steps": n, "method": BREAKDOWN_METHOD, "phases": list(BREAKDOWN_PHASES),
+        out = {"version": BREAKDOWN_VERSION, "steps": n, "method": BREAKDOWN_METHOD,
+               "phases": list(BREAKDOWN_PHASES),
                "mean": {key: float(np.mean([e["ms"][key] for e in every])) for key in keys},
                "slowest_rank": {"rank": int(slowest["rank"]), **{key: slowest["ms"][key] for key in keys}},
                "bytes_per_step": {key: int(round(np.mean([e["bytes"][key] for e in every])))
@@ -910,7 +943,11 @@ class Engine:
         if step_times:
             out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
         if breakdown is not None:
-            out["step_breakdown"] = breakdown
+            # the split step against the timed (fused) step of this same run: a projection
+            # calibrates on the timed step, the split step only apportions it
+            timed_ms = out["mean_step_time_ms"]
+            out["step_breakdown"] = dict(breakdown, timed_step_ms=timed_ms, split_over_timed=(
+                breakdown["mean"]["step_ms"] / timed_ms if timed_ms else None))
         if losses:
             out["first_loss_step"], out["first_loss"] = losses[0]
             out["final_loss_step"], out["final_loss"] = losses[-1]

@@ -39,7 +39,7 @@ import os
 import shutil
 import time
 
-from recsys.checkpoint import (META, PREFIX, AtomicCheckpointer, CheckpointError, discard, publish,
+from recsys.checkpoint import (META, PREFIX, AtomicCheckpointer, CheckpointError, publish,
                                write_failure)
 
 FORMAT = "sharded-v1"

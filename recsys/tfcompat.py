@@ -27,7 +27,7 @@ from recsys.errors import EngineError
 
 # The TensorFlow releases the engine runs on (tests/compat/run.sh checks both ends).
 OLDEST = (2, 12)
-NEWEST = (2, 17)
+NEWEST = (2, 20)
 # The version setup.cfg's [train] extra pins (the fix offered for a version outside the range).
 PINNED = "2.15.1"
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU-node checks that need no TensorFlow (not run in CI): on a node with NVIDIA GPUs, does
-# recsys.devices count the GPUs nvidia-smi lists, and what Horovod build would tests/install.sh
-# choose? Exit 0 when the detection agrees with nvidia-smi, 1 when not, 2 when no GPU is listed.
+# recsys.devices count the GPUs nvidia-smi lists, what Horovod build would the installer choose, and
+# does the study sampler read every GPU's nvidia-smi row? Exit 0 when the detection agrees with
+# nvidia-smi, 1 when not, 2 when no GPU is listed.
 #   bash tests/gpu_node_check.sh            (from the repository root; python3 with PyYAML not needed)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,5 +42,30 @@ echo "$flags"
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   grep -q 'nvidia-smi lists no GPU' <<<"$flags" && { echo "FAIL: installer did not see the GPUs"; status=1; }
 fi
+echo "== install/user-env.sh --plan (what the install without root would do; nothing installed)"
+bash "$here/install/user-env.sh" --plan || echo "note: the user-level install refuses this shell (above); load the MPI module first"
+
+echo "== slurm/hwsample.py --once (the study sampler's nvidia-smi query on these GPUs)"
+hwdir=$(mktemp -d)
+if python3 "$here/slurm/hwsample.py" --out "$hwdir" --once; then
+  python3 - "$hwdir" "$listed" <<'PY' || status=1
+import glob, json, sys
+[path] = glob.glob(sys.argv[1] + "/*.json")
+sample = json.load(open(path))["samples"][-1]
+gpus = sample.get("gpus") or []
+want = int(sys.argv[2])
+numbers = ("util_pct", "mem_used_mib", "power_w", "sm_mhz")
+bad = [g for g in gpus if any(not isinstance(g.get(k), (int, float)) for k in numbers if k in g)]
+print("   ", json.dumps(gpus[:2]), "..." if len(gpus) > 2 else "")
+if len(gpus) != want or bad:
+    print(f"FAIL: the sampler read {len(gpus)} GPU rows (want {want}); unparsed: {bad}")
+    sys.exit(1)
+print(f"ok   the sampler reads {want} GPU rows with numbers")
+PY
+else
+  echo "FAIL: slurm/hwsample.py --once failed"; status=1
+fi
+rm -rf "$hwdir"
+
 [ "$status" = 0 ] && echo "PASS: detection agrees with nvidia-smi ($listed GPU(s))"
 exit "$status"

@@ -126,8 +126,10 @@ class Backend(abc.ABC):
         """After a waited-for submit: why its jobs failed, or None (a chain stops there)."""
         return None
 
-    def allocation(self, spec, points, run_dir, token=None):
-        """The drafts of one allocation that runs a study's points in turn on its first nodes:
+    def allocation(self, spec, points, run_dir, token=None, concurrent=False, nodelist=None, exclude=None):
+        """The drafts of one allocation that runs a study's points in turn on its first nodes
+        (`concurrent`: all at once, each on its own nodes; `nodelist` / `exclude`: the nodes to
+        allocate / to leave out, Slurm host lists):
         (the allocation's draft, [each point's draft]); `spec`: the allocation's JobSpec (its
         size and time), `points`: [(point JobSpec, its run dir)]. The allocation's draft is
         submitted with `submit`; the points' scripts are only written (the allocation runs them)."""

@@ -16,7 +16,6 @@ that collective. ``jobs.study.projection`` is its only reader. Standard library 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 

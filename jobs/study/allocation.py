@@ -17,6 +17,7 @@ a point that finished is kept.
 import contextlib
 import dataclasses
 import os
+import re
 import time
 
 from jobs.errors import SlurmCommandError, StorageError, SubmitError
@@ -77,11 +78,32 @@ def _holding(run_dirs):
         yield
 
 
-def submit(spec, profile, backend, record, todo, points, point_request, nodes=None, log=None):
+def check_hostlist(flag, hosts):
+    """A Slurm host list given by the user (`--exclude node3,node7`, `--nodelist node[1-4]`), or the
+    `--exclude=...` line `study screen` prints: its host names, refused in one line naming `flag`."""
+    from slurm.hostlist import expand as expand_hostlist
+
+    text = hosts[len(flag) + 1:] if isinstance(hosts, str) and hosts.startswith(f"{flag}=") else hosts
+    try:
+        names = expand_hostlist(text) if isinstance(text, str) and text.strip() else None
+    except ValueError as exc:
+        names, why = None, f" ({exc})"
+    else:
+        why = ""
+    if not names or not all(re.fullmatch(r"[A-Za-z0-9_.\-]+", n) for n in names):
+        raise StudyError(f"{flag}: {hosts!r} is not a Slurm host list such as node[1-4],gpu7{why}")
+    if len(set(names)) != len(names):
+        raise StudyError(f"{flag}: {hosts!r} names a node twice")
+    return text, names
+
+
+def submit(spec, profile, backend, record, todo, points, point_request, nodes=None, log=None, exclude=None):
     """Submit `todo` (PointRecords, in the order they run) as one allocation. Each point's run
     dir is in study.json, with the allocation's token as its intent, before `sbatch`. Returns
     {point id: the point's RunRecord}. `point_request(point, spec, profile, code)`: a point's JobRequest
-    (jobs.study.run's, so a point is planned the same way in an allocation or alone). Raises StudyError (before anything exists) or SubmitError."""
+    (jobs.study.run's, so a point is planned the same way in an allocation or alone); `exclude`: a
+    host list the allocation leaves out (check_hostlist). Raises StudyError (before anything exists)
+    or SubmitError."""
     planned = _plan_points(spec, profile, record, todo, points, point_request)
     alloc = allocation_spec(spec, planned, nodes)
     group = (profile.defaults or {}).get("runs_group")
@@ -93,7 +115,8 @@ def submit(spec, profile, backend, record, todo, points, point_request, nodes=No
     alloc_dir = rundir.new_run_dir(alloc_root, KEY, group=group)
     points_dir = os.path.join(record.study_dir, "points")
     dirs = [rundir.new_run_dir(points_dir, run_name(resolved), group=group) for _, resolved, _ in planned]
-    alloc_draft, drafts = backend.allocation(alloc, [(s, d) for (_, _, s), d in zip(planned, dirs)], alloc_dir)
+    alloc_draft, drafts = backend.allocation(alloc, [(s, d) for (_, _, s), d in zip(planned, dirs)], alloc_dir,
+                                             exclude=exclude)
     accounting = backend.accounting()
 
     def run_record(run_dir, key):

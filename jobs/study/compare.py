@@ -23,7 +23,7 @@ from jobs.errors import RequestError
 from jobs.runs.atomic import write_bytes, write_group
 
 from .report import build, fmt_number, load_pyplot, make_out_dir, plot_wanted, png
-from .run import StudyRecord, poll
+from .run import StudyRecord, find_study, poll
 
 COMPARE_VERSION = 1
 ALPHA = 0.05
@@ -112,6 +112,26 @@ def _labels(records):
     for record in records:
         seen[record.name] = seen.get(record.name, 0) + 1
         out.append(record.name if seen[record.name] == 1 else f"{record.name} ({seen[record.name]})")
+    return out
+
+
+def find(studies, runs_dir=None, history=None):
+    """The study dirs of `studies`: each a directory or a name under the runs dir, else (with
+    `history(name, runs_dir)`: jobs.study.history.find, which sits above this module) a name from
+    the runs dir's history: the newest study of that name, wherever it lies, or one line when its
+    directory is gone."""
+    from jobs.runs.rundir import default_runs_dir
+
+    runs_dir = runs_dir or default_runs_dir()
+    out = []
+    for study in studies:
+        try:
+            out.append(find_study(study, runs_dir))
+        except RequestError:
+            found = history(study, runs_dir) if history is not None else None
+            if found is None:
+                raise
+            out.append(found)
     return out
 
 

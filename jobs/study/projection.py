@@ -95,7 +95,11 @@ class Target:
 
 def _planner(request, command=None) -> Dict[int, Dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run(command or PLANNER, input=json.dumps(request), capture_output=True, text=True, env=env)
+    command = command or PLANNER
+    try:
+        proc = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True, env=env)
+    except OSError as exc:      # e.g. an interpreter this user may not run: the section says so, one line
+        raise RequestError(f"cannot run the engine's planner ({command[0]}): {exc.strerror}") from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise RequestError(f"the engine refused the model: {last}")

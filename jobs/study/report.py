@@ -297,9 +297,11 @@ def _breakdown(point_id, data):
             return size / (ms / 1000.0) / 1e9 if size is not None and ms else None
 
         exchanges[name] = {"bytes": size, "gbps_mean": gbps(mean), "gbps_slowest": gbps(slowest)}
+    # version 2 records the same run's timed step and split / timed (version 1: absent, None)
     return {"point": point_id, "version": data.get("version"), "steps": data.get("steps"),
             "method": data.get("method"), "phases": phases, "mean": mean, "slowest_rank": slowest,
-            "exchanges": exchanges}
+            "exchanges": exchanges, "timed_step_ms": number(data, "timed_step_ms"),
+            "split_over_timed": number(data, "split_over_timed")}
 
 
 def build(record, status):
@@ -685,11 +687,16 @@ def _breakdown_lines(report):
         return lines + ["Not measured: no point's engine summary has a `step_breakdown` (study spec "
                         "`breakdown_steps: 0`, or an engine older than the breakdown)."]
     lines.append("Per point, the split steps of its median repeat: each phase in ms and % of the step, over the "
-                 "mean of the ranks and over the slowest rank; remainder = step - the timed phases (negative when "
-                 "phases overlap); exchange bandwidth = bytes per step / the phase's time. The split step calls "
-                 "and waits for each phase on its own, so it takes longer than the timed step of the throughput "
-                 "column (shown next to it): the difference is the cost of splitting, not of the model.")
-    head = ["GPUs", "nodes", "ranks", "split step (ms)", "timed step (ms)"] \
+                 "mean of the ranks and over the slowest rank; compute and the embedding exchange are each timed "
+                 "alone, so remainder = step - the timed phases is measured: what the step's forward+backward "
+                 "took beyond them (waits for other ranks, overlap, noise), of either sign (breakdowns of "
+                 "version 1 derived compute from it and show 0); exchange bandwidth = bytes per step / the "
+                 "phase's time. The split step calls and waits for each phase on its own, so it differs from the "
+                 "timed step of the throughput column (shown next to it, and split / timed: the same run's "
+                 "timed step where recorded): the difference is the cost of splitting, not of the model. "
+                 "`study project` calibrates on the timed step; the breakdown only apportions it (its parts "
+                 "scaled by timed / split step).")
+    head = ["GPUs", "nodes", "ranks", "split step (ms)", "timed step (ms)", "split / timed"] \
         + [p.replace("_", " ") for p in BREAKDOWN_PHASES] + [f"{e.replace('_', ' ')} GB/s" for e in EXCHANGES]
     for v in report["variants"]:
         cells = [(row, row["variants"].get(v)) for row in report["rows"] if row["variants"].get(v)]
@@ -709,7 +716,10 @@ def _breakdown_lines(report):
                     continue
                 if label == "slowest":
                     label = f"slowest (rank {over.get('rank', '?')})"
-                lines.append("| " + " | ".join(size + [label, fmt_number(over["step_ms"], 2), fmt_number(cell["step_time_ms"], 2)]
+                timed = b.get("timed_step_ms") or cell["step_time_ms"]
+                ratio = over["step_ms"] / timed if timed else None
+                lines.append("| " + " | ".join(size + [label, fmt_number(over["step_ms"], 2), fmt_number(cell["step_time_ms"], 2),
+                                                       fmt_number(ratio, 2)]
                                                + [_phase_text(over, p) for p in BREAKDOWN_PHASES]
                                                + [fmt_number(b["exchanges"][e][key], 2) for e in EXCHANGES]) + " |")
     methods = sorted({f"{c['breakdown']['steps']} step(s), {c['breakdown']['method']}" for r in report["rows"]
@@ -1029,13 +1039,14 @@ def make_out_dir(out_dir):
         raise storage_error(out_dir, exc, what="cannot create") from None
 
 
-def write(study_dir, out_dir=None, want_plot=None, project=None):
+def write(study_dir, out_dir=None, want_plot=None, project=None, on_written=None):
     """Poll the study and write scaling.{md,csv,json}, breakdown.csv (and scaling.png, one
     breakdown-<variant>.png per variant with a step breakdown) to `out_dir` (default <study>/report). `want_plot`: True needs matplotlib, None plots when it is installed.
     The files are written as one group (jobs.runs.atomic.write_group): all of them or, on a full
     disk, none, the previous report left whole (StorageError). Returns (report dict, {kind: path});
     the caller prints report["warnings"]. `project(record, report)`: the "Projection" section's data
-    (`study report` passes jobs.study.projection.for_report, which sits above this module)."""
+    (`study report` passes jobs.study.projection.for_report, which sits above this module);
+    `on_written(record, report)` once the files are written (`study report`: the history's)."""
     record = StudyRecord.load(study_dir)
     draw = plot_wanted(want_plot)       # refuse before writing anything
     status = poll(record)
@@ -1056,4 +1067,6 @@ def write(study_dir, out_dir=None, want_plot=None, project=None):
             paths[f"breakdown plot {v}"] = path
             files[path] = data
     write_group(files)      # all or nothing: never a new table beside an old plot
+    if on_written is not None:      # jobs.study.history.on_report: the runs dir's history, above this module
+        on_written(record, report)
     return report, paths

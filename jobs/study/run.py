@@ -331,7 +331,7 @@ def _check_extension(recorded, spec, study_dir):
 
 
 def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_log,
-        poll_first=None, poll_max=None, placement=None, nodes=None, refresh_code=False):
+        poll_first=None, poll_max=None, placement=None, nodes=None, refresh_code=False, exclude=None):
     """Submit every point of `spec` that is missing or failed (all of them for a new study), in
     rounds (every point's first repeat, then every point's second ...), keeping at most
     `max_concurrent` points queued or running: by default one on a profile whose nodes share
@@ -339,7 +339,8 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     submitted now]). Bad input raises StudyError/RequestError before anything exists; a second
     `run` of a study while one is submitting is refused (nothing is ever submitted twice).
     `placement` ("allocation", else the spec's `placement`): every point submitted now runs in one
-    allocation of `nodes` nodes (default: the largest point's), jobs.study.allocation. Every point
+    allocation of `nodes` nodes (default: the largest point's) without the `exclude` ones (a Slurm
+    host list, e.g. the line `study screen` prints), jobs.study.allocation. Every point
     runs the study's frozen code (jobs.study.frozen), copied from the checkout when the study is
     made, again only with `refresh_code`."""
     profile = load(profile)
@@ -350,6 +351,11 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     placement = placement or spec.placement or "jobs"
     if nodes is not None and placement != "allocation":
         raise StudyError("--nodes: sizes a study's allocation; give --allocation (or placement: allocation)")
+    if exclude is not None:
+        if placement != "allocation":
+            raise StudyError("--exclude: leaves nodes out of a study's allocation; give --allocation "
+                             "(or placement: allocation)")
+        exclude, _ = allocation.check_hostlist("--exclude", exclude)
     if study_dir is None:
         rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
         study_dir = default_study_dir(spec, runs_dir, profile)
@@ -365,7 +371,7 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
         if config is not None:
             config.join()
         if placement == "allocation":
-            return _run_allocation(spec, profile, backend, record, points, nodes, log)
+            return _run_allocation(spec, profile, backend, record, points, nodes, log, exclude)
         return _run_points(spec, profile, backend, record, points, max_concurrent, log, poll_first, poll_max)
 
 
@@ -398,7 +404,7 @@ def _frozen_code(record, refresh, log):
     return code
 
 
-def _run_allocation(spec, profile, backend, record, points, nodes, log):
+def _run_allocation(spec, profile, backend, record, points, nodes, log, exclude=None):
     """The missing and failed points (in rounds of repeats) as one allocation
     (jobs.study.allocation), only while no point of the study is queued or running: one
     allocation at a time, so its points never run beside another of the study's (a `run` meanwhile
@@ -413,7 +419,8 @@ def _run_allocation(spec, profile, backend, record, points, nodes, log):
     todo.sort(key=lambda p: p.repeat)
     if not todo:
         return record, []
-    runs = allocation.submit(spec, profile, backend, record, todo, points, point_request, nodes=nodes, log=log)
+    runs = allocation.submit(spec, profile, backend, record, todo, points, point_request, nodes=nodes, log=log,
+                             exclude=exclude)
     submitted = [p.id for p in todo]
     write_results(record, _after_submission(record, status, submitted, runs))
     return record, submitted

@@ -20,9 +20,13 @@ ranks, so the returned vectors scale their gradient by 1/world: both paths
 apply the same update.
 
 :meth:`ModelParallelEmbedding.exchange_only` runs the three exchanges of a step alone, on the ids
-of a traced call, for the engine's step breakdown (``--breakdown-steps``), and counts their bytes.
+of a traced call, for the engine's step breakdown (``--breakdown-steps``), and counts their bytes;
+under :meth:`ModelParallelEmbedding.local_exchange` a call traces no exchange at all (local stand-ins
+of the same shapes), so the breakdown times compute on its own.
 """
 from __future__ import annotations
+
+import contextlib
 
 import tensorflow as tf
 
@@ -76,6 +80,7 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
         self.id_dtype = tf.int32 if max(self.cardinalities) < 2**31 else tf.int64
         self.shards, self.dp_tables = {}, {}
         self._traced = _Traced()
+        self._local = False             # local_exchange(): trace local stand-ins instead of the alltoalls
 
     def build(self, input_shape):
         for s in self.mine:
@@ -113,8 +118,12 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
             send += [flat[s.table] for s in self.by_rank[r]]
             splits.append(batch * sum(hots[s.table] for s in self.by_rank[r]))
         splits = tf.stack(splits)
-        recv, recv_splits = self.hvd.alltoall(tf.concat(send, 0) if send else tf.zeros([0], self.id_dtype),
-                                              splits=splits, name=f"{self.name}_ids")
+        send = tf.concat(send, 0) if send else tf.zeros([0], self.id_dtype)
+        if self._local:
+            # stand-in: every rank sends this rank what it sends itself (equal local batches: same shapes)
+            recv = tf.tile(tf.split(send, splits, num=self.world)[self.rank], [self.world])
+            return ids, hots, batch, recv, tf.fill([self.world], splits[self.rank]), splits
+        recv, recv_splits = self.hvd.alltoall(send, splits=splits, name=f"{self.name}_ids")
         return ids, hots, batch, recv, recv_splits, splits
 
     def _widths(self):
@@ -132,6 +141,27 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
     def _vectors_to_askers(self, back, back_splits):
         """Step 3: the looked-up vectors back to the ranks that asked (its gradient: the same way back)."""
         return self.hvd.alltoall(back, splits=back_splits, name=f"{self.name}_vectors")
+
+    def _local_vectors(self, back, back_splits, batch):
+        """Stand-in of step 3 under :meth:`local_exchange`: for each rank's block, this rank's own
+        looked-up vectors with their columns repeated to that block's width (zeros when it holds
+        none); differentiable, so backward reaches the lookups as in the step."""
+        width = sum(s.col_end - s.col_start for s in self.mine)
+        own = tf.reshape(tf.split(back, back_splits, num=self.world)[self.rank], [batch, width]) if width else None
+        blocks = [tf.gather(own, tf.constant([j % width for j in range(w)], tf.int32), axis=1) if width
+                  else tf.zeros([batch, w], self.compute_dtype) for w in self._widths()]
+        return tf.reshape(tf.concat(blocks, 1), [-1])
+
+    @contextlib.contextmanager
+    def local_exchange(self):
+        """Calls traced inside trace no exchange: the ids and vectors stay on this rank (same shapes,
+        same lookups), for the step breakdown's compute timed on its own. Python-side only: it acts
+        on what a tf.function traces while it is open, not on functions traced before."""
+        self._local = True
+        try:
+            yield
+        finally:
+            self._local = False
 
     def exchange_only(self, ids):
         """The exchanges of one step on these ids, without the lookups: the ids alltoall, the vectors
@@ -174,7 +204,9 @@ class ModelParallelEmbedding(tf.keras.layers.Layer):
             back = tf.zeros([0], self.dtype)            # the tables' dtype, as the other ranks send
         # 3. vectors back to the rank that asked; gradients return the same way, scaled to the average.
         widths = self._widths()
-        vectors, _ = self._vectors_to_askers(back, self._back_splits(recv_splits, hots))
+        back_splits = self._back_splits(recv_splits, hots)
+        vectors = (self._local_vectors(back, back_splits, batch) if self._local
+                   else self._vectors_to_askers(back, back_splits)[0])
         vectors = _scale_gradient(vectors, 1.0 / self.world)
         blocks = tf.split(vectors, [batch * w for w in widths], num=self.world)
         columns = {}

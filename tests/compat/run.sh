@@ -24,7 +24,7 @@ export PIP_CACHE_DIR=$cache/pip PIP_DISABLE_PIP_VERSION_CHECK=1
 # What every stack needs besides TensorFlow: the engine's own imports (setup.cfg [train]).
 common="pyyaml==6.0.2 pandas==1.5.3 pyarrow==14.0.2"
 # stack -> "pip requirements | tf-keras requirement installed with --no-deps (or empty)".
-# numpy: TF 2.12 needs < 1.24, 2.13 <= 1.24.3, 2.14 - 2.17 < 2.
+# numpy: TF 2.12 needs < 1.24, 2.13 <= 1.24.3, 2.14 - 2.17 < 2; 2.18 - 2.20 take 1.26 (pyarrow 14 needs numpy 1.x).
 declare -A stacks=(
   [tf2.12]="tensorflow-cpu==2.12.1 numpy==1.23.5|"
   [tf2.13]="tensorflow-cpu==2.13.1 numpy==1.24.3|"
@@ -34,6 +34,9 @@ declare -A stacks=(
   [tf2.17-tfkeras]="tensorflow-cpu==2.17.1 numpy==1.26.4|tf-keras==2.17.0"
   [tf2.16-keras3]="tensorflow-cpu==2.16.2 numpy==1.26.4|"
   [tf2.17-keras3]="tensorflow-cpu==2.17.1 numpy==1.26.4|"
+  [tf2.18-tfkeras]="tensorflow-cpu==2.18.1 numpy==1.26.4|tf-keras==2.18.0"
+  [tf2.19-tfkeras]="tensorflow-cpu==2.19.1 numpy==1.26.4|tf-keras==2.19.0"
+  [tf2.20-tfkeras]="tensorflow-cpu==2.20.0 numpy==1.26.4|tf-keras==2.20.1"
 )
 default="tf2.12 tf2.15 tf2.17-tfkeras tf2.17-keras3"
 

@@ -145,6 +145,35 @@ def test_calibration_stands_on_the_timed_step():
         P.calibration_of_report(recorded_report(), "amp")
 
 
+def test_calibration_reads_a_version_2_breakdown():
+    """A breakdown of version 2 (compute timed alone, a measured remainder, the run's timed step and
+    split / timed recorded), read by the study report as the engine writes it, calibrates as version 1
+    did: on the timed step, exchanges out and optimizer fixed; the remainder (here negative) stays in
+    the scaled part. Version 1 cells (the recorded study) read None for the new fields."""
+    from jobs.study import report as study_report
+
+    raw = {"version": 2, "steps": 10, "method": "split step: ...", "phases": list(study_report.BREAKDOWN_PHASES),
+           "mean": {"step_ms": 20.0, "input_wait_ms": 1.0, "compute_ms": 9.0, "embedding_exchange_ms": 4.0,
+                    "gradient_exchange_ms": 3.0, "optimizer_ms": 4.0, "remainder_ms": -1.0,
+                    "forward_backward_ms": 12.0},
+           "slowest_rank": {"rank": 1, "step_ms": 21.0, "input_wait_ms": 1.0, "compute_ms": 9.5,
+                            "embedding_exchange_ms": 4.0, "gradient_exchange_ms": 3.5, "optimizer_ms": 4.0,
+                            "remainder_ms": -1.0, "forward_backward_ms": 12.5},
+           "bytes_per_step": {"embedding_exchange": 1000, "gradient_exchange": 500},
+           "timed_step_ms": 16.0, "split_over_timed": 1.25}
+    report = recorded_report()
+    assert report["rows"][0]["variants"]["default"]["breakdown"].get("split_over_timed") is None
+    cell = report["rows"][0]["variants"]["default"]
+    cell["step_time_ms"], cell["breakdown"] = 16.0, study_report._breakdown("p-r0", raw)
+    assert cell["breakdown"]["timed_step_ms"] == 16.0 and cell["breakdown"]["split_over_timed"] == 1.25
+    assert cell["breakdown"]["mean"]["phases"]["remainder"]["ms"] == -1.0
+    calib, _, _ = P.calibration_of_report(report)
+    k = 16.0 / 20.0                                     # timed / split step
+    assert calib.fixed_ms == pytest.approx(4.0 * k)
+    assert calib.scaled_ms == pytest.approx(16.0 - (4.0 + 3.0) * k - 4.0 * k)
+    assert calib.step_ms == pytest.approx(16.0 - 7.0 * k)   # the timed step less its exchanges, not the split one
+
+
 def layout(n, dense=1000, tables=(), slices=(), rank_bytes=None, sparse_as_dense=False):
     return {"dense_params": dense, "sparse_as_dense": sparse_as_dense, "tables": [list(t) for t in tables],
             "slices": [list(s) for s in slices], "rank_bytes": rank_bytes or [0] * n}

@@ -166,8 +166,8 @@ def test_step_breakdown_table_csv_json_and_bars(tmp_path, monkeypatch, capsys):
     text = (tmp_path / "report" / "scaling.md").read_text()
     section = text.split("## Where the step time goes")[1]
     timed = report["rows"][1]["variants"]["amp=false"]["step_time_ms"]   # the throughput column's step, next to it
-    assert f"| 2 | 1 x 2 | mean | 13.00 | {timed:,.2f} | 1.00 (7.7%) | 7.00 (53.8%) | 1.50 (11.5%) | 2.00 (15.4%) |" \
-        in section
+    assert f"| 2 | 1 x 2 | mean | 13.00 | {timed:,.2f} | {13.0 / timed:,.2f} | 1.00 (7.7%) | 7.00 (53.8%) | 1.50 (11.5%) " \
+        "| 2.00 (15.4%) |" in section                                    # split / timed: the cell's timed step (v1)
     assert "| 2 | 1 x 2 | slowest (rank 3) | 14.00 |" in section
     assert "| 4 | 1 x 4 | mean | 12.50 |" in section and "-0.50 (-4.0%)" in section  # negative remainder kept
     rows = list(csv.DictReader(open(tmp_path / "report" / "breakdown.csv")))

@@ -120,6 +120,12 @@ def test_dlrm_report_table_comes_from_the_summaries(dlrm_study, study_cli):
         assert projected[gpus]["embedding_bytes_mean"] == counted["embedding_exchange"]["bytes"]
         assert projected[gpus]["gradient_allreduce_bytes"] == counted["gradient_exchange"]["bytes"]
         assert projected[gpus]["measured_throughput"] == rows[gpus]["variants"]["default"]["throughput"]
+    # the finished study is in the runs dir's history, with its frozen code and headline
+    listed = json.loads(study_cli("study", "history", "--json", check=True).stdout)
+    entry = next(e for e in listed if e["study_dir"] == os.path.abspath(dlrm_study["dir"]))
+    assert (entry["name"], entry["state"], entry["points"], entry["code"]) == \
+        ("dlrm-strong", "present", 4, record(dlrm_study["dir"])["code"]["sha256"])
+    assert entry["headline"]["throughput"] == rows[8]["variants"]["default"]["throughput"]
 
 
 def test_dlrm_step_breakdown_adds_up_and_the_exchange_share_grows(dlrm_study, study_cli):

@@ -2,6 +2,8 @@
 
 One rank (no exchange at all), two ranks under mpirun with model-parallel tables (both exchanges
 measured), and the flag refused outside benchmark mode or negative, before TensorFlow starts.
+Compute is timed on its own (the model-parallel alltoalls replaced by local stand-ins), so the
+remainder is measured, and the split step is related to the run's timed step.
 """
 import shutil
 import subprocess
@@ -18,15 +20,26 @@ BENCH = ["--run-mode", "benchmark", "--benchmark-warmup-steps", "2", "--benchmar
 
 def _breakdown(s, world):
     b = s["step_breakdown"]
-    assert b["version"] == 1 and b["steps"] == 5 and b["phases"] == PHASES and "split step" in b["method"]
+    assert b["version"] == 2 and b["steps"] == 5 and b["phases"] == PHASES and "split step" in b["method"]
+    assert "compute alone" in b["method"]
     assert s["summary_version"] == 3 and s["world_size"] == world
-    # the breakdown steps train like any step; the fused timed steps stay the throughput's
+    # the breakdown steps train like any step (compute alone applies nothing); the fused timed steps
+    # stay the throughput's
     assert s["timed_steps"] == 4 and s["step"] == 2 + 4 + 1 + 5       # + the untimed first split step
+    # the split step related to this run's timed step (what a projection calibrates on)
+    assert b["timed_step_ms"] == s["mean_step_time_ms"] > 0
+    assert b["split_over_timed"] == pytest.approx(b["mean"]["step_ms"] / s["mean_step_time_ms"])
     for part in (b["mean"], b["slowest_rank"]):
-        assert set(part) >= {"step_ms"} | {f"{p}_ms" for p in PHASES}
+        assert set(part) >= {"step_ms", "forward_backward_ms"} | {f"{p}_ms" for p in PHASES}
         assert part["step_ms"] > 0
         assert sum(part[f"{p}_ms"] for p in PHASES) == pytest.approx(part["step_ms"], rel=0.01)
         assert all(part[f"{p}_ms"] >= 0 for p in PHASES if p != "remainder"), part
+        # compute is timed on its own: the remainder is what the step's forward+backward took beyond
+        # compute and exchange alone, a measurement of either sign (never 0 up to float rounding, as
+        # it was when compute was forward+backward less the exchange)
+        assert part["remainder_ms"] == pytest.approx(
+            part["forward_backward_ms"] - part["compute_ms"] - part["embedding_exchange_ms"], abs=1e-6)
+        assert abs(part["remainder_ms"]) > 1e-6, part
     assert 0 <= b["slowest_rank"]["rank"] < world
     assert b["slowest_rank"]["step_ms"] >= b["mean"]["step_ms"] * (1 - 1e-9)
     return b

@@ -73,20 +73,20 @@ def test_keras3_installed_next_to_a_keras2_release_is_refused():
 
 @pytest.mark.parametrize("tf,dist,word,tail", [
     ("2.11.1", "tensorflow-cpu", "older", ""),
-    ("2.18.0", "tensorflow", "newer", f" (or set {ALLOW_ENV}=1 to try it anyway)"),
-    ("2.19.0.dev20250101", "tf-nightly", "newer", f" (or set {ALLOW_ENV}=1 to try it anyway)"),
+    ("2.21.0", "tensorflow", "newer", f" (or set {ALLOW_ENV}=1 to try it anyway)"),
+    ("2.22.0.dev20260101", "tf-nightly", "newer", f" (or set {ALLOW_ENV}=1 to try it anyway)"),
 ])
 def test_versions_outside_the_range_are_refused(tf, dist, word, tail):
-    d = decide(found(tf, "2.11.0" if word == "older" else "3.6.0", "2.18.0", dist=dist), {})
+    d = decide(found(tf, "2.11.0" if word == "older" else "3.6.0", "2.21.0", dist=dist), {})
     pip_name = {"tf-nightly": "tensorflow"}.get(dist, dist)
-    assert d.error == (f"TensorFlow {tf} is {word} than the engine supports (2.12 to 2.17): "
+    assert d.error == (f"TensorFlow {tf} is {word} than the engine supports (2.12 to 2.20): "
                        f"pip install {pip_name}==2.15.1{tail}")
 
 
 def test_a_newer_release_runs_when_allowed():
-    d = decide(found("2.18.0", "3.6.0", "2.18.0"), {ALLOW_ENV: "1"})
+    d = decide(found("2.21.0", "3.6.0", "2.21.0"), {ALLOW_ENV: "1"})
     assert d.ok and dict(d.env) == {LEGACY_ENV: "1"}
-    assert d.notes == (f"TensorFlow 2.18.0 is outside the supported 2.12 to 2.17; running anyway because "
+    assert d.notes == (f"TensorFlow 2.21.0 is outside the supported 2.12 to 2.20; running anyway because "
                        f"{ALLOW_ENV} is set",)
 
 

@@ -311,21 +311,38 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True, 
     )
 
 
-def render_allocation(spec, run_dir, points, token=None):
+def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodelist=None, exclude=None):
     """The sbatch script of one allocation (`spec`: its size, time and name) that runs a study's
     points in turn (slurm/study-allocation.sbatch.tmpl); `points`: [(point JobSpec, its run dir,
-    its script path)], each script rendered by `render(..., in_allocation=True)`."""
+    its script path)], each script rendered by `render(..., in_allocation=True)`. `concurrent`
+    (a node screen, jobs.study.screen): every point at once, each on its own nodes after the
+    previous point's; `nodelist`, `exclude`: the allocation's `--nodelist` / `--exclude`, Slurm host
+    lists (`exclude`: e.g. the nodes a `study screen` flagged)."""
     profile = spec.profile
     path = os.path.join(slurm_dir(), "study-allocation.sbatch.tmpl")
     with open(path) as handle:
         template = _Template(handle.read())
-    lines = [" ".join(["recsys_point", shlex.quote(os.path.abspath(point_dir)), shlex.quote(script),
-                       shlex.quote(point.key), str(int(point.nodes))])
-             for point, point_dir, script in points]
+    lines, first = [], 0
+    for point, point_dir, script in points:
+        line = ["recsys_point", shlex.quote(os.path.abspath(point_dir)), shlex.quote(script),
+                shlex.quote(point.key), str(int(point.nodes))]
+        if concurrent:
+            line += [str(first), "&"]
+            first += int(point.nodes)
+        lines.append(" ".join(line))
+    if concurrent and lines:
+        lines.append("wait")
+    heads = directives(spec, run_dir, None, token)
+    for flag, hosts in (("--nodelist", nodelist), ("--exclude", exclude)):
+        if hosts is not None:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-\[\],]+", hosts):
+                raise RequestError(f"{flag}: {hosts!r} is not a Slurm host list such as node[1-4],gpu7")
+            heads.append(f"#SBATCH {flag}={hosts}")
     title = (f"study allocation {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
-             f"{len(points)} point(s)")
+             f"{len(points)} point(s)" + (", all at once, each on its own node(s) (not in turn as below)"
+                                          if concurrent else ""))
     return template.substitute(
-        directives="\n".join(directives(spec, run_dir, None, token)),
+        directives="\n".join(heads),
         title=_comment(title, "the allocation's title"),
         profile_name=_comment(profile.name, "profile name"),
         profile_path=_comment(profile.path or "", f"profile {profile.name!r}: path"),
