@@ -142,20 +142,10 @@ def submit(spec, profile, backend, record, todo, points, point_request, nodes=No
                 point.code[draft.run_dir] = record.code["sha256"]
         record.save(durable=True)       # every point findable before the allocation's sbatch
 
-        def intent(job):
-            alloc_record.intent = job
-            alloc_record.save(durable=True)
-
-        try:
-            jobs = backend.submit(alloc_draft, {}, False, log=log, on_intent=intent)
-        except (SubmitError, SlurmCommandError, StorageError) as exc:
-            _failed([alloc_record] + list(runs.values()), exc)
-            raise SubmitError(f"the study's allocation {'may or may not have been' if _uncertain(exc) else 'was not'} "
-                              f"submitted: {exc}; {len(runs)} point(s) in it (allocation run dir {alloc_dir})",
-                              uncertain=_uncertain(exc)) from None
+        jobs = submit_recorded(backend, alloc_draft, alloc_record, "the study's allocation",
+                               f"; {len(runs)} point(s) in it (allocation run dir {alloc_dir})", log=log,
+                               on_failure=lambda exc: _failed([alloc_record] + list(runs.values()), exc))
         job_id = jobs[0].job_id
-        alloc_record.jobs, alloc_record.intent, alloc_record.state = jobs, None, SUBMITTED
-        alloc_record.save()
         for run in runs.values():
             run.intent.job_id = job_id
             run.jobs, run.intent, run.state = [run.intent], None, SUBMITTED
@@ -163,6 +153,26 @@ def submit(spec, profile, backend, record, todo, points, point_request, nodes=No
     log(f"allocation job {job_id}: {alloc.nodes} node(s), {len(runs)} point(s) on its first nodes "
         f"(run dir {alloc_dir})")
     return runs
+
+
+def submit_recorded(backend, draft, alloc_record, what, where, log=None, on_failure=None):
+    """The sbatch of an allocation (a study's, a screen's) with its intent in `alloc_record` first,
+    so that jobs.recovery settles a crash between the two; then its job. A failure is one
+    SubmitError saying whether Slurm may have the job (`on_failure(exc)` runs before it)."""
+    def intent(job):
+        alloc_record.intent = job
+        alloc_record.save(durable=True)
+
+    try:
+        jobs = backend.submit(draft, {}, False, log=log, on_intent=intent)
+    except (SubmitError, SlurmCommandError, StorageError) as exc:
+        if on_failure is not None:
+            on_failure(exc)
+        raise SubmitError(f"{what} {'may or may not have been' if _uncertain(exc) else 'was not'} submitted: "
+                          f"{exc}{where}", uncertain=_uncertain(exc)) from None
+    alloc_record.jobs, alloc_record.intent, alloc_record.state = jobs, None, SUBMITTED
+    alloc_record.save()
+    return jobs
 
 
 def _uncertain(exc):

@@ -22,7 +22,7 @@ import statistics
 import time
 
 from jobs import states
-from jobs.errors import RequestError, SlurmCommandError, StorageError, SubmitError
+from jobs.errors import RequestError
 from jobs.planning.argv import SlurmHelper
 from jobs.planning.plan import plan
 from jobs.planning.request import slug
@@ -174,18 +174,8 @@ def submit(profile, nodes=None, nodelist=None, margin=MARGIN, runs_dir=None, log
     alloc_record = record(screen_dir, KEY)
     alloc_record.save()
 
-    def intent(job):
-        alloc_record.intent = job
-        alloc_record.save(durable=True)
-
-    try:
-        jobs = backend.submit(alloc_draft, {}, False, log=log, on_intent=intent)
-    except (SubmitError, SlurmCommandError, StorageError) as exc:
-        uncertain = bool(getattr(exc, "uncertain", False))
-        raise SubmitError(f"the screen's allocation {'may or may not have been' if uncertain else 'was not'} "
-                          f"submitted: {exc} (screen dir {screen_dir})", uncertain=uncertain) from None
-    alloc_record.jobs, alloc_record.intent, alloc_record.state = jobs, None, SUBMITTED
-    alloc_record.save()
+    jobs = allocation.submit_recorded(backend, alloc_draft, alloc_record, "the screen's allocation",
+                                      f" (screen dir {screen_dir})", log=log)
     for slot, draft in zip(slots, drafts):
         run = record(draft.run_dir, slot.key)
         run.jobs = [JobRecord(key=slot.key, name=slot.name, job_id=jobs[0].job_id, ntasks=slot.ntasks_per_node,
