@@ -116,7 +116,7 @@ _SAVE = textwrap.dedent("""\
     from recsys.embeddings.tables import Table, TableGroup
     from recsys.sharded_checkpoint import ShardedCheckpointer
 
-    directory, stale_view = sys.argv[1], sys.argv[2]
+    directory, stale_view, results = sys.argv[1], sys.argv[2], sys.argv[3]
     dist = Distributed()
     group = TableGroup("g", (Table("a", "a", "cat", 64, 4), Table("b", "b", "cat", 32, 4)))
     layer = EmbeddingGroup(group, place("model_parallel", "test", dist.size, [group]), hvd=dist.hvd)
@@ -136,8 +136,14 @@ _SAVE = textwrap.dedent("""\
         except CheckpointWriteError as err:
             out[attempt] = "error: " + str(err)
         out[attempt + "_s"] = time.time() - t0
-    print("RESULT " + json.dumps(out), flush=True)
+    with open(f"{results}/rank-{dist.rank}.json", "w") as f:
+        json.dump(out, f)
 """)
+
+
+def _rank_results(directory):
+    """Each rank's result, from the file it wrote (ranks' stdout lines interleave under mpirun)."""
+    return {r["rank"]: r for r in (json.loads(p.read_text()) for p in sorted(directory.glob("rank-*.json")))}
 
 
 def test_a_rank_that_does_not_see_the_temporary_directory_fails_the_save_on_every_rank(tmp_path):
@@ -147,11 +153,12 @@ def test_a_rank_that_does_not_see_the_temporary_directory_fails_the_save_on_ever
     directory, stale = tmp_path / "ckpt", tmp_path / "stale-view"
     directory.mkdir()
     stale.mkdir()
-    res = subprocess.run(mpirun_cmd(2, [sys.executable, "-c", _SAVE, str(directory), str(stale)]), env=base_env(),
-                         cwd=REPO, text=True, capture_output=True, timeout=180)
+    results = tmp_path / "results"
+    results.mkdir()
+    res = subprocess.run(mpirun_cmd(2, [sys.executable, "-c", _SAVE, str(directory), str(stale), str(results)]),
+                         env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = {r["rank"]: r for r in (json.loads(line[7:]) for line in res.stdout.splitlines()
-                                  if line.startswith("RESULT "))}
+    out = _rank_results(results)
     assert set(out) == {0, 1}
     lagging = f"cannot write checkpoint {directory}/ckpt-0000000001: "
     assert out[1]["lagging"].startswith(f"error: cannot write checkpoint {stale}/ckpt-0000000001: rank 1 does not "
@@ -208,7 +215,8 @@ _DE_RANKS = textwrap.dedent("""\
         saved = checkpoint_weights(path)
         out["de_equal"] = [bool(np.array_equal(np.asarray(g), w)) for g, w in zip(got, want)]
         out["saved_equal"] = [bool(np.array_equal(saved[f"table:g/{t}"], w)) for t, w in enumerate(want)]
-    print("RESULT " + json.dumps(out), flush=True)
+    with open(f"{sys.argv[3]}/rank-{dist.rank}.json", "w") as f:
+        json.dump(out, f)
 """)
 
 
@@ -218,11 +226,12 @@ def test_three_de_ranks_with_merged_slices_set_read_back_and_checkpoint_the_same
     which rank 0 holds two of table 0's three column slices (DE's set_weights would cut it 4 + 4 wide and
     stop): the seeded tables go in by the layout, DE's own get_weights reads back exactly them, and the
     checkpoint written slice by slice on every rank holds the same tables."""
+    results = tmp_path / "results"
+    results.mkdir()
     res = subprocess.run(mpirun_cmd(3, [sys.executable, "-c", _DE_RANKS, str(Path(DE_SOURCE).resolve()),
-                                        str(tmp_path / "ckpt")]),
+                                        str(tmp_path / "ckpt"), str(results)]),
                          env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = {r["rank"]: r for r in (json.loads(line[7:]) for line in res.stdout.splitlines()
-                                  if line.startswith("RESULT "))}
+    out = _rank_results(results)
     assert out[0]["de_equal"] == [True] * 5 and out[0]["saved_equal"] == [True] * 5
     assert out[0]["line"].startswith("g: distributed-embeddings built its model-parallel tables as planned: rank 0 ")
