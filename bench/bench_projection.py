@@ -20,7 +20,12 @@ Cases:
 - distributed-embeddings' synthetic tiny and small models (README at 4cb42d4; tables, widths,
   hotness and MLPs from config_v3.py), DGX A100, global batch 65536, Adagrad: 1 GPU to 8/16/32.
 - the emulated cluster's recorded study (docs/studies/emulated-dlrm-strong.json) when the ci
-  profile has a fabric: calibrated on its 1-rank point, projected to 2/4/8 ranks.
+  profile has a fabric: calibrated on its 1-rank point, projected to 2/4/8 ranks, with compute
+  vs batch from the measured 1-rank curve (bench/emulated-dlrm-compute-curve.yaml,
+  bench/bench_compute_curve.py) and the ci fabric's measured core sharing
+  (bench/bench_core_sharing.py).
+The published rows have one 1-GPU batch each (no table publishes 1 GPU at two batches of the
+same model): their compute stays proportional to the batch per GPU, the model's one-point rule.
 """
 from __future__ import annotations
 
@@ -55,6 +60,8 @@ DE_MODELS = {
                           (27, [1], 4000000, 32, False)], mlp=[512, 256, 128], numerical=10),
 }
 DE_BATCH = 65536
+# the emulated study's 1-rank step measured at its per-rank batches (bench/bench_compute_curve.py)
+EMULATED_CURVE = os.path.join(ROOT, "bench", "emulated-dlrm-compute-curve.yaml")
 ADAGRAD_SLOTS = 1
 
 
@@ -178,8 +185,10 @@ def emulated_rows():
     prof = load_profile("ci")
     if prof.fabric is None:
         return []
+    curve = EMULATED_CURVE if os.path.isfile(EMULATED_CURVE) else None
     record = P.run(os.path.join(ROOT, "docs", "studies", "emulated-dlrm-strong.yaml"), prof, [1, 2, 4, 8],
-                   step_ms=None, report=os.path.join(ROOT, "docs", "studies", "emulated-dlrm-strong.json"))
+                   step_ms=None, report=os.path.join(ROOT, "docs", "studies", "emulated-dlrm-strong.json"),
+                   compute_curve=[curve] if curve else None)
     out = []
     calib = P.Calibration(**record["calibration"])
     for p in record["points"]:

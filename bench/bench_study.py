@@ -147,7 +147,6 @@ def bench_submit(env, rounds):
           f"{POINTS} scripts, API, raw sbatch of its {POINTS} scripts, CLI without bytecode, API one point at a time, "
           f"a python that only imports what `study run` needs")
     print(f"{'what':<56} {'wall s':>7} {'ms/point':>9} {'CPU s':>7} {'vs raw wall':>12} {'vs raw CPU':>11}")
-    raw_wall = statistics.median(w for w, _ in rows["raw"])
     raw_cpu = statistics.median(c for _, c in rows["raw"])
     for key, name in names.items():
         wall = statistics.median(w for w, _ in rows[key])

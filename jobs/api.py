@@ -171,18 +171,20 @@ def requeue(run_dir, log=None):
 
 
 def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None, nodes=None, refresh_code=False,
-              exclude=None):
+              exclude=None, overlap_other_users=False):
     """Submit the missing or failed points of a study, in rounds of repeats, at most
     `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap),
     or (`placement` "allocation") all in one allocation of `nodes` nodes (without the `exclude`
     ones: a Slurm host list, or the `--exclude=` line `study screen` prints):
-    (StudyRecord, [point ids submitted])."""
+    (StudyRecord, [point ids submitted]). On a shared-nodes profile another user's study job in
+    the queue refuses it unless `overlap_other_users`."""
     from .study import run as study_run
     from .study.published import check_data_path
 
     check_data_path(spec)       # a reference spec's placeholder data_path: refused before anything exists
     return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent, placement=placement,
-                         nodes=nodes, refresh_code=refresh_code, exclude=exclude)
+                         nodes=nodes, refresh_code=refresh_code, exclude=exclude,
+                         overlap_other_users=overlap_other_users)
 
 
 def dry_run_study(spec, profile):
@@ -353,15 +355,18 @@ def _runs_dir():
     return default_runs_dir()
 
 
-def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=None, plot=None, published=False):
+def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=None, plot=None, published=False,
+                  compute_curve=None):
     """What `gpus` GPU counts of `profile` would deliver for a study directory (calibrated on its
     smallest measured point) or a spec file (calibrated on `step_ms`, one GPU's step time, or with
     `published` on NVIDIA's 1-GPU row of the same model, batch and precision): the
     band from full overlap to none per count (docs/studies.md, "Projecting a study"). Writes
-    projection.{md,csv,json,png} to `out_dir` when given; returns (record, {kind: path})."""
+    projection.{md,csv,json,png} to `out_dir` when given; returns (record, {kind: path}).
+    `compute_curve`: paths of one GPU measured at several batches (projection.compute_curve)."""
     from .study import projection
 
-    record = projection.run(source, load(profile), gpus, variant=variant, step_ms=step_ms, use_published=published)
+    record = projection.run(source, load(profile), gpus, variant=variant, step_ms=step_ms, use_published=published,
+                            compute_curve=compute_curve)
     paths = projection.write(record, out_dir, want_plot=plot) if out_dir else {}
     return record, paths
 

@@ -242,9 +242,12 @@ def _study_parser(sub):
                      help="with --allocation: nodes it leaves out (e.g. node3,node7, or the --exclude=... line "
                           "`study screen` prints)")
     run.add_argument("--refresh-code", action="store_true",
-                     help="copy the checkout's recsys/ and slurm/ into the study again: points submitted from now "
-                          "run the new copy (recorded in study.json); by default every point runs the copy made "
-                          "when the study began")
+                     help="copy the checkout's recsys/ and slurm/ and the profile into the study again: points "
+                          "submitted from now run the new copy (recorded in study.json); by default every point "
+                          "runs the copy made when the study began")
+    run.add_argument("--overlap-other-users", action="store_true",
+                     help="on a shared_nodes profile, submit even while another user's study job is queued or "
+                          "running (Slurm's singleton is per user: the points may run beside it)")
     run.add_argument("--runs-dir", help="parent of the study dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     run.add_argument("--dry-run", action="store_true",
                      help="check the spec and every point against the profile and the engine, print the points "
@@ -303,6 +306,10 @@ def _study_parser(sub):
     project.add_argument("--published", action="store_true",
                          help="calibrate on NVIDIA's published 1-GPU row of the model at the spec's batch, "
                               "precision and XLA on the profile's platform")
+    project.add_argument("--compute-curve", metavar="PATH[,PATH]",
+                         help="one GPU measured at several batches (a compute-curve file or a study directory "
+                              "whose smallest point is 1 GPU): compute follows this curve with the per-GPU batch "
+                              "instead of shrinking in proportion")
     project.add_argument("--variant", help="the variant label to project (default: the first)")
     project.add_argument("--out", help="write projection.{md,csv,json,png} here")
     project.add_argument("--json", action="store_true", help="print the projection as JSON")
@@ -408,7 +415,8 @@ def _cmd_study(api, args, engine_args):
         record, submitted = api.run_study(spec, args.profile, runs_dir=args.runs_dir,
                                           max_concurrent=args.max_concurrent,
                                           placement="allocation" if args.allocation else None, nodes=args.nodes,
-                                          refresh_code=args.refresh_code, exclude=args.exclude)
+                                          refresh_code=args.refresh_code, exclude=args.exclude,
+                                          overlap_other_users=args.overlap_other_users)
         print(f"submitted {len(submitted)} of {len(record.points)} point(s)"
               + (f": {' '.join(submitted)}" if submitted else " (nothing missing or failed)"))
         print(f"study dir {record.study_dir}")
@@ -539,7 +547,8 @@ def _cmd_project(api, args):
 
     record, paths = api.project_study(args.source, args.profile, args.gpus, variant=args.variant,
                                       step_ms=args.step_ms, published=args.published, out_dir=args.out,
-                                      plot=args.plot)
+                                      plot=args.plot,
+                                      compute_curve=args.compute_curve.split(",") if args.compute_curve else None)
     print(json.dumps(record, indent=2) if args.json else api.projection_text(record), end="\n" if args.json else "")
     for kind, path in paths.items():
         print(f"wrote {kind} {path}", file=sys.stderr if args.json else sys.stdout)

@@ -23,10 +23,11 @@ class Capabilities:
     foreground: bool = False         # submit runs each job to its end by default (no queue to leave it in)
     gpuless_ranks: bool = False      # on a GPU-less node, --gpus-per-node counts CPU ranks
     max_nodes: Optional[int] = None  # most nodes one job can span (None: as many as the profile has)
+    allocations: bool = False        # runs a study's points as steps of one allocation (Backend.allocation)
 
 
 CAPABILITIES = {
-    "slurm": Capabilities("jobs.backends.slurm.backend", "SlurmBackend"),
+    "slurm": Capabilities("jobs.backends.slurm.backend", "SlurmBackend", allocations=True),
     "local": Capabilities("jobs.backends.local.backend", "LocalBackend", foreground=True, gpuless_ranks=True,
                           max_nodes=1),
 }

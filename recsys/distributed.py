@@ -8,6 +8,9 @@ through Horovod collectives.
 from __future__ import annotations
 
 import os
+import sys
+
+from recsys.errors import EngineError
 
 _WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "PMI_SIZE")
 
@@ -29,6 +32,16 @@ def launcher_world_size(env=None) -> int:
             except ValueError:
                 continue
     return 1
+
+
+def horovod_missing(size: int, tf_version, exc: Exception) -> str:
+    """The one line for several ranks where Horovod's TensorFlow ops do not import (instead of a
+    traceback). What builds where was measured with tests/compat/run.sh (docs/engine.md, "Multi-rank")."""
+    ranks = f"{size} ranks" if size > 1 else "several ranks"
+    return (f"{ranks} need Horovod built against this TensorFlow ({tf_version or 'version unknown'}), and "
+            f"horovod.tensorflow does not import ({type(exc).__name__}: {exc}): Horovod 0.28.1 builds against "
+            f"TensorFlow up to 2.18 as released, against 2.19 and 2.20 with its XLA ops left out of its build "
+            f"(docs/engine.md, 'Multi-rank'); or run one rank")
 
 
 def _bits_as_f32(t):
@@ -91,7 +104,11 @@ class Distributed:
         self.hvd = None
         self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         if use_horovod:
-            import horovod.tensorflow as hvd  # only imported for multi-rank jobs
+            try:
+                import horovod.tensorflow as hvd  # only imported for multi-rank jobs
+            except ImportError as exc:
+                tf_version = getattr(sys.modules.get("tensorflow"), "__version__", None)
+                raise EngineError(horovod_missing(launcher_world_size(), tf_version, exc)) from None
             hvd.init()
             self.hvd = hvd
             self.rank, self.size = hvd.rank(), hvd.size()

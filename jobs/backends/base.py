@@ -43,6 +43,18 @@ class JobDraft:
 
 
 @dataclass(frozen=True)
+class QueuedJob:
+    """A job of any user the scheduler's queue shows (Backend.queued_named): what a study on
+    shared nodes needs to say which job would run beside or before its points."""
+
+    job_id: str
+    user: str
+    state: str                  # the toolkit's word (jobs.states)
+    reason: str                 # the scheduler's reason a pending job waits ("" when none)
+    script: str                 # the batch script it runs ("" when the scheduler does not say)
+
+
+@dataclass(frozen=True)
 class DryRun:
     """What a submission would do, checked: the value `submit` takes (jobs.submit passes each
     draft to Backend.submit in order). `wait`: whether submit runs each job to its end."""
@@ -83,6 +95,11 @@ class Backend(abc.ABC):
     def accounting(self):
         """Whether status can ask an accounting database (recorded in jobs.json)."""
         return False
+
+    def queued_named(self, name):
+        """[QueuedJob] of every user whose job name is `name` and that has not ended; None: this
+        scheduler has no queue shared with other users (nothing to look at)."""
+        return None
 
     @abc.abstractmethod
     def dry_run(self, specs, run_dir, wait=None, check=True, written=True, token=None):

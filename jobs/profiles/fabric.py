@@ -13,6 +13,10 @@ that collective. ``jobs.study.projection`` is its only reader. Standard library 
       measured:                      # optional
         source: "nccl-tests 2.13 on 2 nodes, 2026-11-27"
         intra_node: {allreduce: {busbw_gb_per_s: 230, latency_us: 20}}
+      core_sharing:                  # optional: ranks sharing a host's cores (bench/bench_core_sharing.py)
+        source: "measured: ..."
+        cores: 2
+        slowdown: {1: 1.0, 2: 1.1, 4: 2.9, 8: 6.0}
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ LEVELS = ("intra_node", "inter_node")
 COLLECTIVES = ("allreduce", "alltoall", "allgather")
 INTRA_LINKS = ("nvlink", "nvswitch", "pcie", "shared_memory", "loopback")
 INTER_LINKS = ("infiniband", "ethernet", "roce", "loopback")
-FABRIC_KEYS = {"source", "intra_node", "inter_node", "measured"}
+FABRIC_KEYS = {"source", "intra_node", "inter_node", "measured", "core_sharing"}
+CORE_SHARING_KEYS = {"source", "cores", "slowdown"}
 LEVEL_KEYS = {"intra_node": {"link", "gb_per_s", "latency_us"},
               "inter_node": {"link", "nics", "nic_gb_per_s", "latency_us"}}
 MEASURED_KEYS = {"busbw_gb_per_s", "latency_us"}
@@ -66,6 +71,28 @@ class Fabric:
     inter_node: Optional[Level] = None
     # {"source": str, level: {collective: {"busbw_gb_per_s": x, "latency_us": y}}}
     measured: Dict[str, Any] = field(default_factory=dict)
+    # {"source": str, "cores": C, "slowdown": {k: one rank's step with k ranks on the C cores / alone}}
+    core_sharing: Dict[str, Any] = field(default_factory=dict)
+
+    def sharing_slowdown(self, ranks: int, cores: int) -> float:
+        """How much slower a rank's compute runs with `ranks` ranks on a host's `cores` cores
+        than alone: 1 while ranks <= cores; above, the measured slowdown (``core_sharing``:
+        linear between the measured k, beyond the largest in proportion to k), else ranks / cores
+        (an even share of the cores, not measured)."""
+        if ranks <= cores:
+            return 1.0
+        table = {int(k): float(v) for k, v in (self.core_sharing.get("slowdown") or {}).items()}
+        if not table:
+            return ranks / cores
+        ks = sorted(table)
+        if ranks >= ks[-1]:
+            return table[ks[-1]] * ranks / ks[-1]
+        if ranks <= ks[0]:
+            return table[ks[0]]
+        for k0, k1 in zip(ks, ks[1:]):
+            if k0 <= ranks <= k1:
+                return table[k0] + (table[k1] - table[k0]) * (ranks - k0) / (k1 - k0)
+        return ranks / cores        # not reached
 
     def bandwidth(self, level: str, collective: str, gpus_per_node: int) -> float:
         """GB/s per GPU of a collective at a level: the measured bus bandwidth, else nominal."""
@@ -148,6 +175,28 @@ def _measured(ck, raw) -> Dict[str, Any]:
     return out
 
 
+def _core_sharing(ck, raw) -> Dict[str, Any]:
+    if raw is None:
+        return {}
+    p = "fabric.core_sharing"
+    data = ck.mapping(raw, p)
+    ck.no_unknown(data, CORE_SHARING_KEYS, f"{p}.")
+    source = ck.collect(lambda: ck.string(data, "source", f"{p}.source", required=True))
+    cores = ck.collect(lambda: ck.integer(data, "cores", f"{p}.cores", required=True, minimum=1))
+    table = ck.collect(lambda: ck.mapping(data.get("slowdown"), f"{p}.slowdown"))
+    slowdown = {}
+    for k, v in (table or {}).items():
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            ck.problems.append(ck.fail(f"{p}.slowdown", f"{k!r} is not a rank count (1, 2, 4, ...)"))
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            ck.problems.append(ck.fail(f"{p}.slowdown.{k}", f"{v!r} is not a positive factor"))
+        else:
+            slowdown[k] = float(v)
+    if table is not None and not slowdown:
+        ck.problems.append(ck.fail(f"{p}.slowdown", "give the measured factor per rank count, e.g. {1: 1.0, 4: 3.2}"))
+    return {"source": source, "cores": cores, "slowdown": slowdown}
+
+
 def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
     """The Fabric of a profile's ``fabric:`` mapping (None when absent); problems recorded in
     `ck` (a jobs.profiles.schema.Checker), None when there are any."""
@@ -162,9 +211,10 @@ def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
     intra = ck.collect(lambda: _level(ck, data["intra_node"], "intra_node")) if data.get("intra_node") else None
     inter = ck.collect(lambda: _level(ck, data["inter_node"], "inter_node")) if data.get("inter_node") else None
     measured = ck.collect(lambda: _measured(ck, data.get("measured")), {})
+    sharing = ck.collect(lambda: _core_sharing(ck, data.get("core_sharing")), {})
     if len(ck.problems) > before:
         return None
-    return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured)
+    return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured, core_sharing=sharing)
 
 
 # nccl-tests prints one row per size: size count type redop [root] | out-of-place: time algbw

@@ -136,10 +136,8 @@ def submit(spec, profile, backend, record, todo, points, point_request, nodes=No
                                    token=alloc_draft.token, submitted_at=round(time.time(), 3))
             run.save(durable=True)
             runs[point.id] = run
-            point.runs.append(draft.run_dir)
+            point.add_attempt(draft.run_dir, record)
             point.allocation[draft.run_dir] = alloc_dir
-            if record.code:
-                point.code[draft.run_dir] = record.code["sha256"]
         record.save(durable=True)       # every point findable before the allocation's sbatch
 
         jobs = submit_recorded(backend, alloc_draft, alloc_record, "the study's allocation",

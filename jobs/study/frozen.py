@@ -1,8 +1,12 @@
 """A study's frozen code: the engines and in-job helpers its jobs run (recsys/, slurm/), copied
 once into study-<name>/code/<hash>/ and named by the hash of their content, so that a study that
 runs for hours, and every later `extend` or re-run of it, runs the code it started with, whatever
-is edited or checked out meanwhile. A refresh (`study run --refresh-code`) copies the checkout as
-it is now and records the change in study.json; the report says whether every point ran one copy.
+is edited or checked out meanwhile. The profile is frozen beside it: the resolved, validated
+profile (`extends` and node references applied) as one self-contained YAML,
+code/profile-<hash>.yaml, named by Profile.content_sha256 (the hash every job exports and the
+engine's provenance records), so an edit of the user's profile file between runs changes no later
+point either. A refresh (`study run --refresh-code`) copies the checkout and the profile as they
+are now and records the change in study.json; the report says whether every point ran one copy.
 """
 
 import hashlib
@@ -13,6 +17,7 @@ import time
 
 from jobs.errors import StorageError
 from jobs.planning.argv import slurm_dir
+from jobs.runs.atomic import write_text
 
 CODE = "code"
 PACKAGES = ("recsys", "slurm")
@@ -70,6 +75,54 @@ def freeze(study_dir, root=None):
     commit, dirty = _git(root)
     return {"sha256": sha, "dir": target, "source": root, "frozen_at": round(time.time(), 3),
             "git_commit": commit, "git_dirty": dirty}
+
+
+def profile_file(study_dir, sha):
+    """Where a study keeps its copy of the profile of content hash `sha`."""
+    return os.path.join(study_dir, CODE, f"profile-{sha[:16]}.yaml")
+
+
+def freeze_profile(study_dir, profile):
+    """The study's copy of a loaded Profile: {"sha256", "name", "file", "source", "frozen_at"}
+    ("file" relative to the study dir, which may move). Written once per content (atomically:
+    a temporary name, then a rename); an existing copy is reused."""
+    import yaml
+
+    sha = profile.content_sha256()
+    target = profile_file(study_dir, sha)
+    if not os.path.isfile(target):
+        data = profile.as_dict()
+        data.pop("path", None)
+        text = (f"# The profile {profile.name!r} as study {os.path.basename(study_dir)} froze it (from "
+                f"{profile.path or 'a loaded profile'}); its points run with this copy.\n"
+                + yaml.safe_dump(data, sort_keys=False))
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            write_text(target, text)
+        except (OSError, StorageError) as exc:
+            raise StorageError(f"study: cannot write the profile's copy {target!r}: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
+    return {"sha256": sha, "name": profile.name, "file": os.path.relpath(target, study_dir),
+            "source": profile.path, "frozen_at": round(time.time(), 3)}
+
+
+def load_frozen_profile(study_dir, copy):
+    """The Profile a study froze (`copy`: freeze_profile's record), loaded and checked again;
+    a copy that is gone or no longer hashes as recorded is refused in one line (a point must
+    never run with a profile other than the one the study records)."""
+    from jobs.profiles import ProfileError, load_profile
+
+    path = os.path.join(study_dir, copy["file"])
+    try:
+        profile = load_profile(path)
+    except ProfileError as exc:
+        raise StorageError(f"study: its frozen profile cannot be read ({exc}); `study run --refresh-code` "
+                           "freezes the profile as it is now") from None
+    if profile.content_sha256() != copy["sha256"]:
+        raise StorageError(f"study: its frozen profile {path} was changed after it was frozen (sha256 "
+                           f"{copy['sha256'][:16]} recorded); `study run --refresh-code` freezes the profile "
+                           "as it is now")
+    return profile
 
 
 def _git(root):

@@ -4,8 +4,10 @@ published, or given) step time, the model's sizes and the profile's fabric.
 A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states every formula):
 
 - compute per rank = the calibration's batch-proportional time x (per-GPU batch / calibration's)
-  x the core-sharing factor (profiles with `shared_nodes`: N ranks on one host's C cores run
-  max(1, N/C) times slower each, relative to the calibration) + its fixed time (the optimizer);
+  + its fixed time (the optimizer), or with a measured compute curve (one GPU at several
+  batches) the calibration's step x curve(b) / curve(b0); x the core-sharing factor (profiles
+  with `shared_nodes`: N ranks on one host's C cores; above C the fabric's measured slowdown,
+  else N/C), relative to the calibration's;
 - the embedding placement is the engine's own (``python -m recsys.plan_tables``: the planner
   recsys-train uses), and the slowest rank's tables set the alltoall bytes: ids and vector
   gradients it sends for the other ranks' tables, and its tables' vectors for every other rank;
@@ -16,8 +18,9 @@ A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states eve
 - the band runs from no overlap (compute + exchanges) to full overlap (the larger of the two).
 
 No constant here is fitted: bandwidths and latencies are the profile's fabric (with its
-source), compute is the calibration's. Standard library only (login nodes); the plot uses
-matplotlib when installed (jobs.study.report.load_pyplot).
+source), compute is the calibration's (and a measured curve's), the core-sharing slowdown the
+fabric's measured one. Standard library only (login nodes), PyYAML for a compute-curve file as
+for the profiles; the plot uses matplotlib when installed (jobs.study.report.load_pyplot).
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jobs.errors import RequestError
 from jobs.profiles.fabric import bus_factor
@@ -35,7 +38,7 @@ from jobs.profiles.fabric import bus_factor
 PHASES = ("compute", "embedding_exchange", "gradient_exchange")
 BYTES_PER_PARAM = 4
 PLANNER = [sys.executable, "-m", "recsys.plan_tables"]
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2     # 2: calibration.curve, fabric.core_sharing
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,55 @@ class Calibration:
     scaled_ms: float
     fixed_ms: float = 0.0
     source: str = ""
+    # a measured compute curve: [[batch per GPU, ms], ...] of one GPU at several batches (>= 2
+    # batches: it replaces the proportional scaling; see compute_ms)
+    curve: Tuple[Tuple[int, float], ...] = ()
+    curve_source: str = ""
 
     @property
     def step_ms(self):
         return self.scaled_ms + self.fixed_ms
+
+    def compute_ms(self, batch_per_gpu: int) -> float:
+        """Compute per rank at a batch per GPU, before core sharing. One point (no curve): its
+        batch-proportional part scaled with the batch plus its fixed part. A curve of >= 2
+        batches gives the shape, the calibration the level: step_ms x curve(b) / curve(b0)."""
+        pts = sorted({int(b): float(t) for b, t in self.curve}.items())
+        if len(pts) < 2:
+            return self.scaled_ms * batch_per_gpu / self.batch_per_gpu + self.fixed_ms
+        return self.step_ms * curve_ms(pts, batch_per_gpu) / curve_ms(pts, self.batch_per_gpu)
+
+
+def affine_fit(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
+    """(fixed ms, ms per sample) of a least-squares line through measured (batch, ms) points, the
+    rule outside a curve's measured range: a negative fixed part becomes 0 (the line through the
+    origin), a negative slope 0 (a flat step, the points' mean)."""
+    n = len(points)
+    mb = sum(b for b, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    var = sum((b - mb) ** 2 for b, _ in points)
+    slope = sum((b - mb) * (t - mt) for b, t in points) / var if var else 0.0
+    fixed = mt - slope * mb
+    if slope < 0:
+        return mt, 0.0
+    if fixed < 0:
+        return 0.0, sum(b * t for b, t in points) / sum(b * b for b, _ in points)
+    return fixed, slope
+
+
+def curve_ms(points: Sequence[Tuple[int, float]], batch: float) -> float:
+    """A measured compute curve at `batch`: log-log interpolation between the two measured
+    batches around it; outside the measured range, the affine fit of the measured points."""
+    pts = sorted(points)
+    if pts[0][0] <= batch <= pts[-1][0]:
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if b0 <= batch <= b1:
+                if batch == b0:
+                    return t0
+                w = math.log(batch / b0) / math.log(b1 / b0)
+                return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+    fixed, per_sample = affine_fit(pts)
+    return fixed + per_sample * batch
 
 
 @dataclass(frozen=True)
@@ -226,12 +274,19 @@ class Projected:
     published: List[Dict[str, Any]] = field(default_factory=list)
 
 
+def core_share(target: Target, n: int, n0: int) -> float:
+    """How much slower each rank computes at n ranks than at the calibration's n0 because ranks
+    share a host's cores (profiles with `shared_nodes`: every rank on one host's cores): the
+    fabric's measured `core_sharing` slowdown at n over that at n0 (jobs.profiles.fabric)."""
+    if not target.host_cores:
+        return 1.0
+    fab = target.fabric
+    return fab.sharing_slowdown(n, target.host_cores) / fab.sharing_slowdown(n0, target.host_cores)
+
+
 def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
     g, nodes = _levels(n, target.gpus_per_node)
-    share = 1.0
-    if target.host_cores:
-        share = max(1.0, n / target.host_cores) / max(1.0, calibration.gpus / target.host_cores)
-    compute = (calibration.scaled_ms * batch_per_gpu / calibration.batch_per_gpu + calibration.fixed_ms) * share
+    compute = calibration.compute_ms(batch_per_gpu) * core_share(target, n, calibration.gpus)
     sent = alltoall_bytes(layout, n, batch_per_gpu)
     slowest = max(sent) if sent else 0
     emb = 0.0
@@ -275,7 +330,8 @@ def project(layouts: Dict[int, Dict[str, Any]], calibration: Calibration, target
         points.append(project_point(layouts[n], calibration, target, n, b))
     return {"version": PROJECTION_VERSION, "model": model, "profile": target.profile, "scaling": scaling,
             "batch": batch, "source": source, "calibration": asdict(calibration),
-            "fabric": {"source": target.fabric.source, "measured": bool(target.fabric.measured)},
+            "fabric": {"source": target.fabric.source, "measured": bool(target.fabric.measured),
+                       "core_sharing": target.fabric.core_sharing.get("source") if target.host_cores else None},
             "shared_host_cores": target.host_cores, "points": [asdict(p) for p in points]}
 
 
@@ -322,6 +378,77 @@ def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None)
     return calib, measured, variant
 
 
+# ------------------------------------------------------------------ a measured compute curve
+
+CURVE_VERSION = 1
+
+
+def _curve_file(path) -> List[Tuple[int, float]]:
+    """(batch per GPU, step ms) points of a compute-curve file (YAML or JSON): version 1,
+    source, points: [{batch_per_gpu, step_ms}, ...] of one GPU."""
+    import yaml
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise RequestError(f"--compute-curve: {path}: not readable ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or data.get("version") != CURVE_VERSION or not isinstance(data.get("points"), list):
+        raise RequestError(f"--compute-curve: {path}: not a compute curve (version: {CURVE_VERSION}, source, "
+                           "points: [{batch_per_gpu, step_ms}, ...])")
+    out = []
+    for i, pt in enumerate(data["points"]):
+        b = pt.get("batch_per_gpu") if isinstance(pt, dict) else None
+        t = pt.get("step_ms") if isinstance(pt, dict) else None
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or isinstance(t, bool) \
+                or not isinstance(t, (int, float)) or not t > 0:
+            raise RequestError(f"--compute-curve: {path}: points[{i}]: give batch_per_gpu (a positive integer) "
+                               "and step_ms (a positive time)")
+        out.append((b, float(t)))
+    return out
+
+
+def compute_curve(paths) -> Tuple[List[Tuple[int, float]], str]:
+    """A measured compute curve of one GPU, (points, source), from compute-curve files and/or
+    study directories (each: its 1-GPU point's calibration step, exchanges out): at least two
+    batches per GPU. RequestError (one line naming the path) otherwise."""
+    if isinstance(paths, str):
+        paths = [p for p in paths.split(",") if p.strip()]
+    points: Dict[int, float] = {}
+    for path in paths:
+        path = path.strip()
+        if os.path.isdir(path) and os.path.isfile(os.path.join(path, "study.json")):
+            calib, _, _ = calibration_of_report(_study_report(path))
+            if calib.gpus != 1:
+                raise RequestError(f"--compute-curve: {path}: its smallest measured point has {calib.gpus} GPUs; "
+                                   "a compute curve is one GPU's step at several batches")
+            got = [(calib.batch_per_gpu, calib.step_ms)]
+        elif os.path.isfile(path):
+            got = _curve_file(path)
+        else:
+            raise RequestError(f"--compute-curve: {path!r} is neither a compute-curve file nor a study directory")
+        for b, t in got:
+            if b in points and points[b] != t:
+                raise RequestError(f"--compute-curve: {path}: batch {b} per GPU is measured twice")
+            points[b] = t
+    if len(points) < 2:
+        raise RequestError("--compute-curve: give one GPU's step at two batch sizes or more "
+                           f"(got {len(points)})")
+    pts = sorted(points.items())
+    return pts, "measured compute curve: " + ", ".join(str(p) for p in paths) + \
+        " (batches " + ", ".join(str(b) for b, _ in pts) + " per GPU)"
+
+
+def with_curve(calibration: Optional[Calibration], paths, batch_per_gpu: int) -> Calibration:
+    """The calibration with a measured compute curve: the curve gives the shape of compute vs
+    batch per GPU, the calibration (when there is one) its level; without one, the curve's own
+    value at `batch_per_gpu` on 1 GPU is the calibration."""
+    pts, source = compute_curve(paths)
+    if calibration is None:
+        return Calibration(gpus=1, batch_per_gpu=batch_per_gpu, scaled_ms=curve_ms(pts, batch_per_gpu),
+                           source=source, curve=tuple(pts), curve_source=source)
+    return replace(calibration, curve=tuple(pts), curve_source=source)
+
+
 # ------------------------------------------------------------------ output
 
 
@@ -332,7 +459,14 @@ def markdown(record: Dict[str, Any]) -> str:
              f"Calibration: {c['source']} ({c['gpus']} GPU(s), batch {c['batch_per_gpu']} per GPU, "
              f"{c['scaled_ms']:.3f} ms scaled + {c['fixed_ms']:.3f} ms fixed).",
              f"Fabric: {record['fabric']['source']}" + (" (measured bus bandwidths)" if record['fabric']['measured']
-                                                        else ""), "",
+                                                        else ""), ""]
+    if c.get("curve"):
+        lines[-1:-1] = [f"Compute vs batch per GPU: {c['curve_source']}, log-log between the measured batches, "
+                        "their affine fit outside."]
+    if record.get("shared_host_cores"):
+        lines[-1:-1] = [f"Ranks share the host's {record['shared_host_cores']} cores: "
+                        + (record["fabric"].get("core_sharing") or "an even share of the cores (not measured)") + "."]
+    lines += [
              "| GPUs | nodes | batch/GPU | step ms (overlap - serial) | samples/s (low - high) | efficiency | "
              "compute ms | embedding exchange ms | gradient exchange ms | dominant | GB per rank | measured |",
              "|---:|---:|---:|---|---|---|---:|---:|---:|---|---:|---|"]
@@ -501,13 +635,15 @@ def published_calibration(spec, combo, profile) -> Calibration:
 
 
 def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=None,
-        use_published=False) -> Dict[str, Any]:
+        use_published=False, compute_curve=None) -> Dict[str, Any]:
     """The projection of a study directory (calibrated on its smallest measured point) or of a
     spec file (calibrated on `step_ms`, a 1-GPU step time the user gives, or with `use_published`
     on NVIDIA's published 1-GPU row of the same model, batch and precision) onto `gpus` GPU counts
     of a loaded profile. The measured points of the study are projected too and overlaid; the
     published rows of the same model, platform, batch and precision are marked. `report`: a study
-    report (dict, or the path of a scaling.json) to calibrate a spec file on (a recorded study)."""
+    report (dict, or the path of a scaling.json) to calibrate a spec file on (a recorded study).
+    `compute_curve`: compute-curve files or 1-GPU study directories (see `compute_curve`), one GPU
+    measured at several batches, replacing the proportional scaling of compute with the batch."""
     from .spec import load_spec
     target = Target.of(profile)
     counts = parse_gpus(gpus) if not isinstance(gpus, (list, tuple)) else sorted(set(int(n) for n in gpus))
@@ -534,7 +670,7 @@ def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=
         try:
             calibration, measured, _ = calibration_of_report(report, label)
         except RequestError:
-            if not (use_published or step_ms is not None):
+            if not (use_published or step_ms is not None or compute_curve):
                 raise
     if use_published:
         calibration = published_calibration(spec, combo, profile)
@@ -544,6 +680,8 @@ def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=
         per_gpu = spec.batch_size
         calibration = Calibration(gpus=1, batch_per_gpu=per_gpu, scaled_ms=float(step_ms),
                                   source=f"--step-ms {step_ms:g}: one GPU's step at batch {per_gpu}")
+    if compute_curve:
+        calibration = with_curve(calibration, compute_curve, spec.batch_size)
     elif calibration is None:
         raise RequestError(f"{what}: nothing measured to calibrate on; give --step-ms (a 1-GPU step time "
                            "at the spec's batch) or --published (NVIDIA's 1-GPU row), or run the study's "

@@ -97,12 +97,16 @@ def node_sets(record, status):
 
 def code_used(record, status):
     """{"points": {point id: sha256 of the frozen code its finished attempt ran, or None},
-    "same": whether every finished point ran one copy, "changes": the study's refreshes}."""
+    "same": whether every finished point ran one copy, "profiles" and "profile_same": the same
+    for the study's frozen profile, "changes": the study's refreshes}."""
     by_id = {p.id: p for p in record.points}
-    points = {st.id: by_id[st.id].code.get(st.run_dir) for st in status.points if st.state == DONE and st.run_dir}
-    hashes = set(points.values())
+    finished = [st for st in status.points if st.state == DONE and st.run_dir]
+    points = {st.id: by_id[st.id].code.get(st.run_dir) for st in finished}
+    profiles = {st.id: by_id[st.id].profile.get(st.run_dir) for st in finished}
+    hashes, profile_hashes = set(points.values()), set(profiles.values())
     source = record.code or {}
     return {"points": points, "same": len(hashes) == 1 and None not in hashes,
+            "profiles": profiles, "profile_same": len(profile_hashes) == 1 and None not in profile_hashes,
             "changes": list(record.code_changes), "git_commit": source.get("git_commit"),
             "git_dirty": source.get("git_dirty")}
 
@@ -112,13 +116,21 @@ def _code_text(code):
     if not code or not code["points"]:
         return None
     hashes = sorted({h or "not frozen" for h in code["points"].values()})
+    profiles = code.get("profiles") or {}
+    if not profiles or not any(profiles.values()):      # a study from before frozen profiles
+        profile = ""
+    elif code.get("profile_same"):
+        profile = f"; every point ran with the study's frozen profile {next(iter(profiles.values()))[:16]}"
+    else:
+        profile = "; profile NOT one copy: " + ", ".join(f"{p} {(h or 'not frozen')[:16]}"
+                                                          for p, h in sorted(profiles.items()))
     if code["same"]:
         commit = code.get("git_commit")
         origin = (f", copied from commit {commit[:12]}{' with local changes' if code.get('git_dirty') else ''}"
                   if commit else "")
-        return f"- code: every point ran the study's frozen copy {hashes[0][:16]} (study-dir code/{origin})"
+        return f"- code: every point ran the study's frozen copy {hashes[0][:16]} (study-dir code/{origin}){profile}"
     listed = ", ".join(f"{p} {(h or 'not frozen')[:16]}" for p, h in sorted(code["points"].items()))
-    return f"- code: NOT one copy ({len(code['changes'])} refresh(es) recorded): {listed}"
+    return f"- code: NOT one copy ({len(code['changes'])} refresh(es) recorded): {listed}{profile}"
 
 
 def _node_sets_text(sets):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from jobs import states
-from jobs.schedulers import backend_for
+from jobs.schedulers import backend_for, capabilities
 from jobs.errors import RequestError, ResultsNotSaved, SlurmCommandError, StorageError, SubmitError
 from jobs.polling import poll_until
 from jobs.runs import enginelog, rundir
@@ -52,6 +52,10 @@ EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description", "p
 # the Slurm job name every study point (and study allocation) shares on a profile whose nodes share
 # hardware, with --dependency=singleton: one at a time across all studies of a user on the cluster
 SHARED_NAME = "recsys-study-shared"
+# squeue's reasons for a pending job that cannot start as it is: a job of the shared name that
+# waits so blocks every later study of its user (the singleton) until it is released or cancelled
+STUCK_REASONS = ("DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "BadConstraints",
+                 "PartitionDown", "PartitionInactive")
 # seconds between two identical progress lines while `run` waits for a free slot
 WAITING_LINE_S = 30
 # seconds `study status --watch` waits, points missing and no `study run` holding the lock, for
@@ -81,12 +85,23 @@ class PointRecord(Record):
     allocation: Dict[str, str] = field(default_factory=dict)
     # run dir of an attempt -> the sha256 of the study's frozen code it ran (jobs.study.frozen)
     code: Dict[str, str] = field(default_factory=dict)
+    # run dir of an attempt -> the content sha256 of the study's frozen profile it ran with
+    profile: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_point(cls, point):
         data = point.to_dict()
         data.pop("engine_args")
         return cls(**data)
+
+    def add_attempt(self, run_dir, study):
+        """A new attempt's run dir, with the study's frozen code and profile it runs (`study`:
+        the StudyRecord)."""
+        self.runs.append(run_dir)
+        if study.code:
+            self.code[run_dir] = study.code["sha256"]
+        if study.profile_copy:
+            self.profile[run_dir] = study.profile_copy["sha256"]
 
 
 @dataclass
@@ -102,7 +117,9 @@ class StudyRecord(Record):
     created: float
     points: List[PointRecord] = field(default_factory=list)
     code: Optional[Dict[str, Any]] = None       # the frozen code its points run (jobs.study.frozen.freeze)
-    code_changes: List[Dict[str, Any]] = field(default_factory=list)    # refreshes: from, to, at
+    # refreshes: from, to (code), profile_from, profile_to (profile), at
+    code_changes: List[Dict[str, Any]] = field(default_factory=list)
+    profile_copy: Optional[Dict[str, Any]] = None   # the frozen profile (jobs.study.frozen.freeze_profile)
     version: int = STUDY_VERSION
 
     def save(self, durable=False):
@@ -331,7 +348,8 @@ def _check_extension(recorded, spec, study_dir):
 
 
 def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_log,
-        poll_first=None, poll_max=None, placement=None, nodes=None, refresh_code=False, exclude=None):
+        poll_first=None, poll_max=None, placement=None, nodes=None, refresh_code=False, exclude=None,
+        overlap_other_users=False):
     """Submit every point of `spec` that is missing or failed (all of them for a new study), in
     rounds (every point's first repeat, then every point's second ...), keeping at most
     `max_concurrent` points queued or running: by default one on a profile whose nodes share
@@ -342,12 +360,20 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     allocation of `nodes` nodes (default: the largest point's) without the `exclude` ones (a Slurm
     host list, e.g. the line `study screen` prints), jobs.study.allocation. Every point
     runs the study's frozen code (jobs.study.frozen), copied from the checkout when the study is
-    made, again only with `refresh_code`."""
+    made, again only with `refresh_code`, and with the profile the study froze (a later edit of
+    the user's profile file changes no point; `refresh_code` takes it as it is then). On a profile
+    whose nodes share hardware, another user's study job in the queue refuses the run unless
+    `overlap_other_users` (check_shared_queue)."""
     profile = load(profile)
     if max_concurrent is not None and (isinstance(max_concurrent, bool) or max_concurrent < 1):
         raise StudyError(f"--max-concurrent: must be at least 1, got {max_concurrent}")
+    if study_dir is None:
+        rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
+        study_dir = default_study_dir(spec, runs_dir, profile)
+    profile = _study_profile(study_dir, profile, refresh_code, log)
     if max_concurrent is None and profile.shared_nodes:
         max_concurrent = 1
+    _check_placement(spec, profile, placement)
     placement = placement or spec.placement or "jobs"
     if nodes is not None and placement != "allocation":
         raise StudyError("--nodes: sizes a study's allocation; give --allocation (or placement: allocation)")
@@ -356,23 +382,99 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
             raise StudyError("--exclude: leaves nodes out of a study's allocation; give --allocation "
                              "(or placement: allocation)")
         exclude, _ = allocation.check_hostlist("--exclude", exclude)
-    if study_dir is None:
-        rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
-        study_dir = default_study_dir(spec, runs_dir, profile)
     backend = backend_for(profile)
     # a new study submits every point: ask the cluster's configuration (one Slurm call) while
     # the points are checked, not after
     config = None if is_study_dir(study_dir) else _ask_config(backend)
     expanded = expand(spec, profile)    # every check before anything exists
     rundir.check_free_space(os.path.dirname(os.path.abspath(study_dir)))
+    if profile.shared_nodes:
+        check_shared_queue(backend, study_dir, overlap_other_users, log)
     with _submitting(study_dir, (profile.defaults or {}).get("runs_group")):
         record, points = open_study(spec, profile, study_dir, expanded)
-        _frozen_code(record, refresh_code, log)
+        _frozen_code(record, refresh_code, log, profile)
         if config is not None:
             config.join()
         if placement == "allocation":
             return _run_allocation(spec, profile, backend, record, points, nodes, log, exclude)
         return _run_points(spec, profile, backend, record, points, max_concurrent, log, poll_first, poll_max)
+
+
+def _check_placement(spec, profile, flag):
+    """One allocation only on a backend that can run one (jobs.schedulers' `allocations`): refused
+    in one line naming the flag or the spec's key, before the study directory exists."""
+    if (flag or spec.placement) != "allocation" or capabilities(profile.scheduler).allocations:
+        return
+    where = "--allocation" if flag else f"{spec.source}: placement"
+    raise StudyError(f"{where}: profile {profile.name!r} schedules with {profile.scheduler}, which cannot run a "
+                     "study's points in one allocation; run them as separate jobs (placement: jobs) or use a "
+                     "Slurm profile")
+
+
+def _user():
+    """This process's user name as Slurm prints it (squeue %u)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _study_of(script):
+    """The study a job's batch script belongs to (<runs>/study-<name>/points|allocations/...),
+    else None."""
+    parts = script.split(os.sep)
+    for here, below in zip(parts, parts[1:]):
+        if here.startswith("study-") and below in ("points", allocation.ALLOCATIONS):
+            return here
+    return None
+
+
+def describe_queued(job, me):
+    """`job 42 of user bob (study-x, RUNNING)`: one queued job of the shared study name."""
+    whose = "yours" if job.user == me else f"of user {job.user}"
+    what = _study_of(job.script) or (f"script {job.script}" if job.script else "not a study's job")
+    state = f"{job.state}: {job.reason}" if job.reason else job.state
+    return f"job {job.job_id} {whose} ({what}, {state})"
+
+
+def check_shared_queue(backend, study_dir, overlap=False, log=_log, me=None):
+    """Before a study on shared nodes submits: every job of SHARED_NAME in the queue, of any
+    user (one squeue call). Slurm's singleton orders only one user's jobs, so another user's
+    study job, queued or running, would run beside this study's points and spoil both
+    measurements: refused in one line naming it, unless `overlap` (then said). A job of this
+    user's other studies runs first: said, and said to be stuck when it cannot start as it is.
+    This study's own jobs are left to the study. What the queue cannot show (squeue failing,
+    PrivateData=jobs hiding other users' jobs) is not known, and said when squeue fails."""
+    try:
+        jobs = backend.queued_named(SHARED_NAME)
+    except SlurmCommandError as exc:
+        log(f"cannot tell whether other studies' jobs ({SHARED_NAME}) are queued: {exc}")
+        return []
+    me = me or _user()
+    mine = os.path.abspath(study_dir) + os.sep
+    others = []
+    for job in jobs or []:
+        if job.user == me and job.script.startswith(mine):
+            continue
+        line = describe_queued(job, me)
+        if job.user != me:
+            others.append((job.state != states.RUNNING, len(others), line))     # running ones first
+        elif job.state == states.PENDING and job.reason in STUCK_REASONS:
+            log(f"{line} cannot start as it is, and this study's points wait behind it (Slurm's singleton on "
+                f"{SHARED_NAME}): release it (`scontrol release {job.job_id}`) or cancel it (`scancel {job.job_id}`)")
+        else:
+            log(f"{line} runs before this study's points (one {SHARED_NAME} job of a user at a time)")
+    others = [line for _, _, line in sorted(others)]
+    if others and not overlap:
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        raise StudyError(f"study: {others[0]}{more} shares these nodes: Slurm's singleton orders only one user's "
+                         f"jobs, so this study's points would run beside it and spoil both measurements; nothing "
+                         f"submitted; wait for it (`squeue --name={SHARED_NAME}`) or give --overlap-other-users")
+    for line in others:
+        log(f"{line} may run beside this study's points (--overlap-other-users)")
+    return jobs or []
 
 
 def point_request(point, spec, profile, code=None):
@@ -388,20 +490,53 @@ def point_request(point, spec, profile, code=None):
     return request
 
 
-def _frozen_code(record, refresh, log):
-    """The study's frozen code: copied from the checkout for a new study (or one from before
-    frozen code) and on `refresh`, which is recorded in code_changes; else the copy it has."""
-    if record.code is not None and not refresh:
-        return record.code
-    code = frozen.freeze(record.study_dir)
-    if record.code is not None and record.code["sha256"] != code["sha256"]:
-        record.code_changes.append({"from": record.code["sha256"], "to": code["sha256"], "at": code["frozen_at"]})
-        log(f"code refreshed: {record.code['sha256'][:16]} -> {code['sha256'][:16]}; points submitted from now "
-            "run the new copy")
-        record.code = code
+def _frozen_code(record, refresh, log, profile=None):
+    """The study's frozen code (and, given the `profile` its points are planned with, its frozen
+    profile): copied for a new study (or one from before frozen code or profiles) and on
+    `refresh`, which is recorded in code_changes; else the copies it has. A frozen profile other
+    than `profile` (a refresh by another `run` since this one read the study) is refused."""
+    change = {}
+    if record.code is None or refresh:
+        code = frozen.freeze(record.study_dir)
+        if record.code is not None and record.code["sha256"] != code["sha256"]:
+            change.update({"from": record.code["sha256"], "to": code["sha256"], "at": code["frozen_at"]})
+            log(f"code refreshed: {record.code['sha256'][:16]} -> {code['sha256'][:16]}; points submitted from "
+                "now run the new copy")
+        record.code = code  # a new study's: saved with its first point's run dir, before its sbatch
+    if profile is not None:
+        sha = profile.content_sha256()
+        if record.profile_copy is None or refresh:
+            copy = frozen.freeze_profile(record.study_dir, profile)
+            if record.profile_copy is not None and record.profile_copy["sha256"] != sha:
+                change.update({"profile_from": record.profile_copy["sha256"], "profile_to": sha,
+                               "at": copy["frozen_at"]})
+                log(f"profile refreshed: {profile.name} {record.profile_copy['sha256'][:16]} -> {sha[:16]}; points "
+                    "submitted from now run with it")
+            record.profile_copy = copy
+        elif record.profile_copy["sha256"] != sha:
+            raise StudyError(f"study: {record.study_dir}: its frozen profile changed while this `study run` "
+                             "started (another `study run --refresh-code`?); nothing submitted, run again")
+    if change:
+        record.code_changes.append(change)
         record.save()
-    record.code = code      # a new study's: saved with its first point's run dir, before its sbatch
-    return code
+    return record.code
+
+
+def _study_profile(study_dir, profile, refresh, log):
+    """The profile a study's points are planned with: the study's frozen copy of it
+    (jobs.study.frozen) for an existing study, unless `refresh`; else `profile` as loaded now.
+    An edit of the profile since the study froze it is said in one line."""
+    if refresh or not is_study_dir(study_dir):
+        return profile
+    record = StudyRecord.load(study_dir)
+    if record.profile_copy is None or record.profile != profile.name:     # open_study refuses another profile
+        return profile
+    copy = frozen.load_frozen_profile(record.study_dir, record.profile_copy)
+    if copy.content_sha256() != profile.content_sha256():
+        log(f"profile {profile.name}: {profile.path or 'the profile given'} differs from the study's frozen copy "
+            f"{record.profile_copy['sha256'][:16]} ({record.profile_copy['file']}); points run with the study's "
+            "copy (`study run --refresh-code` takes the profile as it is now, recorded)")
+    return copy
 
 
 def _run_allocation(spec, profile, backend, record, points, nodes, log, exclude=None):
@@ -441,9 +576,7 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
     def submit_point(point):
         def recorded(run_dir):      # in study.json before anything is submitted from it
             with saving:
-                point.runs.append(run_dir)
-                if record.code:
-                    point.code[run_dir] = record.code["sha256"]
+                point.add_attempt(run_dir, record)
                 record.save(durable=True)
 
         return submit([point_request(points[point.id], spec, profile, record.code)], profile, runs_dir=points_dir,

@@ -7,7 +7,10 @@ Per stack that the engine accepts, for every model on the default synthetic data
 ``train``, ``evaluate`` of that checkpoint, ``train --amp``, ``train --xla``, and DLRM ``train``
 with ``TF_USE_LEGACY_KERAS=1`` exported; then the first and the last accepted stack evaluate
 each other's checkpoints. A stack the engine refuses must refuse every model and mode in one line,
-exit 2. ``--horovod``: 2-rank runs under mpirun where the venv has Horovod; ``--srun``: under srun too.
+exit 2. ``--horovod``: per stack the engine accepts, a 2-rank allreduce and 2-rank runs under mpirun
+where the venv has Horovod, or a row with the error run.sh recorded where Horovod 0.28.1 did not build
+or import (``horovod-build-failed.txt`` in the venv); ``--srun``: under srun too; ``--horovod-only``:
+those rows alone, without the one-rank runs.
 Writes DIR/results.json and DIR/results.md; exit 1 when any check failed. Standard library only.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +36,15 @@ MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMP
 REFUSED_MODES = (("train", ()), ("evaluate", ("--run-mode", "evaluate")), ("train --amp", ("--amp",)),
                  ("train --xla", ("--xla",)))
 HOROVOD_RUNS = (("ncf", ()), ("dlrm", ("--embedding-placement", "model_parallel")))
+# Each rank: Horovod's own allreduce (sum) and the engine's wrappers (recsys.distributed), into its own
+# file (mpirun interleaves the ranks' stdout). Both ranks must write [3.0, 2, [2.5, 7.0], [0, 1]].
+ALLREDUCE = ("import json, sys\nfrom recsys import tfcompat\ntfcompat.prepare()\nimport numpy as np\n"
+             "import tensorflow as tf\nimport horovod.tensorflow as hvd\nfrom recsys.distributed import Distributed\n"
+             "d = Distributed(True)\ns = hvd.allreduce(tf.constant(1.0 + d.rank), op=hvd.Sum)\n"
+             "m = d.allreduce_max(np.array([1.5 + d.rank, 7.0 - d.rank]))\n"
+             "with open(f'{sys.argv[1]}/rank{d.rank}.json', 'w') as f:\n"
+             "    json.dump([float(s), d.size, m.tolist(), d.allgather_object(d.rank)], f)\n")
+ALLREDUCE_WANT = [3.0, 2, [2.5, 7.0], [0, 1]]
 PROBE = ("import json, os; from recsys import tfcompat; f = tfcompat.detect(); "
          "d = tfcompat.decide(f, os.environ); "
          "print(json.dumps({'tensorflow': f.tensorflow, 'keras': f.keras, 'tf_keras': f.tf_keras, "
@@ -57,7 +70,8 @@ def read_log(path):
     return out
 
 
-def run_train(python, repo, model, ck, log, flags=(), extra_env=None, ranks=1, srun=None):
+def launcher(ranks, srun, extra_env=None):
+    """(argv prefix, environment additions) that start ``ranks`` ranks: srun, mpirun, or none for one."""
     mpirun = []
     if srun:        # (partition, SLURM_CONF) of a local Slurm cluster: srun --mpi=pmix starts the ranks
         extra_env = {**MPI_ENV, "SLURM_CONF": srun[1], **(extra_env or {})}
@@ -68,6 +82,43 @@ def run_train(python, repo, model, ck, log, flags=(), extra_env=None, ranks=1, s
         mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "--bind-to", "none"]
         for name in sorted(set(MPI_ENV) | {"PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES"}):
             mpirun += ["-x", name]
+    return mpirun, extra_env
+
+
+def run_allreduce(python, repo, work, srun=None):
+    """Horovod's allreduce and the engine's collectives on 2 ranks: (problems, seconds, stderr tail)."""
+    work.mkdir(parents=True, exist_ok=True)
+    mpirun, extra_env = launcher(2, srun)
+    t0 = time.time()
+    proc = subprocess.run([*mpirun, python, "-c", ALLREDUCE, str(work)], cwd=str(repo),
+                          env=env_for(repo, extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    problems = [f"exit {proc.returncode}"] if proc.returncode else []
+    for rank in (0, 1):
+        try:
+            got = json.loads((work / f"rank{rank}.json").read_text())
+        except (OSError, ValueError):
+            got = None
+        if got != ALLREDUCE_WANT:
+            problems.append(f"rank {rank} wrote {got}, not {ALLREDUCE_WANT}")
+    return problems, round(time.time() - t0, 1), proc.stderr.strip().splitlines()[-3:] if problems else []
+
+
+def horovod_missing(python):
+    """Why the venv of ``python`` has no usable Horovod: the first errors run.sh recorded, or None."""
+    failed = Path(python).parent.parent / "horovod-build-failed.txt"
+    try:
+        text = failed.read_text()
+    except OSError:
+        return None
+    # paths inside the venv's TensorFlow headers and pip's build directory, shortened
+    text = re.sub(r"\S*/site-packages/(tensorflow/include/)", r"\1", text)
+    text = re.sub(r"\S*/pip-wheel-[^/\s]+/horovod_[^/\s]+/", "", text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines or ["(no error lines recorded)"]
+
+
+def run_train(python, repo, model, ck, log, flags=(), extra_env=None, ranks=1, srun=None):
+    mpirun, extra_env = launcher(ranks, srun, extra_env)
     argv = [*mpirun, python, "-m", "recsys.train", "--model", model, "--synthetic", "--epochs", "1",
             "--checkpoint-dir", str(ck), "--log-path", str(log), "--log-every", "1000", *flags]
     t0 = time.time()
@@ -114,9 +165,11 @@ def main(argv=None):
     parser.add_argument("--srun", action="store_true",
                         help="also run the 2-rank runs under srun --mpi=pmix on a local Slurm cluster "
                              "(slurm/dev/local-cluster.sh, started and stopped here)")
+    parser.add_argument("--horovod-only", action="store_true",
+                        help="with --horovod / --srun: only the Horovod rows (no one-rank runs)")
     parser.add_argument("stacks", nargs="+", help="NAME=PYTHON")
     args = parser.parse_args(argv)
-    args.horovod = args.horovod or args.srun
+    args.horovod = args.horovod or args.srun or args.horovod_only
     slurm = start_slurm(args.repo) if args.srun else None
     try:
         return run_all(args, slurm)
@@ -175,7 +228,7 @@ def run_all(args, slurm):
                 say(f"{stack} {model} {mode} refused: exit {proc.returncode} in {secs} s: {lines[-1] if lines else ''}")
             continue
         accepted.append((stack, python))
-        for model in MODELS:
+        for model in MODELS if not args.horovod_only else ():
             base = work / model
             runs = [("train", base / "ck", base / "train.jsonl", (), None, None),
                     ("evaluate", base / "ck", base / "evaluate.jsonl", ("--run-mode", "evaluate"), None, "train"),
@@ -196,23 +249,38 @@ def run_all(args, slurm):
         has_hvd = args.horovod and subprocess.run([python, "-c", "import horovod.tensorflow"], cwd=str(repo), env=env_for(repo),
                                  capture_output=True).returncode == 0
         launchers = [("mpirun", None)] + ([("srun", slurm)] if slurm else [])
-        for (launcher, srun), (model, flags) in ((l, r) for l in launchers for r in HOROVOD_RUNS) if has_hvd else ():
+        if args.horovod and not has_hvd:
+            why = horovod_missing(python) or ["no Horovod in this venv (tests/compat/run.sh --horovod builds it)"]
+            rows.append({"stack": stack, "model": "horovod", "mode": "Horovod 0.28.1 build and import",
+                         "exit": None, "seconds": 0, "metric": None, "value": None, "digest": None,
+                         "tensorflow": probe["tensorflow"], "keras": probe["keras"], "stderr_tail": why,
+                         "problems": [f"no Horovod: {why[0]}"]})
+            say(f"{stack}: no Horovod: {' | '.join(why)}")
+        for launcher_name, srun in launchers if has_hvd else ():
+            problems, secs, tail = run_allreduce(python, repo, work / f"allreduce-{launcher_name}", srun)
+            rows.append({"stack": stack, "model": "horovod", "mode": f"2 ranks ({launcher_name}) allreduce",
+                         "exit": None, "seconds": secs, "metric": None, "value": None, "digest": None,
+                         "tensorflow": probe["tensorflow"], "keras": probe["keras"], "stderr_tail": tail,
+                         "problems": problems})
+            say(f"{stack} allreduce ({launcher_name}) in {secs} s: {'; '.join(problems) or 'ok'}")
+        for (via, srun), (model, flags) in ((l, r) for l in launchers for r in HOROVOD_RUNS) if has_hvd else ():
             base = work / model
-            mode = " ".join((f"2 ranks ({launcher})",) + flags)
-            log = base / f"2r-{launcher}.jsonl"
-            proc, secs = run_train(python, repo, model, base / f"ck-2r-{launcher}", log, flags, ranks=2, srun=srun)
+            mode = " ".join((f"2 ranks ({via})",) + flags)
+            log = base / f"2r-{via}.jsonl"
+            proc, secs = run_train(python, repo, model, base / f"ck-2r-{via}", log, flags, ranks=2, srun=srun)
             row = result_row(stack, probe, model, mode, proc, secs, log)
             summary = read_log(log).get("summary", {})
             digests = summary.get("replica_weight_digests") or []
             # replicated: both ranks hold the same weights; model parallel: each its own tables
             same = len(set(digests)) == 1 or "model_parallel" in flags
+            row["replica_digests"] = digests
             if proc.returncode == 0 and (summary.get("world_size") != 2 or len(digests) != 2 or not same):
                 row["problems"].append(f"world size {summary.get('world_size')}, replica digests {digests}")
             rows.append(row)
             say(f"{stack} {model} {mode}: exit {row['exit']} {row['metric']} {row['value']} "
                 f"digest {row['digest']} in {secs} s {'; '.join(row['problems'])}")
     # checkpoints written by one version, read by another (the oldest and the newest both ways)
-    if len(accepted) >= 2:
+    if len(accepted) >= 2 and not args.horovod_only:
         pairs = [(accepted[0], accepted[-1]), (accepted[-1], accepted[0])]
         for (writer, _), (reader, python) in pairs:
             for model in MODELS:
@@ -260,6 +328,11 @@ def pivot(rows, probes):
                 out.append("refused, exit 2" if not r["problems"] else "; ".join(r["problems"]))
             elif r["problems"]:
                 out.append("FAILED: " + "; ".join(r["problems"]))
+            elif r["value"] is None:        # a check without a metric (the allreduce)
+                out.append("ok")
+            elif len(set(r.get("replica_digests") or ())) > 1:     # model parallel: each rank its own
+                out.append(f"{r['metric']} {r['value']:.4f} (ranks: "
+                           + " / ".join(d[:8] for d in r["replica_digests"]) + ")")
             else:
                 out.append(f"{r['metric']} {r['value']:.4f} ({(r['digest'] or '-')[:8]})")
         lines.append(f"| {model} | {mode} | " + " | ".join(out) + " |")

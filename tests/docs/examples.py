@@ -12,6 +12,10 @@ directive (docs/testing.md, "Executable documentation"):
     run without its set-up steps: the ``&&``-joined parts that create ``.venv`` or
     ``pip install`` are dropped (the tree under test is installed already).
 
+A line of its own (not before a fence) ``<!-- docs-test: twin NAME... -->`` makes every later
+block of the file run with the built-in container profiles NAME resolved to their test twins
+(tests/docs/twins.py): same container paths, the test cluster's nodes, pyxis stood in.
+
 Pure functions only: the test module runs the blocks.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import List, Optional
 
 DIRECTIVE = re.compile(r"^\s*<!--\s*docs-test:\s*(skip|dry-run|setup-done)\s*(?::\s*(.*?))?\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
+TWIN = re.compile(r"^\s*<!--\s*docs-test:\s*twin\s+([\w.-]+(?:\s+[\w.-]+)*)\s*-->\s*$")
 # Job commands of recsys-submit and the preprocessing stages take --dry-run.
 DRY_RUN_COMMAND = re.compile(r"^(\S*recsys-submit\s+(train|evaluate|benchmark|preprocess)\b"
                              r"|(\S*python3?\s+-m\s+preproc|\S*recsys-preproc)\s+\S+\s+(run|dictionary|transform)\b)")
@@ -39,6 +44,7 @@ class Block:
     text: str           # the block's lines, indentation removed
     mode: str = "run"   # run | skip | dry-run | setup-done
     reason: str = ""    # why skipped
+    twins: tuple = ()   # built-in profiles resolved to test twins (a `twin` line above)
 
     @property
     def where(self) -> str:
@@ -49,10 +55,14 @@ def extract(path: Path, text: Optional[str] = None) -> List[Block]:
     """The ```bash blocks of one markdown file, in order, with their directives."""
     lines = (path.read_text(encoding="utf-8") if text is None else text).splitlines()
     blocks: List[Block] = []
+    twins: tuple = ()
     i = 0
     while i < len(lines):
         m = FENCE.match(lines[i])
         if not m:
+            t = TWIN.match(lines[i])
+            if t:
+                twins = tuple(dict.fromkeys(twins + tuple(t.group(1).split())))
             i += 1
             continue
         indent, lang = m.group(1), m.group(2)
@@ -61,7 +71,7 @@ def extract(path: Path, text: Optional[str] = None) -> List[Block]:
             body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
         if lang == "bash":
-            block = Block(path, i + 1, "\n".join(body) + "\n")
+            block = Block(path, i + 1, "\n".join(body) + "\n", twins=twins)
             d = DIRECTIVE.match(lines[i - 1]) if i > 0 else None
             if d:
                 block.mode = d.group(1)

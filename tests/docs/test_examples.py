@@ -9,8 +9,12 @@ directory holds links to the repository's top-level entries (``slurm/``, ``docs/
 stays in it. ``.venv/bin`` is first on PATH; the environment is the session test
 cluster's (SLURM_CONF, the MPI settings), and ``RECSYS_PROFILE_PATH`` holds
 ``mysite.yaml``, the site profile docs/profiles.md shows, so ``--profile mysite``
-resolves. A failure names the file, the block's line and the failing command, with the
-tail of its output.
+resolves. From a ``<!-- docs-test: twin NAME -->`` line on, the file's blocks run with the
+built-in container profile NAME resolved to its test twin (tests/docs/twins.py: same container
+paths, host sides under tmp, the test cluster's nodes, tests/pyxis_standin as pyxis), the
+built-in's host paths in the block rewritten to the twin's, and HOME in tmp (what an
+example writes under ~ stays in the test). A failure names the file, the block's line
+and the failing command, with the tail of its output.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.examples import Block, extract, markdown_files, script
+from tests.docs.twins import make_twin, rewrite_host_paths
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_TIMEOUT_S = 600     # a hang guard: the slowest block (Criteo via Spark) takes a minute or two on an idle 2-core box
@@ -56,8 +61,30 @@ def _env(cluster_env: dict, tmp_path: Path) -> dict:
     env["PATH"] = os.pathsep.join([str(REPO / ".venv" / "bin"), env.get("PATH", "")])
     env["RECSYS_PROFILE_PATH"] = str(tmp_path / "profiles")
     env["PYTHONPATH"] = str(REPO)
+    env["RECSYS_POLL_MAX"] = "5"    # `status --watch` of a walk-through polls at most every 5 s (default 60)
     env.pop("RECSYS_RUN_ROOT", None)
     return env
+
+
+def _twinned(block: Block, env: dict, tmp_path: Path):
+    """(env, host map) for a block: the twins of its `twin` line(s) last on the profile path (they win)."""
+    if not block.twins:
+        return env, {}
+    if os.geteuid() != 0:
+        pytest.skip(f"{block.where}: the pyxis stand-in binds mounts in a mount namespace (root only)")
+    twins_dir, root, home = tmp_path / "twins", tmp_path / "pod", tmp_path / "home"
+    host_map = {}
+    for name in block.twins:
+        twin = make_twin(name, root)
+        twins_dir.mkdir(exist_ok=True)
+        (twins_dir / f"{name}.yaml").write_text(twin.text)
+        for host in twin.host_map.values():
+            Path(host).mkdir(parents=True, exist_ok=True)
+        host_map.update(twin.host_map)
+    home.mkdir(exist_ok=True)
+    env = dict(env, HOME=str(home),
+               RECSYS_PROFILE_PATH=os.pathsep.join([env["RECSYS_PROFILE_PATH"], str(twins_dir)]))
+    return env, host_map
 
 
 def _readable(text: str) -> str:
@@ -66,9 +93,9 @@ def _readable(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if line.strip())
 
 
-def _run_block(block: Block, work: Path, env: dict) -> str | None:
+def _run_block(block: Block, work: Path, env: dict, host_map: dict | None = None) -> str | None:
     """Run one block; None when it passed, else the failure message."""
-    body = script(block)
+    body = rewrite_host_paths(script(block), host_map or {})
     where = f"{block.path.relative_to(REPO)}:{block.line}"
     # ERR trap: which command failed, as a line of the markdown file
     prologue = (f"set -eo pipefail\ntrap 'echo \"docs-test: {block.path.name}:$(({block.line} + LINENO - 2)):"
@@ -98,7 +125,8 @@ def test_examples_run_as_printed(md, slurm_cluster, tmp_path):
         if block.mode == "skip":
             continue
         start = time.monotonic()
-        failure = _run_block(block, work, env)
+        block_env, host_map = _twinned(block, env, tmp_path)
+        failure = _run_block(block, work, block_env, host_map)
         timings.append(f"{block.path.relative_to(REPO)}:{block.line} {block.mode} {time.monotonic() - start:.1f}s")
         print(timings[-1])
         assert failure is None, failure

@@ -15,6 +15,15 @@ the parsers under test:
 - running     `sleep 600`                       RUNNING (comment recsys:<token>)
 - array       `--array=0-3%1 sleep 600`         task 0 RUNNING, tasks 1-3 PENDING (throttled)
 
+and, for the study's look at the shared study job name (queries.SQUEUE_NAMED), jobs of that name
+(`--dependency=singleton`) from two users, with batch scripts where a study keeps them:
+
+- mine        root, study-mine/points/...       RUNNING
+- mine_next   root, study-later/points/...      PENDING, reason Dependency (the singleton)
+- theirs      nobody, study-theirs/allocations/ RUNNING (the singleton is per user)
+- theirs_held nobody, --hold                    PENDING, reason JobHeldUser
+- other_name  root, another job name            not listed
+
 Run it after a Slurm upgrade or a change to the queries, and review `git diff tests/jobs/recorded`.
 """
 
@@ -31,7 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from jobs.backends.slurm.commands import SQUEUE_TOKENS  # noqa: E402
-from jobs.backends.slurm.queries import SACCT_IDS, SACCT_STATES, SQUEUE_IDS, SQUEUE_STATES  # noqa: E402
+from jobs.backends.slurm.queries import SACCT_IDS, SACCT_STATES, SQUEUE_IDS, SQUEUE_NAMED, SQUEUE_STATES  # noqa: E402
+from jobs.study.run import SHARED_NAME  # noqa: E402
 
 CLUSTER = REPO / "slurm" / "dev" / "local-cluster.sh"
 OUT = REPO / "tests" / "jobs" / "recorded"
@@ -107,6 +117,49 @@ def snapshot(cluster):
     return jobs
 
 
+def record_shared_name(cluster, manifest):
+    """Jobs of the shared study name from two users (root and nobody), and what squeue says of
+    them (noacct-squeue-named.txt); the scripts lie where a study keeps its points' scripts."""
+    os.chmod(cluster.dir, 0o755)    # the other user's job runs from the slurmd spool under it
+    root = Path(tempfile.mkdtemp(prefix="recsys-record-runs-"))
+    os.chmod(root, 0o755)
+
+    def script(relative):
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\nsleep 600\n")
+        for parent in [path.parent, *path.parent.parents]:
+            if parent == root.parent:
+                break
+            os.chmod(parent, 0o755)
+        return str(path)
+
+    named = ["--chdir=/tmp", f"--job-name={SHARED_NAME}", "--dependency=singleton"]
+    jobs = {"mine": cluster.sbatch(*named, script("study-mine/points/g1-r0-1/main.sbatch"))}
+    cluster.wait_for("the first study job to run", lambda: cluster.word(jobs["mine"]) == "RUNNING")
+    jobs["mine_next"] = cluster.sbatch(*named, script("study-later/points/g1-r0-1/main.sbatch"))
+    jobs["theirs"] = cluster.sbatch("--uid=nobody", *named, script("study-theirs/allocations/allocation-1/allocation.sbatch"))
+    cluster.wait_for("the other user's study job to run", lambda: cluster.word(jobs["theirs"]) == "RUNNING")
+    jobs["theirs_held"] = cluster.sbatch("--uid=nobody", "--hold", *named, script("study-theirs/points/g2-r0-1/main.sbatch"))
+    jobs["other_name"] = cluster.sbatch("--chdir=/tmp", "--job-name=something-else", "--wrap", "sleep 600")
+
+    def settled():
+        reasons = cluster.run(["squeue", "-h", "-j", f"{jobs['mine_next']},{jobs['theirs_held']}", "-o", "%i %r"],
+                              check=False).stdout
+        return f"{jobs['mine_next']} Dependency" in reasons and f"{jobs['theirs_held']} JobHeldUser" in reasons
+
+    cluster.wait_for("the pending reasons", settled)
+    outputs = {}
+    try:
+        record(cluster, "noacct-squeue-named", SQUEUE_NAMED + [f"--name={SHARED_NAME}"], outputs)
+    finally:
+        cluster.run(["scancel", ",".join(jobs.values())], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+    manifest["shared_name"] = {
+        "jobs": jobs, "outputs": outputs, "runs_dir": str(root), "users": {"mine": "root", "theirs": "nobody"},
+        "expect": {"mine": "RUNNING", "mine_next": "PENDING", "theirs": "RUNNING", "theirs_held": "PENDING"}}
+
+
 def record(cluster, name, argv, outputs):
     proc = cluster.run(argv, check=False)
     (OUT / f"{name}.txt").write_text(proc.stdout)
@@ -135,6 +188,8 @@ def record_cluster(accounting, manifest):
         else:
             record(cluster, "noacct-sacct-states", SACCT_STATES + ["-j", ids], outputs)
         cluster.run(["scancel", ids], check=False)
+        if not accounting:
+            record_shared_name(cluster, manifest)
     finally:
         cluster.down()
     manifest[tag] = {"jobs": jobs, "outputs": outputs}

@@ -12,14 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from study_helpers import TINY_NCF, info, report as _report, study_dir as _study_dir, watch as _watch, \
     write_spec as _write_spec
-from submit_helpers import REPO, Cli
+from submit_helpers import Cli
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod]

@@ -5,7 +5,6 @@ one real sample of this machine, and the report's section and warnings on a run 
 samples. The sampler beside a real job: tests/jobs/test_hang_slurm.py."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -80,6 +80,9 @@ def test_a_profile_with_a_fabric_loads_back_from_its_as_dict(tmp_path):
       "measured": {"source": "m", "intra_node": {"allreduce": {"latency_us": 3}}}},
      "fabric.measured.intra_node.allreduce.busbw_gb_per_s: required key is missing"),
     ({"source": "x"}, "fabric.intra_node: required key is missing"),
+    ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
+      "core_sharing": {"source": "m", "cores": 2, "slowdown": {4: 0}}},
+     "fabric.core_sharing.slowdown.4: 0 is not a positive factor"),
 ])
 def test_a_bad_fabric_is_one_line_naming_the_key(tmp_path, fabric, expected):
     data = yaml.safe_load(open(os.path.join(ROOT, "cluster_profiles", "dgx1.yaml")))
@@ -215,6 +218,60 @@ def test_ranks_sharing_cores_slow_each_other():
     assert alone == pytest.approx(0.5)
 
 
+def test_measured_core_sharing_applies_only_above_the_cores():
+    """ci's fabric.core_sharing: the measured slowdown of k ranks on the host's cores, 1 up to
+    the cores, linear between the measured k, in proportion to k beyond the largest."""
+    import dataclasses
+    sharing = {"source": "measured: test", "cores": 2, "slowdown": {1: 1.0, 2: 1.3, 4: 6.0, 8: 14.0}}
+    fab = dataclasses.replace(DGXA100, core_sharing=sharing)
+    assert [fab.sharing_slowdown(k, 2) for k in (1, 2, 3, 4, 6, 8, 16)] == pytest.approx(
+        [1.0, 1.0, 3.65, 6.0, 10.0, 14.0, 28.0])
+    calib = P.Calibration(gpus=1, batch_per_gpu=512, scaled_ms=4.0)
+    shared = target(fab, gpus_per_node=2, host_cores=2)
+    at = {n: P.project_point(layout(n), calib, shared, n, 512 // n).phases_ms["compute"] for n in (1, 2, 4, 8)}
+    assert at == pytest.approx({1: 4.0, 2: 2.0, 4: 6.0, 8: 7.0})
+    record = P.project({4: layout(4)}, calib, shared, "strong", 512, "dlrm")
+    assert record["fabric"]["core_sharing"] == "measured: test" and "measured: test" in P.markdown(record)
+    ci = load_profile("ci").fabric.core_sharing          # the emulated cluster's, measured
+    assert ci["cores"] == 2 and ci["source"].startswith("measured: bench/bench_core_sharing.py")
+
+
+def test_a_measured_compute_curve_replaces_the_proportional_scaling(tmp_path):
+    """Compute vs batch per GPU from one GPU measured at several batches: log-log between them,
+    their affine fit outside, the calibration's level (the curve's shape)."""
+    pts = [(64, 2.0), (256, 4.0), (512, 6.0)]
+    assert P.curve_ms(pts, 128) == pytest.approx(2.0 * 2 ** 0.5)          # halfway in log-log
+    assert P.curve_ms(pts, 256) == pytest.approx(4.0)
+    fixed, per = P.affine_fit(pts)
+    assert P.curve_ms(pts, 1024) == pytest.approx(fixed + per * 1024) and fixed > 0
+    assert P.affine_fit([(1, 5.0), (2, 3.0)]) == (4.0, 0.0)             # falling: flat at the mean
+    assert P.affine_fit([(10, 1.0), (20, 3.0)]) == pytest.approx((0.0, 70 / 500))    # through the origin
+    calib = P.Calibration(gpus=1, batch_per_gpu=512, scaled_ms=9.0, curve=tuple(pts))
+    assert calib.compute_ms(256) == pytest.approx(9.0 * 4.0 / 6.0)       # not 4.5: the curve's shape
+    assert P.Calibration(gpus=1, batch_per_gpu=512, scaled_ms=9.0).compute_ms(256) == pytest.approx(4.5)
+    # a curve file (what bench/bench_compute_curve.py prints), on a spec without another calibration
+    path = tmp_path / "curve.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "source": "t", "points": [
+        {"batch_per_gpu": b, "step_ms": t} for b, t in pts]}))
+    record = P.run(STUDY + ".yaml", load_profile("dgxa100"), [2], compute_curve=str(path))
+    by = {p["gpus"]: p["phases_ms"]["compute"] for p in record["points"]}
+    assert by == pytest.approx({1: 6.0, 2: 4.0})
+    assert "Compute vs batch per GPU: measured compute curve" in P.markdown(record)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("version: 1\npoints: [{batch_per_gpu: 64, step_ms: 2}]\n", "two batch sizes or more (got 1)"),
+    ("version: 1\npoints: [{batch_per_gpu: 64, step_ms: -2}]\n", "points[0]: give batch_per_gpu"),
+    ("points: []\n", "not a compute curve (version: 1"),
+])
+def test_a_bad_compute_curve_is_one_line_naming_the_file(tmp_path, text, expected):
+    path = tmp_path / "curve.yaml"
+    path.write_text(text)
+    with pytest.raises(RequestError) as info:
+        P.compute_curve([str(path)])
+    assert "\n" not in str(info.value) and expected in str(info.value) and "--compute-curve" in str(info.value)
+
+
 # ------------------------------------------------------------------ the command
 
 
@@ -234,6 +291,22 @@ def test_study_project_from_a_spec_prints_and_writes_the_band(capsys, tmp_path):
     assert open(tmp_path / "projection.csv").readline().startswith("gpus,nodes,")
     code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", "--step-ms", "6", "--json")
     assert code == 0 and json.loads(out)["profile"] == "dgxa100"
+
+
+def test_study_project_takes_a_compute_curve_from_the_command_line(capsys):
+    """--compute-curve: the bench's measured curve (the emulated study's 1-rank step at 64-512) shapes
+    compute with the batch; a bad path is one line naming the flag."""
+    curve = os.path.join(ROOT, "bench", "emulated-dlrm-compute-curve.yaml")
+    code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "4", "--step-ms", "6",
+                           "--compute-curve", curve, "--json")
+    assert code == 0
+    by = {p["gpus"]: p["phases_ms"]["compute"] for p in json.loads(out)["points"]}
+    plain = {p["gpus"]: p["phases_ms"]["compute"] for p in
+             P.run(STUDY + ".yaml", load_profile("dgxa100"), [4], step_ms=6)["points"]}
+    assert by[1] == pytest.approx(plain[1]) and by[4] > plain[4]       # the curve shrinks slower than the batch
+    code, out, err = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "4", "--step-ms", "6",
+                             "--compute-curve", "/nonexistent/curve.yaml")
+    assert code == 2 and out == "" and "--compute-curve" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_recorded_study_is_projected_with_its_measured_points_overlaid():

@@ -263,3 +263,19 @@ def test_with_accounting_a_purged_job_sacct_has_not_recorded_yet_stays_unknown(t
     result, = poll.poll_many([item])
     assert result.jobs[0].state == states.UNKNOWN and not result.done
     assert not Path(run_dir, "status.json").exists()
+
+
+def test_the_shared_study_name_of_every_user_from_squeue():
+    """Jobs of the shared study name from two users (record_shared_name): each one's user,
+    state, pending reason and batch script; a job of another name is not asked for."""
+    shared = MANIFEST["shared_name"]
+    assert shared["outputs"]["noacct-squeue-named"]["argv"] == queries.SQUEUE_NAMED + ["--name=recsys-study-shared"]
+    found = {j.job_id: j for j in queries.parse_named(_text("noacct-squeue-named"))}
+    jobs, users = shared["jobs"], shared["users"]
+    assert set(found) == {jobs[k] for k in ("mine", "mine_next", "theirs", "theirs_held")}
+    for label, state in shared["expect"].items():
+        job = found[jobs[label]]
+        assert job.state == state and job.user == users[label.split("_")[0]], job
+    assert found[jobs["mine_next"]].reason == "Dependency" and found[jobs["theirs_held"]].reason == "JobHeldUser"
+    assert found[jobs["mine"]].reason == "" and found[jobs["theirs"]].reason == ""
+    assert found[jobs["theirs"]].script == f"{shared['runs_dir']}/study-theirs/allocations/allocation-1/allocation.sbatch"

@@ -2,7 +2,9 @@
 every point's steps on the first nodes of the allocation (the node set it recorded), the same
 results a study of separate jobs gives; the allocation cancelled after its first point finished
 keeps that point, and the next `study run` submits only the rest, in one new allocation, after
-the checkout (a copy of it) has been edited: the rest still runs the study's frozen code. A
+the checkout (a copy of it) and its `ci` profile have been edited: the rest still runs the study's
+frozen code and profile; while another user's job of the shared study name is queued that re-run
+is refused, and goes on with --overlap-other-users. A
 second study (separate jobs) started at the same moment on the same shared-nodes profile never
 runs beside it (Slurm's singleton: start and end from sacct).
 
@@ -31,6 +33,7 @@ SPEC = dict(name=NAME, model="ncf", batch_size=512, warmup_steps=1, steps=2, bre
             points=[{"nodes": 1, "gpus_per_node": 1}, {"nodes": 2, "gpus_per_node": 1},
                     {"nodes": 1, "gpus_per_node": 2}])
 FIRST = "g1-n1x1-r0"
+EDITED = "RECSYS_PROFILE_EDITED"     # the env value the profile gains between the two runs
 ALONE = dict(name="ncf-alone", model="ncf", batch_size=512, warmup_steps=1, steps=2, breakdown_steps=0,
              time="00:05:00", engine_args=TINY_NCF, points=[{"nodes": 1, "gpus_per_node": 1}])
 
@@ -80,11 +83,28 @@ def seen(slurm_cluster_acct, tmp_path_factory):
     wait_for(lambda: [r for r in _sacct(cluster, "-X", "-j", out["job1"], "-o", "State")
                       if r[0].startswith("CANCELLED")], timeout=120, what="sacct to see the allocation cancelled")
     out["status1"] = status(cli, directory)
-    # the checkout is edited between the points: an engine that can no longer start
+    # the checkout is edited between the points: an engine that can no longer start, and the
+    # profile (a value every later job would export)
     with open(copy / "recsys" / "engine.py", "a") as handle:
         handle.write("\nraise SystemExit('the edited checkout ran')\n")
-    out["run2"] = subprocess.run([sys.executable, "-m", "jobs.cli", "study", "run", str(spec), "--profile", "ci"],
-                                 cwd=copy, env=cli.env, text=True, capture_output=True, timeout=300)
+    profile = copy / "cluster_profiles" / "ci.yaml"
+    text = profile.read_text()
+    assert "  RECSYS_DEVICE: cpu\n" in text
+    profile.write_text(text.replace("  RECSYS_DEVICE: cpu\n", f"  RECSYS_DEVICE: cpu\n  {EDITED}: edited\n"))
+    rerun = [sys.executable, "-m", "jobs.cli", "study", "run", str(spec), "--profile", "ci"]
+    # another user's job of the shared study name (root may submit as another user; held: it never
+    # runs): the re-run is refused, then goes on with --overlap-other-users
+    held = None
+    if os.geteuid() == 0:
+        held = cluster.run(["sbatch", "--parsable", "--uid=nobody", "--hold", "--job-name=recsys-study-shared",
+                            "--chdir=/tmp", "--output=/dev/null", "--wrap", "true"], check=True).stdout.strip()
+        before = open(os.path.join(directory, "study.json")).read()
+        refused = subprocess.run(rerun, cwd=copy, env=cli.env, text=True, capture_output=True, timeout=300)
+        out["refused"] = (held, refused, open(os.path.join(directory, "study.json")).read() == before)
+        rerun.append("--overlap-other-users")
+    out["run2"] = subprocess.run(rerun, cwd=copy, env=cli.env, text=True, capture_output=True, timeout=300)
+    if held:
+        cluster.run(["scancel", held], check=True)
     assert out["run2"].returncode == 0, out["run2"].stdout + out["run2"].stderr
     out["watch"] = watch(cli, directory)
     out["alone_watch"] = watch(cli, out["alone_dir"])
@@ -153,6 +173,32 @@ def test_every_point_ran_the_studys_frozen_code_not_the_edited_checkout(seen):
     proc, rep = seen["report"]
     assert rep["code"]["same"] is True
     assert f"every point ran the study's frozen copy {code['sha256'][:16]}" in proc.stdout + open(
+        os.path.join(seen["dir"], "report", "scaling.md")).read()
+
+
+def test_another_users_study_job_refuses_the_run_until_overlap_is_given(seen):
+    if "refused" not in seen:
+        pytest.skip("only root can submit a job as another user here")
+    held, refused, unchanged = seen["refused"]
+    assert refused.returncode == 2 and unchanged, refused.stderr
+    lines = [line for line in refused.stderr.splitlines() if "error" in line]
+    assert lines and lines[0].startswith(f"recsys-submit: error: study: job {held} of user nobody ("), refused.stderr
+    assert "--overlap-other-users" in lines[0]
+    assert f"job {held} of user nobody" in seen["run2"].stderr and "may run beside" in seen["run2"].stderr
+
+
+def test_every_point_ran_with_the_studys_profile_not_the_edited_one(seen):
+    rec = seen["record"]
+    frozen = rec["profile_copy"]["sha256"]
+    assert "differs from the study's frozen copy" in seen["run2"].stderr, seen["run2"].stderr
+    ran = {p["id"]: p["summary"]["provenance"]["profile_sha256"] for p in seen["watch"][1]["points"]}
+    assert set(ran.values()) == {frozen}, (frozen, ran)     # the engine's own provenance, every point
+    for point in rec["points"]:
+        assert set(point["profile"].values()) == {frozen}
+        assert EDITED not in open(os.path.join(point["runs"][-1], "main.sbatch")).read()
+    _, rep = seen["report"]
+    assert rep["code"]["profile_same"] is True
+    assert f"every point ran with the study's frozen profile {frozen[:16]}" in open(
         os.path.join(seen["dir"], "report", "scaling.md")).read()
 
 

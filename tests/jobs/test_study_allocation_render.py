@@ -158,3 +158,22 @@ def test_a_study_record_without_allocations_still_loads(tmp_path):
                     "variant": {}, "variant_label": "default", "repeat": 0, "runs": []}]}))
     assert run.StudyRecord.load(str(tmp_path)).points[0].allocation == {}
     assert os.path.exists(tmp_path / "study.json")
+
+
+@pytest.mark.parametrize("how", ["flag", "spec"])
+def test_an_allocation_on_a_profile_that_cannot_run_one_is_refused_before_anything_exists(tmp_path, capsys, how):
+    from jobs import cli
+
+    runs = tmp_path / "runs"
+    argv = ["study", "run", "--profile", "local", "--runs-dir", str(runs)]
+    if how == "flag":
+        argv += ["--allocation", "--model", "ncf", "--gpus", "1", "--batch-size", "512", "--steps", "2"]
+    else:
+        spec = tmp_path / "alloc.yaml"
+        spec.write_text(spec_yaml(StudySpec.from_dict(dict(SPEC, points=[{"nodes": 1, "gpus_per_node": 1}]))))
+        argv.insert(2, str(spec))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    where = "--allocation" if how == "flag" else f"{tmp_path / 'alloc.yaml'}: placement"
+    assert len(err) == 1 and err[0].startswith(f"recsys-submit: error: {where}: profile 'local' schedules with local")
+    assert not runs.exists()

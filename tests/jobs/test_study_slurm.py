@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from study_helpers import TINY_DLRM, TINY_NCF, info, queued, record, study_dir as _study_dir, \
+from study_helpers import TINY_DLRM, TINY_NCF, info, record, study_dir as _study_dir, \
     submitted as _submitted, watch as _watch, report as _report, write_spec as _write_spec
 from submit_helpers import REPO, Cli
 from tests.waiting import wait_for

@@ -12,24 +12,21 @@ merged slices wrongly).
 DE itself does not run here (its CUDA op; CI has no source): the first test drives the project's code
 with stand-ins for DE's layer (the attributes it reads: the layout, the rank, the variables) built from
 the layout for each rank in turn, in one process. The second runs the save under ``mpirun`` on 2 ranks.
-Measured here (2 cores, load ~3): about 6 s and 14 s.
+Measured here (2 cores, load ~3): about 6 s and 14 s. The third runs DE's own layer on 3 mpirun ranks
+when its source is given (``RECSYS_DE_SOURCE``, see de_source.py): about 30 s.
 """
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 import types
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from conftest import REPO, base_env, mpirun_cmd
-
-DE_SOURCE = os.environ.get("RECSYS_DE_SOURCE")
+from de_source import needs_de_source, rank_results, run_with_de
 
 TABLES = [(40, 8), (30, 8), (5, 4), (64, 6), (12, 8)]
 
@@ -141,11 +138,6 @@ _SAVE = textwrap.dedent("""\
 """)
 
 
-def _rank_results(directory):
-    """Each rank's result, from the file it wrote (ranks' stdout lines interleave under mpirun)."""
-    return {r["rank"]: r for r in (json.loads(p.read_text()) for p in sorted(directory.glob("rank-*.json")))}
-
-
 def test_a_rank_that_does_not_see_the_temporary_directory_fails_the_save_on_every_rank(tmp_path):
     """Two ranks under mpirun, tables model parallel (every rank writes): rank 1's view of the checkpoint
     directory lacks rank 0's temporary directory. Both ranks fail that save in one line that names
@@ -158,7 +150,7 @@ def test_a_rank_that_does_not_see_the_temporary_directory_fails_the_save_on_ever
     res = subprocess.run(mpirun_cmd(2, [sys.executable, "-c", _SAVE, str(directory), str(stale), str(results)]),
                          env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = _rank_results(results)
+    out = rank_results(results)
     assert set(out) == {0, 1}
     lagging = f"cannot write checkpoint {directory}/ckpt-0000000001: "
     assert out[1]["lagging"].startswith(f"error: cannot write checkpoint {stale}/ckpt-0000000001: rank 1 does not "
@@ -171,22 +163,12 @@ def test_a_rank_that_does_not_see_the_temporary_directory_fails_the_save_on_ever
     assert {p.name for p in (directory / "ckpt-0000000002").iterdir()} == {"meta.json", "rank-00000", "rank-00001"}
 
 
+# Runs behind de_source.PRELUDE (DE importable, its op library stood in for: only the plain read
+# get_weights uses is reached; write_result).
 _DE_RANKS = textwrap.dedent("""\
-    import json, sys, types
+    import sys
     import numpy as np
     import tensorflow as tf
-    pkg = types.ModuleType("distributed_embeddings")
-    pkg.__path__ = [sys.argv[1] + "/distributed_embeddings"]
-    sys.modules["distributed_embeddings"] = pkg
-
-    class StandIn:          # _embedding_lookup_ops.so: only the plain read get_weights uses is reached
-        @staticmethod
-        def read_variable_no_copy(handle, dtype):
-            from tensorflow.python.ops import gen_resource_variable_ops
-            return gen_resource_variable_ops.read_variable_op(handle, dtype)
-
-    real_load = tf.load_op_library
-    tf.load_op_library = lambda path: StandIn if path.endswith("_embedding_lookup_ops.so") else real_load(path)
     from recsys.distributed import Distributed
     from recsys.embeddings import de_adapter
     from recsys.embeddings.group import EmbeddingGroup
@@ -208,30 +190,23 @@ _DE_RANKS = textwrap.dedent("""\
     holder = tf.Module()
     holder.g = layer
     step = tf.Variable(0, dtype=tf.int64)
-    path = ShardedCheckpointer(sys.argv[2], tf.train.Checkpoint(model=holder, global_step=step), holder, dist,
+    path = ShardedCheckpointer(sys.argv[1], tf.train.Checkpoint(model=holder, global_step=step), holder, dist,
                                {"global_step": step}).save(1)
-    out = {"rank": dist.rank, "line": de_adapter.built_line("g", layer._dist)}
+    out = {"line": de_adapter.built_line("g", layer._dist)}
     if dist.rank == 0:
         saved = checkpoint_weights(path)
         out["de_equal"] = [bool(np.array_equal(np.asarray(g), w)) for g, w in zip(got, want)]
         out["saved_equal"] = [bool(np.array_equal(saved[f"table:g/{t}"], w)) for t, w in enumerate(want)]
-    with open(f"{sys.argv[3]}/rank-{dist.rank}.json", "w") as f:
-        json.dump(out, f)
+    write_result(out, dist.rank)
 """)
 
 
-@pytest.mark.skipif(not DE_SOURCE, reason="RECSYS_DE_SOURCE (a distributed-embeddings 4cb42d4 checkout) not set")
+@needs_de_source
 def test_three_de_ranks_with_merged_slices_set_read_back_and_checkpoint_the_same_tables(tmp_path):
     """DE's own layer on 3 ranks (mpirun, its Python code, only its op library stood in for), a layout in
     which rank 0 holds two of table 0's three column slices (DE's set_weights would cut it 4 + 4 wide and
     stop): the seeded tables go in by the layout, DE's own get_weights reads back exactly them, and the
     checkpoint written slice by slice on every rank holds the same tables."""
-    results = tmp_path / "results"
-    results.mkdir()
-    res = subprocess.run(mpirun_cmd(3, [sys.executable, "-c", _DE_RANKS, str(Path(DE_SOURCE).resolve()),
-                                        str(tmp_path / "ckpt"), str(results)]),
-                         env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = _rank_results(results)
+    out = run_with_de(_DE_RANKS, tmp_path, tmp_path / "ckpt", ranks=3)
     assert out[0]["de_equal"] == [True] * 5 and out[0]["saved_equal"] == [True] * 5
     assert out[0]["line"].startswith("g: distributed-embeddings built its model-parallel tables as planned: rank 0 ")

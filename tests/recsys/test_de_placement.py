@@ -8,23 +8,21 @@ kept data parallel (DE's data-parallel threshold raised over its tables, so DE k
 parallel), counted on every rank in the memory check, and said in the placement record and lines.
 
 The rule is held against DE's own ``DistEmbeddingStrategy`` when its source is given
-(``RECSYS_DE_SOURCE``, see test_de_ragged.py). Measured: under 1 s (placement, pure Python); the DE
+(``RECSYS_DE_SOURCE``, see de_source.py). Measured: under 1 s (placement, pure Python); the DE
 cross-check about 8 s (a subprocess importing TensorFlow and Horovod).
 """
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO, base_env
+from de_source import needs_de_source, run_with_de
 
-DE_SOURCE = os.environ.get("RECSYS_DE_SOURCE")
 DE = "distributed-embeddings"
 
 
@@ -77,28 +75,23 @@ def test_the_decision_reaches_the_run_configuration_before_tensorflow(monkeypatc
     assert not cfg.placement.plan("wide_embeddings").model_parallel
 
 
+# Runs behind de_source.PRELUDE (DE importable, its op library stood in for, write_result).
 _STRATEGY = textwrap.dedent("""\
-    import json, sys, types
-    import tensorflow as tf
-    pkg = types.ModuleType("distributed_embeddings")
-    pkg.__path__ = [sys.argv[1] + "/distributed_embeddings"]
-    sys.modules["distributed_embeddings"] = pkg
-    real_load = tf.load_op_library
-    tf.load_op_library = lambda path: object() if path.endswith("_embedding_lookup_ops.so") else real_load(path)
+    import json, sys
     from distributed_embeddings.python.layers import dist_model_parallel as dmp
     out = []
-    for tables, world, col, dp in json.loads(sys.argv[2]):
+    for tables, world, col, dp in json.loads(sys.argv[1]):
         layers = [dmp.Embedding(r, w, combiner="sum") for r, w in tables]
         st = dmp.DistEmbeddingStrategy(layers, world, "memory_balanced", column_slice_threshold=col,
                                        data_parallel_threshold=dp)
         mp = bool(st.table_groups[1])
         out.append(dict(model_parallel=mp, every_rank=mp and all(st.local_configs)))
-    print("RESULT " + json.dumps(out))
+    write_result(out)
 """)
 
 
-@pytest.mark.skipif(not DE_SOURCE, reason="RECSYS_DE_SOURCE (a distributed-embeddings 4cb42d4 checkout) not set")
-def test_the_rule_agrees_with_distributed_embeddings_own_strategy():
+@needs_de_source
+def test_the_rule_agrees_with_distributed_embeddings_own_strategy(tmp_path):
     """For each case, DE's strategy leaves a rank without a piece exactly when the placement says so, and
     the data-parallel threshold the group then gets leaves DE nothing to slice."""
     from recsys.embeddings.placement import distributed_embeddings_slices
@@ -111,11 +104,7 @@ def test_the_rule_agrees_with_distributed_embeddings_own_strategy():
                 cases.append((tables, world, col, dp))
         biggest = max(r * w for r, w in tables)
         cases.append((tables, 24, None, biggest))          # what EmbeddingGroup passes for such a group
-    env = base_env()
-    res = subprocess.run([sys.executable, "-c", _STRATEGY, str(Path(DE_SOURCE).resolve()), json.dumps(cases)],
-                         env=env, cwd=REPO, text=True, capture_output=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    got = run_with_de(_STRATEGY, tmp_path, json.dumps(cases))[0]
     for (tables, world, col, dp), de in zip(cases, got):
         pieces = distributed_embeddings_slices(tables, world, col, dp)
         assert de["model_parallel"] == (pieces > 0), (world, col, dp)

@@ -8,55 +8,22 @@ gives such a row id 0 and zeroes its output.
 The DE test runs DE's own Python code (its ``Embedding`` layer, ``embedding_lookup`` and
 ``DistributedEmbedding`` on one Horovod rank) with only its CUDA op library stood in for by
 TensorFlow ops that combine a ragged batch correctly, empty rows included: what goes wrong is DE's
-Python shortcut, not the stand-in. DE is not on PyPI and the repository does not carry its code:
-give a checkout of NVIDIA-Merlin/distributed-embeddings (4cb42d4) as ``RECSYS_DE_SOURCE``; without it
-that test is skipped. Measured: about 10 s (a subprocess that imports TensorFlow and Horovod).
+Python shortcut, not the stand-in (de_source.py). It needs DE's source, ``RECSYS_DE_SOURCE`` (a
+checkout of NVIDIA-Merlin/distributed-embeddings at 4cb42d4); without it that test is skipped.
+Measured: about 10 s (a subprocess that imports TensorFlow and Horovod).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
-import pytest
 
-from conftest import REPO, base_env
+from de_source import needs_de_source, run_with_de
 
-DE_SOURCE = os.environ.get("RECSYS_DE_SOURCE")
-
+# Runs behind de_source.PRELUDE (DE importable, its op library stood in for, write_result).
 _SCRIPT = textwrap.dedent("""\
-    import json, sys, types
     import numpy as np
     import tensorflow as tf
-
-    # DE's package __init__ imports a version.py written by its build: reach its modules without it.
-    pkg = types.ModuleType("distributed_embeddings")
-    pkg.__path__ = [sys.argv[1] + "/distributed_embeddings"]
-    sys.modules["distributed_embeddings"] = pkg
-
-    class StandIn:
-        # _embedding_lookup_ops.so: a correct CSR combine (empty rows give 0) and a plain read.
-        @staticmethod
-        def embedding_lookup_variable_hotness(param, values, row_splits, combiner):
-            segments = tf.ragged.row_splits_to_segment_ids(row_splits)
-            rows = tf.shape(row_splits)[0] - 1
-            out = tf.math.unsorted_segment_sum(tf.gather(param, values), segments, rows)
-            if combiner == "mean":
-                count = tf.math.unsorted_segment_sum(tf.ones_like(values, param.dtype), segments, rows)
-                out = out / tf.maximum(count, 1)[:, None]
-            return out
-
-        @staticmethod
-        def read_variable_no_copy(handle, dtype):
-            from tensorflow.python.ops import gen_resource_variable_ops
-            return gen_resource_variable_ops.read_variable_op(handle, dtype)
-
-    real_load = tf.load_op_library
-    tf.load_op_library = lambda path: StandIn if path.endswith("_embedding_lookup_ops.so") else real_load(path)
     from distributed_embeddings.python.ops import embedding_lookup_ops
 
     out = {}
@@ -86,7 +53,7 @@ _SCRIPT = textwrap.dedent("""\
     out["tables"] = [np.asarray(w).tolist() for w in layer._dist.get_weights()]
     out["grads"] = [tf.convert_to_tensor(g).numpy().tolist() for g in grads]
     out["weight_shapes"] = [list(w.shape) for w in weights]
-    print("RESULT " + json.dumps(out))
+    write_result(out)
 """)
 
 
@@ -102,14 +69,9 @@ def test_ragged_feed_has_no_empty_row_and_marks_the_rows_to_zero():
     assert one_hot.to_list() == [[3], [0]] and none is None
 
 
-@pytest.mark.skipif(not DE_SOURCE, reason="RECSYS_DE_SOURCE (a distributed-embeddings 4cb42d4 checkout) not set")
-def test_distributed_embeddings_sums_rows_with_empty_ones_as_the_replicated_lookup():
-    env = base_env()
-    env["PYTHONPATH"] = f"{REPO}:{env['PYTHONPATH']}"
-    res = subprocess.run([sys.executable, "-c", _SCRIPT, str(Path(DE_SOURCE).resolve())], env=env, cwd=REPO,
-                         text=True, capture_output=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])
+@needs_de_source
+def test_distributed_embeddings_sums_rows_with_empty_ones_as_the_replicated_lookup(tmp_path):
+    out = run_with_de(_SCRIPT, tmp_path)[0]
     # DE's own shortcut: [[5, 6], [], [7]] over a table whose row k starts with 2k gives rows 5, 6, 7
     # (10, 12, 14) instead of the sums 10+12, 0, 14. If this changes, DE no longer has the bug.
     assert out["premise"] == [10.0, 12.0, 14.0]

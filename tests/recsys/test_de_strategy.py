@@ -7,25 +7,20 @@ cuts and places otherwise; a DE group's plan is now ``planner.plan_distributed_e
 from a pure-Python copy of those rules (``distributed_embeddings_layout``: no TensorFlow, so it runs
 on a login node). The fast tests hold what the layout must be on its own terms; the last test holds it
 against DE's own code (its strategy object and its ``set_weights`` column cut, on many ranks, which
-need no Horovod) when its source is given (``RECSYS_DE_SOURCE``, see test_de_ragged.py; skipped in
+need no Horovod) when its source is given (``RECSYS_DE_SOURCE``, see de_source.py; skipped in
 CI). Measured: the fast tests under 1 s; the DE comparison about 10 s (a subprocess importing
 TensorFlow and Horovod).
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, base_env
+from de_source import needs_de_source, run_with_de
 from recsys.embeddings.planner import distributed_embeddings_layout
 
-DE_SOURCE = os.environ.get("RECSYS_DE_SOURCE")
 DE = "distributed-embeddings"
 
 # MLPerf DLRM Criteo 1TB, 40M-hash cardinalities (tests/recsys/test_placement.py), width 128.
@@ -123,15 +118,10 @@ def test_a_de_run_is_checked_against_the_plan_de_builds():
     assert any(line.startswith("    rank 0:") for line in p.describe())
 
 
+# Runs behind de_source.PRELUDE (DE importable, its op library stood in for, write_result).
 _STRATEGY = textwrap.dedent("""\
     import json, sys, types
     import numpy as np
-    import tensorflow as tf
-    pkg = types.ModuleType("distributed_embeddings")
-    pkg.__path__ = [sys.argv[1] + "/distributed_embeddings"]
-    sys.modules["distributed_embeddings"] = pkg
-    real_load = tf.load_op_library
-    tf.load_op_library = lambda path: object() if path.endswith("_embedding_lookup_ops.so") else real_load(path)
     from distributed_embeddings.python.layers import dist_model_parallel as dmp
 
     class Marker:
@@ -145,7 +135,7 @@ _STRATEGY = textwrap.dedent("""\
             return self[:, :]
 
     out = []
-    for tables, world, col, dp in json.loads(sys.argv[2]):
+    for tables, world, col, dp in json.loads(sys.argv[1]):
         layers = [dmp.Embedding(r, w, combiner="sum") for r, w in tables]
         # DistributedEmbedding passes no data-parallel threshold on one rank.
         st = dmp.DistEmbeddingStrategy(layers, world, "memory_balanced", column_slice_threshold=col,
@@ -177,20 +167,17 @@ _STRATEGY = textwrap.dedent("""\
                     shapes=[[c["input_dim"], c["output_dim"]] for c in st.local_configs[rank]],
                     offsets=st.local_weight_offsets[rank], built=built, cut=cut))
         out.append(case)
-    print("RESULT " + json.dumps(out))
+    write_result(out)
 """)
 
 
-@pytest.mark.skipif(not DE_SOURCE, reason="RECSYS_DE_SOURCE (a distributed-embeddings 4cb42d4 checkout) not set")
-def test_the_layout_is_des_own_on_criteo_1tb_outbrain_and_mixed_tables():
+@needs_de_source
+def test_the_layout_is_des_own_on_criteo_1tb_outbrain_and_mixed_tables(tmp_path):
     """On each case DE's strategy keeps the same tables data parallel, gives every rank the same tables
     in the same order, builds variables of the same shapes with the same row offsets, and its
     ``set_weights`` cuts every table into the columns the layout says."""
     cases = _cases()
-    res = subprocess.run([sys.executable, "-c", _STRATEGY, str(Path(DE_SOURCE).resolve()), json.dumps(cases)],
-                         env=base_env(), cwd=REPO, text=True, capture_output=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    got = run_with_de(_STRATEGY, tmp_path, json.dumps(cases))[0]
     compared, miscut = 0, 0
     for (tables, world, col, dp), de in zip(cases, got):
         layout = distributed_embeddings_layout(tables, world, col, dp)

@@ -36,10 +36,35 @@ def _mpirun(np_, args, timeout=400):
     return res
 
 
-def _run(tmp, np_, model, data, placement, *extra):
+def _start(tmp, np_, model, data, placement, *extra):
+    """An mpirun run started and not waited for: (process, checkpoint dir, log)."""
     ck, log = tmp / f"ck-{placement}", tmp / f"{placement}.jsonl"
-    res = _mpirun(np_, _args(model, data, placement, ck, log, *extra))
-    return dict(log=read_log(log), ck=ck, stderr=res.stderr)
+    proc = subprocess.Popen(mpirun_cmd(np_, train_cmd(*_args(model, data, placement, ck, log, *extra))),
+                            env=base_env(), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, ck, log
+
+
+def _finish(started, timeout=400):
+    proc, ck, log = started
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, stderr[-3000:]
+    return dict(log=read_log(log), ck=ck, stderr=stderr)
+
+
+def _runs(tmp, np_, model, data, placements, *extra):
+    """The runs of several placements side by side (they share nothing but the read-only data; on
+    CI's 2 cores one's start-up and waits fill what the other leaves idle): {placement: run}."""
+    started = {p: _start(tmp, np_, model, data, p, *extra) for p in placements}
+    try:
+        return {p: _finish(s) for p, s in started.items()}
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
 
 
 def _latest(ck):
@@ -106,7 +131,7 @@ def _assert_exchange_and_initial_state(run):
 def dlrm_two_rank_runs(tiny_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dlrm-mp")
     data = tiny_data("dlrm")
-    return tmp, {p: _run(tmp, 2, "dlrm", data, p) for p in ("replicated", "model_parallel")}
+    return tmp, _runs(tmp, 2, "dlrm", data, ("replicated", "model_parallel"))
 
 
 def test_dlrm_two_ranks_model_parallel_matches_replicated(dlrm_two_rank_runs):
@@ -166,8 +191,8 @@ def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(w
     then the 4-rank checkpoint re-sharded to 2 ranks and to 1 rank gives the same predictions."""
     data = wide_deep_four_files
     extra = ["--combiner", "mean", "--column-slice-threshold", "2000", "--data-parallel-threshold", "100"]
-    mp = _run(tmp_path, 4, "wide_deep", data, "model_parallel", *extra)
-    rep = _run(tmp_path, 4, "wide_deep", data, "replicated", *extra)
+    runs = _runs(tmp_path, 4, "wide_deep", data, ("model_parallel", "replicated"), *extra)
+    mp, rep = runs["model_parallel"], runs["replicated"]
     _assert_same_training(mp, rep)
     _assert_each_rank_holds_its_plan_share(mp["ck"], 4, 2000, 100)
     listing = [json.loads((_latest(mp["ck"]) / f"rank-{r:05d}" / "tables.json").read_text()) for r in range(4)]
@@ -258,8 +283,7 @@ def test_incomplete_or_foreign_sharded_checkpoint_is_refused(dlrm_two_rank_runs,
 
 def test_wide_deep_two_ranks_sum_combiner_matches_replicated(wide_deep_four_files, tmp_path):
     """2 ranks, multi-hot with the sum combiner (the 4-rank test uses mean), whole tables per rank."""
-    runs = {p: _run(tmp_path, 2, "wide_deep", wide_deep_four_files, p, "--combiner", "sum")
-            for p in ("replicated", "model_parallel")}
+    runs = _runs(tmp_path, 2, "wide_deep", wide_deep_four_files, ("replicated", "model_parallel"), "--combiner", "sum")
     mp, rep = runs["model_parallel"], runs["replicated"]
     _assert_same_training(mp, rep)
     _assert_each_rank_holds_its_plan_share(mp["ck"], 2)
@@ -280,12 +304,17 @@ def test_srun_pmix_dlrm_four_ranks_model_parallel_matches_replicated(slurm_clust
     cmd = ["srun", "--mpi=pmix", "-N2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=1",
            "-p", slurm_cluster.partition, "--time=5",
            *train_cmd(*_args("dlrm", data, "model_parallel", ck, log))]
-    res = slurm_cluster.run(cmd, env=env, timeout=400)
+    replicated = _start(tmp_path, 4, "dlrm", data, "replicated")     # side by side with the srun step
+    try:
+        res = slurm_cluster.run(cmd, env=env, timeout=400)
+    except BaseException:
+        replicated[0].kill()
+        raise
+    rep = _finish(replicated)
     assert res.returncode == 0, res.stderr[-3000:]
     mp = dict(log=read_log(log), ck=ck)
     sm = summary(mp["log"])
     assert sm["world_size"] == 4 and len(set(sm["replica_weight_digests"])) == 4
-    rep = _run(tmp_path, 4, "dlrm", data, "replicated")
     _assert_same_training(mp, rep)
     _assert_each_rank_holds_its_plan_share(ck, 4)
     assert sm["auc"] == pytest.approx(summary(rep["log"])["auc"], abs=1e-6)

@@ -160,3 +160,16 @@ def test_module_command_says_whether_this_python_is_supported(monkeypatch, capsy
 def test_a_tensorflow_without_metadata_is_not_checked_but_noted():
     d = decide(found(""), {})
     assert d.ok and dict(d.env) == {} and "could not be read" in d.notes[0]
+
+
+def test_several_ranks_without_horovod_stop_in_one_line(monkeypatch):
+    # no Horovod (TF 2.19 / 2.20 with Horovod 0.28.1 as released): the engine's one line, not a traceback
+    from recsys.distributed import Distributed
+    monkeypatch.setitem(sys.modules, "horovod", None)        # import horovod.tensorflow -> ModuleNotFoundError
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(tfcompat.EngineError) as err:
+        Distributed(True)
+    line = str(err.value)
+    assert "\n" not in line and err.value.exit_code == 2
+    assert line.startswith("2 ranks need Horovod built against this TensorFlow (")
+    assert "ModuleNotFoundError" in line and "up to 2.18 as released" in line and line.endswith("or run one rank")

@@ -45,6 +45,12 @@ class SlurmBackend(Backend):
 
         return commands.accounting_enabled()
 
+    def queued_named(self, name):
+        """Every user's jobs of that name in the queue: one squeue call (queries.queued_named)."""
+        from . import queries
+
+        return queries.queued_named(name)
+
     def dry_run(self, specs, run_dir, wait=None, check=True, written=True, token=None):
         """Every script rendered (values sbatch cannot take are refused here, before anything
         exists), each with a fresh token (`token`: one fixed text instead, e.g. `<token>` when

@@ -20,6 +20,9 @@ SACCT_STATES = ["sacct", "-X", "--parsable2", "-o", "JobID,State,ExitCode,NodeLi
 SQUEUE_STATES = ["squeue", "-h", "-r", "--states=all", "-o", "%i|%T|%r"]
 SACCT_IDS = ["sacct", "-X", "-n", "--parsable2", "-o", "JobID"]
 SQUEUE_IDS = ["squeue", "-h", "-r", "--states=all", "-o", "%i"]
+# the jobs of every user under one job name that have not ended (the batch script last: a path
+# may hold the separator); followed by --name=<name>
+SQUEUE_NAMED = ["squeue", "-h", "-a", "-o", "%i|%u|%T|%r|%o"]
 
 
 def expand_job_id(job_id):
@@ -58,6 +61,21 @@ def parse_squeue(text):
                 if found[task] == states.PENDING and reason.strip() == NEVER:
                     never.add(task)
     return found, never
+
+
+def parse_named(text):
+    """[QueuedJob] from `squeue -h -a -o %i|%u|%T|%r|%o --name=NAME` (every user's, not ended)."""
+    from ..base import QueuedJob
+
+    out = []
+    for line in text.splitlines():
+        fields = line.strip().split("|", 4)
+        if len(fields) == 5 and fields[0]:
+            job_id, user, word, reason, script = fields
+            out.append(QueuedJob(job_id=job_id, user=user, state=to_state(word),
+                                 reason="" if reason.strip() in ("None", "(null)") else reason.strip(),
+                                 script=script.strip()))
+    return out
 
 
 def parse_scontrol_job(text):
@@ -115,6 +133,15 @@ def query_scontrol(task):
             return None
         raise commands.failed("scontrol", proc)
     return parse_scontrol_job(proc.stdout) or states.UNKNOWN
+
+
+def queued_named(name):
+    """[QueuedJob] of every user with job name `name` that has not ended, from one squeue call
+    (a cluster with PrivateData=jobs shows only the caller's own)."""
+    proc = commands.run(SQUEUE_NAMED + [f"--name={name}"], timeout=60)
+    if proc.returncode != 0:
+        raise commands.failed("squeue", proc)
+    return parse_named(proc.stdout)
 
 
 def missing_jobs(ids, accounting):
