@@ -503,5 +503,22 @@ def main(argv=None):
         _fail(str(err))
 
 
+def program(argv=None):
+    """The process's entry (``python -m recsys.train``, ``recsys-train``): main, then an exit that
+    skips the interpreter's teardown. When main returns, everything the run wrote is closed (run's
+    ``finally``) and Horovod is shut down (MPI finalized on every rank); what teardown still does
+    is unload TensorFlow's modules and join its threads, which only costs time: 0.6-0.9 s per
+    process measured on the test box (tiny DLRM, 1 and 2 ranks under mpirun, against 0.05 s),
+    paid by every job, study point and test run. atexit handlers still run and stdio is
+    flushed; an error exit (SystemExit from main) takes the usual way."""
+    import atexit
+
+    code = main(argv) or 0
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()
