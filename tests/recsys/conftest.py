@@ -116,3 +116,32 @@ def dlrm_one_rank(tiny_data, tmp_path_factory):
                      "--max-steps", "16", "--log-path", log, "--log-every", "4"])
     assert res.returncode == 0, res.stderr[-3000:]
     return summary(read_log(log))
+
+
+def start_train(ranks, args):
+    """An engine run (1 rank: the engine alone; more: under mpirun), started and not waited for."""
+    cmd = train_cmd(*args) if ranks == 1 else mpirun_cmd(ranks, train_cmd(*args))
+    return subprocess.Popen(cmd, env=base_env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def finish(proc, timeout=300):
+    """A started run waited for (killed on timeout), as a CompletedProcess."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def finish_all(procs, timeout=300):
+    """Runs started side by side (they share nothing but read-only data: on CI's 2 cores one's
+    start-up and waits fill what the other leaves idle), each waited for; what is left of them
+    after a failure is killed. [CompletedProcess] in the order given."""
+    try:
+        return [finish(p, timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, SMALL, base_env, mpirun_cmd, read_log, records, run_train, summary, train_cmd
+from conftest import REPO, SMALL, base_env, finish, finish_all, read_log, records, run_train, \
+    start_train, summary
 
 
 def _error_line(res):
@@ -205,22 +206,6 @@ def _flags(model):
     return [*SMALL[model], *drop, "--epochs", "2"]
 
 
-def _start(ranks, args):
-    """One run (1 rank: the engine alone; more: under mpirun), started and not waited for."""
-    cmd = train_cmd(*args) if ranks == 1 else mpirun_cmd(ranks, train_cmd(*args))
-    return subprocess.Popen(cmd, env=base_env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-
-
-def _finish(proc, timeout=300):
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-
 @pytest.mark.parametrize("model,ranks", [("wide_deep", 1), ("ncf", 1),
                                          pytest.param("wide_deep", 2, marks=pytest.mark.horovod),
                                          pytest.param("ncf", 2, marks=pytest.mark.horovod),
@@ -235,19 +220,13 @@ def test_restore_is_bitwise_with_dropout(model, ranks, tiny_data, tmp_path):
     straight, ck = tmp_path / "straight.jsonl", tmp_path / "ck"
     # the uninterrupted run and the interrupted one share nothing: they run side by side (on CI's
     # 2 cores one's start-up fills what the other leaves idle); only the resumed run waits
-    runs = [_start(ranks, [*base, "--max-steps", "12", "--log-path", straight]),
-            _start(ranks, [*base, "--max-steps", "5", "--checkpoint-dir", ck])]
-    try:
-        done = [_finish(p) for p in runs]
-    finally:
-        for p in runs:
-            if p.poll() is None:
-                p.kill()
+    done = finish_all([start_train(ranks, [*base, "--max-steps", "12", "--log-path", straight]),
+                       start_train(ranks, [*base, "--max-steps", "5", "--checkpoint-dir", ck])])
     for res in done:
         assert res.returncode == 0, res.stderr[-3000:]
     resumed = tmp_path / "resumed.jsonl"
-    res = _finish(_start(ranks, [*base, "--max-steps", "12", "--checkpoint-dir", ck, "--restore",
-                                 "--log-path", resumed]))
+    res = finish(start_train(ranks, [*base, "--max-steps", "12", "--checkpoint-dir", ck, "--restore",
+                                     "--log-path", resumed]))
     assert res.returncode == 0, res.stderr[-3000:]
     a, b = summary(read_log(straight)), summary(read_log(resumed))
     assert a["step"] == b["step"] == 12 and a["epoch"] >= 1

@@ -13,7 +13,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import MPI_ENV, REPO, SMALL, base_env, mpirun_cmd, read_log, records, run_train, summary, train_cmd
+from conftest import MPI_ENV, REPO, SMALL, base_env, finish, finish_all, mpirun_cmd, read_log, records, run_train, \
+    start_train, summary, train_cmd
 
 pytestmark = [pytest.mark.horovod,
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")]
@@ -39,32 +40,19 @@ def _mpirun(np_, args, timeout=400):
 def _start(tmp, np_, model, data, placement, *extra):
     """An mpirun run started and not waited for: (process, checkpoint dir, log)."""
     ck, log = tmp / f"ck-{placement}", tmp / f"{placement}.jsonl"
-    proc = subprocess.Popen(mpirun_cmd(np_, train_cmd(*_args(model, data, placement, ck, log, *extra))),
-                            env=base_env(), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    return proc, ck, log
+    return start_train(np_, _args(model, data, placement, ck, log, *extra)), ck, log
 
 
-def _finish(started, timeout=400):
-    proc, ck, log = started
-    try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == 0, stderr[-3000:]
-    return dict(log=read_log(log), ck=ck, stderr=stderr)
+def _result(res, ck, log):
+    assert res.returncode == 0, res.stderr[-3000:]
+    return dict(log=read_log(log), ck=ck, stderr=res.stderr)
 
 
 def _runs(tmp, np_, model, data, placements, *extra):
-    """The runs of several placements side by side (they share nothing but the read-only data; on
-    CI's 2 cores one's start-up and waits fill what the other leaves idle): {placement: run}."""
-    started = {p: _start(tmp, np_, model, data, p, *extra) for p in placements}
-    try:
-        return {p: _finish(s) for p, s in started.items()}
-    finally:
-        for proc, _, _ in started.values():
-            if proc.poll() is None:
-                proc.kill()
+    """The runs of several placements side by side (conftest.finish_all): {placement: run}."""
+    started = [_start(tmp, np_, model, data, p, *extra) for p in placements]
+    done = finish_all([proc for proc, _, _ in started], timeout=400)
+    return {p: _result(res, ck, log) for p, res, (_, ck, log) in zip(placements, done, started)}
 
 
 def _latest(ck):
@@ -310,7 +298,7 @@ def test_srun_pmix_dlrm_four_ranks_model_parallel_matches_replicated(slurm_clust
     except BaseException:
         replicated[0].kill()
         raise
-    rep = _finish(replicated)
+    rep = _result(finish(replicated[0], timeout=400), *replicated[1:])
     assert res.returncode == 0, res.stderr[-3000:]
     mp = dict(log=read_log(log), ck=ck)
     sm = summary(mp["log"])
