@@ -35,7 +35,10 @@ def run(api, args, out=None):
             raise api.RequestError("--start: TensorBoard is not installed here; pip install '.[tensorboard]' "
                                    "(or run the printed command where it is)")
         argv = [sys.executable, "-m", "tensorboard.main", *argv[1:]]
-        print(f"# {kind} {where}: {len(named)} TensorBoard run(s); from your laptop:\n{tunnel}", file=out, flush=True)
+        print(f"# {kind} {where}: {len(named)} TensorBoard run(s); from your laptop:\n{tunnel}", file=out)
+        if profile:                     # this one's Profile tab cannot see them (see below)
+            print(f"# its Profile tab shows no traces (--logdir_spec); for them run instead:\n{profile}", file=out)
+        out.flush()
         os.execv(argv[0], argv)         # TensorBoard in this process's place: Ctrl-C stops it
     print(f"# {kind} {where}: {len(named)} TensorBoard run(s) (" + ", ".join(n for n, _ in named) + ")", file=out)
     print(line, file=out)

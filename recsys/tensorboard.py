@@ -5,9 +5,10 @@ record it builds to :class:`ScalarSink`, which writes the figures of the ``step`
 ``summary`` records as scalars at those records' steps, so TensorBoard and the JSON log never
 disagree. Each rank writes into its own directory ``<root>/rank<k>`` (a TensorBoard run), the root
 being ``--tensorboard-dir``, else ``<--log-path's dir>/tensorboard/<log name>``
-(``logs/tensorboard/<job>`` in a run directory). After a restore the first event is TensorBoard's
-``SessionLog.START`` at the next step: TensorBoard then drops what an earlier attempt wrote from
-that step on, so a requeued job's curves continue without duplicates.
+(``logs/tensorboard/<job>`` in a run directory). Every attempt's first event is TensorBoard's
+``SessionLog.START`` at its first step (after a restore: the step after the restored one): the
+TensorBoard server ignores the first START of a run and, at each later one, drops what earlier
+attempts wrote from that step on, so a requeued job's curves continue without duplicates.
 
 :class:`ProfileWindow` runs ``tf.profiler`` over the steps of ``--profile-steps``, one step per
 call, each under a ``train`` step marker, into the same rank directory
@@ -78,9 +79,11 @@ def scalars(record):
 class ScalarSink:
     """Writes the figures of the records it is given into one event file of ``logdir``.
 
-    After a restore (the ``info`` record with ``restored_step``) of a run whose steps continue the
-    checkpoint's (``continues``: train mode; a benchmark counts its steps from 1), the first event
-    is TensorBoard's START at the next step, and no figure of a step at or before it is written."""
+    The first event is TensorBoard's START at the attempt's first step: step 1, or, after a restore
+    (the ``info`` record with ``restored_step``) of a run whose steps continue the checkpoint's
+    (``continues``: train mode; a benchmark counts its steps from 1), the step after the restored
+    one, and then no figure of a step at or before it is written. A START is needed in the first
+    attempt too: the server (plugin_event_accumulator) purges only at the second START it reads."""
 
     def __init__(self, logdir, continues=True):
         self.logdir = logdir
@@ -88,26 +91,27 @@ class ScalarSink:
         self._writer = None
         self._after = 0           # figures of steps <= this are not written (a restore's step)
 
-    def _open(self):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        self._writer = EventFileWriter(self.logdir, max_queue_size=100, flush_secs=FLUSH_SECS)
+    def _start(self, wall_time):
+        """The attempt's event file if not open yet, and a START at its first step."""
+        from tensorboard.compat.proto import event_pb2
+        if self._writer is None:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            self._writer = EventFileWriter(self.logdir, max_queue_size=100, flush_secs=FLUSH_SECS)
+        self._writer.add_event(event_pb2.Event(wall_time=wall_time or time.time(), step=self._after + 1,
+                                               session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def record(self, record):
         """One JSON-log record: its figures written, a restore (``restored_step``) noted."""
         from tensorboard.compat.proto import event_pb2, summary_pb2
         if self.continues and record.get("type") == "info" and isinstance(record.get("restored_step"), int):
             self._after = record["restored_step"]
-            if self._writer is None:
-                self._open()
-            self._writer.add_event(event_pb2.Event(
-                wall_time=record.get("time") or time.time(), step=self._after + 1,
-                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+            self._start(record.get("time"))
             return
         step, figures = scalars(record)
         if not figures or step <= self._after:
             return
         if self._writer is None:
-            self._open()
+            self._start(record.get("time"))
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in figures])
         self._writer.add_event(event_pb2.Event(wall_time=record.get("time") or time.time(), step=step,
                                                summary=summary))

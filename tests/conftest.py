@@ -31,6 +31,7 @@ MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "PMIX_MCA_gds": "hash",
+    "OMPI_MCA_mpi_yield_when_idle": "1",    # the ranks share the host's 2 cores (tests/recsys/conftest.py)
 }
 
 

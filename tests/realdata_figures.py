@@ -60,6 +60,40 @@ def train(work: Path, name: str, model: str, data: Path, spec=None) -> dict:
     return dict(best=summary["best_eval"], evaluations=len(evals), seconds=seconds)
 
 
+HEADER = "| dataset | model (ours) | metric | ours: best evaluation | baselines, strongest first | test |"
+
+
+def table(runs: dict, base: dict) -> list:
+    """The markdown lines of docs/data.md's table from the runs' summaries (:func:`train`) and the
+    baselines ({"adult": (logistic, hgb), "num": (logistic, hgb), "ml": {name: (hr, ndcg)}}); a
+    function of its own so that tests/recsys/test_realdata_table.py can hold the docs to it."""
+    def ours(run, metric="auc"):
+        b = run["best"]
+        return (f"{b['metrics'][metric]:.4f} (epoch {b['epoch']}, {run['evaluations']} evaluations, "
+                f"{run['seconds']:.0f} s)")
+
+    def tab(lr, hgb):
+        return "; ".join(f"{name} {auc:.4f}" for name, auc in
+                         sorted((("HistGradientBoosting", hgb), ("LogisticRegression", lr)), key=lambda kv: -kv[1]))
+
+    ncf = runs["ncf"]["best"]["metrics"]
+    ml = "; ".join(f"{name} {h:.3f} / {n:.3f}" for name, (h, n) in
+                   sorted(base["ml"].items(), key=lambda kv: -kv[1][0]))
+    rows = [
+        ("MovieLens-100k (943 users, 1682 items, leave-last-out, 100 stored negatives per user)", "NCF (NeuMF)",
+         "HR@10 / NDCG@10", f"{ncf['hr_at_10']:.3f} / {ncf['ndcg_at_10']:.3f} (epoch {runs['ncf']['best']['epoch']}, "
+         f"{runs['ncf']['evaluations']} evaluations, {runs['ncf']['seconds']:.0f} s)", ml,
+         "tests/recsys/test_realdata_movielens.py"),
+        ("Adult census (48,842 rows; random 20 % test split, seed 0: 39,201 / 9,641)", "Wide & Deep", "AUC",
+         ours(runs["wd"]), tab(*base["adult"]), "tests/recsys/test_realdata_adult.py"),
+        ("Adult census (the same split)", "DLRM", "AUC", ours(runs["dlrm"]), tab(*base["adult"]),
+         "tests/recsys/test_realdata_adult.py"),
+        ("Adult census, its 6 numerical columns alone (the same split)", "Wide & Deep", "AUC", ours(runs["wd_num"]),
+         tab(*base["num"]), "tests/recsys/test_realdata_adult.py (one epoch)"),
+    ]
+    return [HEADER, "|---|---|---|---|---|---|"] + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", help="directory for the datasets and logs (default: a temporary one)")
@@ -82,33 +116,8 @@ def main(argv=None):
             "num": (realdata.logistic_auc(numerical), realdata.gradient_boosting_auc(numerical)),
             "ml": realdata.implicit_feedback_baselines(work / "ml100k")}
 
-    def ours(run, metric="auc"):
-        b = run["best"]
-        return (f"{b['metrics'][metric]:.4f} (epoch {b['epoch']}, {run['evaluations']} evaluations, "
-                f"{run['seconds']:.0f} s)")
-
-    def tab(lr, hgb):
-        return f"HistGradientBoosting {hgb:.4f}; LogisticRegression {lr:.4f}"
-
-    ncf = runs["ncf"]["best"]["metrics"]
-    ml = "; ".join(f"{name} {h:.3f} / {n:.3f}" for name, (h, n) in
-                   sorted(base["ml"].items(), key=lambda kv: -kv[1][0]))
-    rows = [
-        ("MovieLens-100k (943 users, 1682 items, leave-last-out, 100 stored negatives per user)", "NCF (NeuMF)",
-         "HR@10 / NDCG@10", f"{ncf['hr_at_10']:.3f} / {ncf['ndcg_at_10']:.3f} (epoch {runs['ncf']['best']['epoch']}, "
-         f"{runs['ncf']['evaluations']} evaluations, {runs['ncf']['seconds']:.0f} s)", ml,
-         "tests/recsys/test_realdata_movielens.py"),
-        ("Adult census (48,842 rows; random 20 % test split, seed 0: 39,201 / 9,641)", "Wide & Deep", "AUC",
-         ours(runs["wd"]), tab(*base["adult"]), "tests/recsys/test_realdata_adult.py"),
-        ("Adult census (the same split)", "DLRM", "AUC", ours(runs["dlrm"]), tab(*base["adult"]),
-         "tests/recsys/test_realdata_adult.py"),
-        ("Adult census, its 6 numerical columns alone (the same split)", "Wide & Deep", "AUC", ours(runs["wd_num"]),
-         tab(*base["num"]), "tests/recsys/test_realdata_adult.py (one epoch)"),
-    ]
-    print("| dataset | model (ours) | metric | ours: best evaluation | baselines, strongest first | test |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    for line in table(runs, base):
+        print(line)
     print(f"\n(work directory: {work})", file=sys.stderr)
 
 

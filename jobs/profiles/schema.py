@@ -426,7 +426,8 @@ def _check_time(ck: Checker, value: str, key: str) -> None:
 
 # what ranks on nodes that share cores need: Open MPI spins on its progress engine while it
 # waits unless told to yield, so on oversubscribed cores a waiting rank steals the time of the
-# rank it waits for (`ompi_info --all`: mpi_yield_when_idle; `mpirun --oversubscribe` sets it)
+# rank it waits for (`ompi_info --all`: mpi_yield_when_idle; Open MPI sets it itself only when a
+# node has more ranks than slots, which `--oversubscribe` permits but does not make true)
 SHARED_NODES_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 

@@ -295,7 +295,9 @@ def _label(value, fail):
         if not isinstance(positive, list):
             positive = [positive]
         if not positive or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in positive):
-            fail("label.positive", "must be a value or a non-empty list of values")
+            fail("label.positive", "must be a value or a non-empty list of values"
+                 + (" (YAML reads a bare yes/no, true/false or on/off as a boolean: quote the label's value, "
+                    "e.g. positive: ['yes'])" if any(isinstance(v, bool) for v in positive) else ""))
         return value["column"], tuple(str(v) for v in positive)
     fail("label", "required: a column name or {column, positive}"
          + _quoting(value.get("column") if isinstance(value, dict) else value))

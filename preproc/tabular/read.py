@@ -278,7 +278,22 @@ def check_labels(kinds: pd.Series, others: pd.Series, config: TabularConfig) -> 
     suggest = str(numbers.max()).removesuffix(".0") if numbers.notna().all() else list(seen)[-1]
     raise PreprocError(f"{config.source}: label column {config.label!r} must hold the two classes 0 and 1; "
                        f"values seen: {shown}{more}: map them with `label: {{column: {config.label}, positive: "
-                       f"[{suggest}]}}` (the values in `positive` -> 1, every other value -> 0)")
+                       f"[{yaml_value(suggest)}]}}` (the values in `positive` -> 1, every other value -> 0)")
+
+
+def yaml_value(text: str) -> str:
+    """``text`` as the config should spell it in a flow list: bare where YAML reads it back as that
+    text (or as a number written that way), else single-quoted: a bare `no`, `True` or `on` is a
+    boolean to YAML, which `positive` refuses, so a suggestion pasted as printed must not be one."""
+    import yaml
+    try:
+        back = yaml.safe_load(f"[{text}]")
+    except yaml.YAMLError:
+        back = None
+    if isinstance(back, list) and len(back) == 1 and not isinstance(back[0], bool) \
+            and isinstance(back[0], (str, int, float)) and str(back[0]) == text:
+        return text
+    return "'" + text.replace("'", "''") + "'"
 
 
 def first_bad_rows(frame: pd.DataFrame, keep: int = 3) -> pd.DataFrame:

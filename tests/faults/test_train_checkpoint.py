@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -48,43 +49,55 @@ def _writer(cluster, directory, progress, layout, once=False):
                             stderr=subprocess.PIPE, text=True)
 
 
+def _kill_chain(cluster, directory, progress, layout, trials, rng):
+    """`trials` writers in turn on one directory, each SIGKILLed by Slurm at a random moment while
+    it saves after every step, then its job scancelled; a last writer only reports. Returns how
+    many kills left a write in progress and the seconds from each kill to the next restore."""
+    kills_mid_write, recover_s, last_kill = 0, [], None
+    for trial in range(trials):
+        n_reports = len(_progress(progress)[0])
+        proc = _writer(cluster, directory, progress, layout)
+        wait_for(lambda: len(_progress(progress)[0]) > n_reports or proc.poll() is not None,
+                 timeout=300, what=f"{layout} trial {trial}: the writer to start")
+        if last_kill is not None:   # from the kill to the next writer having restored
+            recover_s.append(time.monotonic() - last_kill)
+        # the writer reports what it found, then saves after every step: kill after a random delay
+        wait_for(lambda: sum(1 for r, _ in _progress(progress)[1] if r == n_reports) >= 2 or proc.poll() is not None,
+                 timeout=300, what=f"{layout} trial {trial}: the writer to save twice")
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(rng.uniform(0.0, 0.4))      # the random kill point (not a synchronisation)
+        job = _progress(progress)[0][n_reports]["job"]
+        cluster.run(["scancel", "--signal=KILL", job])
+        last_kill = time.monotonic()
+        cluster.run(["scancel", job])
+        proc.wait(timeout=120)
+        names = os.listdir(directory)
+        if any(n.startswith((".tmp-", ".trash-")) or ".old-" in n for n in names):
+            kills_mid_write += 1
+    # one last start only reports (it verifies the last kill)
+    proc = _writer(cluster, directory, progress, layout, once=True)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    return kills_mid_write, recover_s
+
+
 def test_kill_during_checkpoint_write(slurm_cluster, tmp_path):
     """20 writers (10 replicated-layout, 10 sharded-layout checkpoints), each SIGKILLed by Slurm
     at a random moment while it saves after every step, then its job scancelled; the next
-    writer on the same directory reports what it lists and restores."""
-    rng = random.Random(13)
+    writer on the same directory reports what it lists and restores. The two layouts' chains
+    share nothing and run side by side (on 2 cores one writer's TensorFlow start fills what the
+    other's waits leave idle)."""
     chains = {layout: (tmp_path / layout, tmp_path / f"{layout}.progress") for layout in ("replicated", "sharded")}
-    kills_mid_write = 0
-    recover_s, last_kill = [], {}
     try:
-        for trial in range(TRIALS):
-            layout = ("replicated", "sharded")[trial % 2]
-            directory, progress = chains[layout]
-            n_reports = len(_progress(progress)[0])
-            proc = _writer(slurm_cluster, directory, progress, layout)
-            wait_for(lambda: len(_progress(progress)[0]) > n_reports or proc.poll() is not None,
-                     timeout=300, what=f"trial {trial}: the writer to start")
-            if layout in last_kill:   # from the kill to the next writer having restored
-                recover_s.append(time.monotonic() - last_kill[layout])
-            # the writer reports what it found, then saves after every step: kill after a random delay
-            wait_for(lambda: sum(1 for r, _ in _progress(progress)[1] if r == n_reports) >= 2 or proc.poll() is not None,
-                     timeout=300, what=f"trial {trial}: the writer to save twice")
-            assert proc.poll() is None, proc.stderr.read()[-2000:]
-            time.sleep(rng.uniform(0.0, 0.4))      # the random kill point (not a synchronisation)
-            job = _progress(progress)[0][n_reports]["job"]
-            slurm_cluster.run(["scancel", "--signal=KILL", job])
-            last_kill[layout] = time.monotonic()
-            slurm_cluster.run(["scancel", job])
-            proc.wait(timeout=120)
-            names = os.listdir(directory)
-            if any(n.startswith((".tmp-", ".trash-")) or ".old-" in n for n in names):
-                kills_mid_write += 1
-        # one last start on each directory only reports (it verifies the last kill)
-        for layout, (directory, progress) in chains.items():
-            proc = _writer(slurm_cluster, directory, progress, layout, once=True)
-            assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(_kill_chain, slurm_cluster, directory, progress, layout,
+                                   TRIALS // 2 + (TRIALS % 2 if layout == "replicated" else 0),
+                                   random.Random(13 + index))
+                       for index, (layout, (directory, progress)) in enumerate(chains.items())]
+            results = [future.result() for future in futures]
     finally:
         slurm_cluster.run(["scancel", "--name=ckpt-writer"])
+    kills_mid_write = sum(kills for kills, _ in results)
+    recover_s = [s for _, seconds in results for s in seconds]
 
     partial_listed = restored_bad = stale_steps = leftovers = 0
     checked = 0

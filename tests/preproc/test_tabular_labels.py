@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,26 @@ def test_a_label_column_not_coded_0_1_is_refused_naming_values_and_the_key(label
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("labels, suggest", [(("yes", "no", "no"), "'yes'"), (("True", "False", "False"), "'True'")])
+def test_the_printed_positive_mapping_works_when_pasted_into_the_yaml(labels, suggest):
+    """A yes/no or True/False column: the mapping the message prints, pasted as printed, maps the
+    column. Bare, `no` and `True` are booleans to YAML, which `positive` refuses with a quoting hint."""
+    config = parse_config({"label": "y", "categorical": ["c"]}, "my.yaml")
+    frame = table(labels=labels)
+    with pytest.raises(PreprocError) as err:
+        scan_labels(frame, config)
+    mapping = re.search(r"`(label: \{.*?\})`", str(err.value)).group(1)
+    assert mapping == f"label: {{column: y, positive: [{suggest}]}}"
+    out = scan_labels(frame, parse_config({**yaml.safe_load(mapping), "categorical": ["c"]}, "my.yaml"))
+    assert out["label"].tolist() == (frame["y"] == suggest.strip("'")).astype(float).tolist()
+    bare = yaml.safe_load(mapping.replace(suggest, suggest.strip("'")))
+    with pytest.raises(PreprocError, match=r"^my\.yaml: label\.positive: must be a value or a non-empty list of "
+                                           r"values \(YAML reads a bare yes/no, true/false or on/off as a boolean: "
+                                           r"quote the label's value, e\.g\. positive: \['yes'\]\)$"):
+        parse_config({**bare, "categorical": ["c"]}, "my.yaml")
+
+
+@pytest.mark.fast
 def test_positive_maps_the_listed_values_to_1_and_the_others_to_0():
     config = parse_config({"label": {"column": "y", "positive": [1]}, "categorical": ["c"]})
     frame = table(labels=(-1, 1))
@@ -75,6 +96,19 @@ def test_bad_rows_skip_fails_above_the_stated_share():
                                            r"of the rows that --bad-rows skip may drop \(x: why\); fix the input, "
                                            r"or raise --max-bad-rows$"):
         bad_rows.enforce(counts, "skip", "tabular", max_share=0.01, details="x: why")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("share", ["2", "-0.1", "nan"])
+def test_max_bad_rows_outside_0_1_is_one_line_before_anything_runs(tmp_path, capsys, share):
+    from preproc.cli import main
+    table(4).to_csv(tmp_path / "t.csv", index=False)
+    (tmp_path / "cfg.yaml").write_text("label: y\ncategorical: [c]\n")
+    code = main(["tabular", "run", "--input", str(tmp_path / "t.csv"), "--config", str(tmp_path / "cfg.yaml"),
+                 "--output", str(tmp_path / "out"), "--max-bad-rows", share])
+    assert code == 2 and capsys.readouterr().err == (f"preproc: error: --max-bad-rows: a share of the rows in "
+                                                     f"[0, 1], got {float(share):g}\n")
+    assert not (tmp_path / "out").exists()
 
 
 # --- item 6: bad-row messages name the column, the reason and the first rows ----------------------

@@ -2,8 +2,9 @@
 tables and parquet columns of the wrong type, one line naming the file, row (or type) and column;
 an evaluation set on which AUC is undefined (one class, one row) stops the run before training.
 
-Numpy/pyarrow only (``fast``) on tiny synthetic datasets, except one ``recsys-train`` run that
-checks the exit code and the one line of a one-class test set."""
+Numpy/pyarrow only (``fast``) on tiny synthetic datasets, except the ``--reader merlin`` checks
+(TensorFlow) and one ``recsys-train`` run that checks the exit code and the one line of a one-class
+test set."""
 from __future__ import annotations
 
 import shutil
@@ -169,6 +170,58 @@ def test_evaluation_problem_one_class_one_row_and_clean(datasets, tmp_path):
     spec = spec_of(data)
     assert "AUC is undefined on 1 row(s)" in evaluation_problem(str(data / "feature_spec.yaml"))
     assert spec                                                          # the spec itself is unchanged
+
+
+@pytest.mark.fast
+def test_evaluation_problem_of_a_split_binary_test_set(datasets, tmp_path):
+    """DLRM's split-binary test labels (a memory-mapped column, the Criteo path): one class, and
+    a float32 label file holding a 2, each one line before training."""
+    import yaml
+    from recsys.data import evaluation_problem
+    data = copy(datasets, "dlrm", tmp_path)
+    spec = spec_of(data)
+    label = spec["channel_spec"]["label"][0]
+    path = data / next(c for c in spec["source_spec"]["test"] if c["features"] == [label])["files"][0]
+    np.zeros(ROWS["test"], np.bool_).tofile(path)
+    assert evaluation_problem(str(data / "feature_spec.yaml")) == (
+        f"{data}/feature_spec.yaml: test: AUC is undefined on one class (0: {ROWS['test']} rows): the evaluation "
+        f"needs rows of both labels, 0 and 1 (split the data so that the test rows hold both)")
+    spec["feature_spec"][label]["dtype"] = "float32"
+    (data / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+    values = np.tile(np.float32([0, 1]), ROWS["test"] // 2)
+    values[5] = 2
+    values.tofile(path)
+    assert evaluation_problem(str(data / "feature_spec.yaml")).endswith(
+        "test: labels must be 0 or 1, the label column holds 0.0: 32 rows, 1.0: 31 rows, 2.0: 1 rows: map the "
+        "classes to 0/1 in the preprocessing")
+
+
+def test_merlin_reader_refuses_labels_and_ids_outside_their_range(datasets, tmp_path):
+    """`--reader merlin` (TensorFlow and Merlin: not fast, 4 s alone) runs the same checks on the
+    loader's batches: a label of 2, a one-hot id at its table's size, a -1 in a multi-hot list."""
+    pytest.importorskip("merlin.dataloader", reason="Merlin is not installed (pip install .[nvtabular])")
+    spec = spec_of(datasets["wide_deep"])
+    onehot, size = first_feature(spec, "onehot_categorical")
+    multihot, multi_size = first_feature(spec, "multihot_categorical")
+    cases = {"label": (37, "label label is 2.0: labels must be 0 or 1"),
+             onehot: (101, rf"id {size} of {onehot} outside \[0, {size}\)"),
+             multihot: (9, rf"id -1 of {multihot} outside \[0, {multi_size}\)")}
+    for column, (row, why) in cases.items():
+        data = shutil.copytree(datasets["wide_deep"], tmp_path / column)
+        path = data / "train" / "part_000.parquet"
+        if column == multihot:
+            lists = pq.read_table(path).column(column).to_pylist()
+            lists[row] = [1, -1]
+            rewrite_column(path, column, lists, pa.list_(pa.int32()))
+        else:
+            values = pq.read_table(path).column(column).to_numpy().copy()
+            if column == "label":
+                values = values.astype(np.float32)              # a bool column cannot hold a 2
+            values[row] = 2 if column == "label" else size
+            rewrite_column(path, column, values)
+        with pytest.raises(DataError, match=rf"train \(--reader merlin, rank 0\): row {row} of this rank's rows: "
+                                            rf"{why}"):
+            list(make_reader(str(data / "feature_spec.yaml"), "train", 32, reader="merlin").numpy_batches())
 
 
 def test_recsys_train_stops_on_a_one_class_test_set(datasets, tmp_path):

@@ -2,12 +2,19 @@
 own loader and the XSpace proto that ships with TensorFlow (recsys/tensorboard.py)."""
 from __future__ import annotations
 
+import json
 import shutil
+import socket
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
 
 import pytest
 
-from conftest import SMALL, read_log, records, run_train
+from conftest import REPO, SMALL, base_env, read_log, records, run_train
 from tb_events import accumulator, markers, series, traces
+from tests.waiting import wait_for
 
 # 16 steps an epoch: an epoch checkpoint at 16, the end's at 30.
 RUN = ["--model", "dlrm", "--synthetic", "--synthetic-rows", "4096", *SMALL["dlrm"], "--epochs", "3",
@@ -71,3 +78,63 @@ def test_profiled_steps_are_traced_and_open_in_the_profile_plugin(restored_run):
     convert = pytest.importorskip("tensorboard_plugin_profile.convert.raw_to_tool_data")
     data, content_type = convert.xspace_to_tool_data([found[0]], "trace_viewer^", {})
     assert content_type == "application/json" and b"train" in (data if isinstance(data, bytes) else data.encode())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _get(port, path, **query):
+    """A TensorBoard HTTP API answer (JSON), or None while it is not serving yet."""
+    try:
+        with urllib.request.urlopen(f"http://localhost:{port}{path}?{urllib.parse.urlencode(query)}", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
+
+
+def test_wide_deep_amp_figures(tmp_path):
+    """The figures the DLRM run above has not: Wide & Deep's two learning rates, the --amp loss
+    scale, MAP@12, each the JSON log's at its step."""
+    log = tmp_path / "logs" / "main-9.engine.jsonl"
+    res = run_train(["--model", "wide_deep", "--synthetic", "--synthetic-rows", "1024", *SMALL["wide_deep"], "--amp",
+                     "--max-steps", "4", "--log-every", "2", "--log-path", log])
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = read_log(log)
+    steps, evals = records(recs, "step"), records(recs, "eval")
+    acc = accumulator(tmp_path / "logs" / "tensorboard" / "main-9" / "rank0")
+    for tag, value in (("train/lr/wide", lambda r: r["lrs"]["wide"]), ("train/lr/deep", lambda r: r["lrs"]["deep"]),
+                       ("train/loss_scale", lambda r: r["loss_scale"])):
+        assert series(acc, tag) == [(r["step"], pytest.approx(value(r), rel=1e-6)) for r in steps], tag
+    assert {r["lrs"]["wide"] for r in steps} != {r["lrs"]["deep"] for r in steps}      # two groups, two rates
+    assert evals and series(acc, "eval/map_at_12") == [(r["step"], pytest.approx(r["map_at_12"], rel=1e-6))
+                                                       for r in evals]
+
+
+def test_recsys_submit_tensorboard_start_serves_the_job_by_name(restored_run):
+    """`recsys-submit tensorboard RUN --start`: TensorBoard itself, the job named as in the printed
+    --logdir_spec, its figures read back over TensorBoard's HTTP API (what the Scalars page reads)."""
+    out, log = restored_run
+    (out / "jobs.json").write_text("{}")          # what makes a directory a run's (jobs.runs.rundir.find_run)
+    port = _free_port()
+    tb = subprocess.Popen([sys.executable, "-m", "jobs.cli", "tensorboard", str(out), "--start", "--port", str(port)],
+                          cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        last = {r["step"]: r["loss"] for r in records(log, "step")}       # a restored step: the later attempt's
+
+        def to_the_end():
+            """The served curve once TensorBoard, reading in the background, has read both attempts."""
+            points = _get(port, "/data/plugin/scalars/scalars", run="main-7/rank0", tag="train/loss") or []
+            return points if points and points[-1][1] == max(last) else None
+        served = wait_for(to_the_end, timeout=120, what=f"TensorBoard serving main-7/rank0 to step {max(last)}")
+        tags = _get(port, "/data/plugin/scalars/tags")["main-7/rank0"]
+        assert {"train/loss", "train/lr", "eval/auc", "summary/throughput_samples_per_s"} <= set(tags)
+        assert [(s, v) for _, s, v in served] == [(s, pytest.approx(last[s], rel=1e-6)) for s in sorted(last)]
+    finally:
+        tb.terminate()
+        printed = tb.communicate(timeout=60)[0]
+    assert f"ssh -N -L {port}:localhost:{port}" in printed, printed[-2000:]
+    # the run has a trace, which this TensorBoard's Profile tab cannot see: the command that can
+    assert f"tensorboard --logdir {out / 'logs' / 'tensorboard'} --port {port}" in printed, printed[-2000:]

@@ -46,7 +46,12 @@ class LocalJobCommand:
         env = dict(os.environ)
         env.update(self.env)
         env["RECSYS_RANK_LOG_PREFIX"] = self.log_prefix
-        if not self.mpi_ranks:
+        if self.mpi_ranks:
+            # the ranks share this machine (and its cores with their TensorFlow threads): Open MPI
+            # would spin while a rank waits, unless told to yield (a 2-rank run here: 2x the wall
+            # time and 12-18 s of system CPU spinning, against 2-4 s; tests/recsys/conftest.py)
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        else:
             job_env = submitit.JobEnvironment()
             env.update(RANK=str(job_env.global_rank), LOCAL_RANK=str(job_env.local_rank),
                        WORLD_SIZE=str(job_env.num_tasks), LOCAL_WORLD_SIZE=str(job_env.num_tasks),
