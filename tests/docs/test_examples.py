@@ -61,7 +61,7 @@ def _env(cluster_env: dict, tmp_path: Path) -> dict:
     env["PATH"] = os.pathsep.join([str(REPO / ".venv" / "bin"), env.get("PATH", "")])
     env["RECSYS_PROFILE_PATH"] = str(tmp_path / "profiles")
     env["PYTHONPATH"] = str(REPO)
-    env["RECSYS_POLL_MAX"] = "5"    # `status --watch` of a walk-through polls at most every 5 s (default 60)
+    env["RECSYS_POLL_MAX"] = "2"    # `status --watch` of a walk-through polls at most every 2 s (default 60)
     env.pop("RECSYS_RUN_ROOT", None)
     return env
 
