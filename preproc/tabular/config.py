@@ -281,6 +281,17 @@ def _column(value, key, fail):
     return value
 
 
+def label_text(value) -> str:
+    """A label value as `positive` and the data are compared: a whole number as its integer, however
+    it is written (1, 1.0, "1.0" and a YAML 1.0 are all "1"), anything else as str() stripped."""
+    text = value if isinstance(value, str) else str(value)
+    try:
+        number = float(text)
+    except ValueError:
+        return text.strip()
+    return str(int(number)) if number.is_integer() else text.strip()
+
+
 def _label(value, fail):
     if isinstance(value, str) and value:
         return _column(value, "label", fail), None
@@ -298,7 +309,7 @@ def _label(value, fail):
             fail("label.positive", "must be a value or a non-empty list of values"
                  + (" (YAML reads a bare yes/no, true/false or on/off as a boolean: quote the label's value, "
                     "e.g. positive: ['yes'])" if any(isinstance(v, bool) for v in positive) else ""))
-        return value["column"], tuple(str(v) for v in positive)
+        return value["column"], tuple(label_text(v) for v in positive)
     fail("label", "required: a column name or {column, positive}"
          + _quoting(value.get("column") if isinstance(value, dict) else value))
 

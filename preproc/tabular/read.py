@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from preproc.errors import PreprocError
-from preproc.tabular.config import LABEL, TabularConfig
+from preproc.tabular.config import LABEL, TabularConfig, label_text
 from preproc.tabular.split import group_ids, time_values
 
 BLOCK_BYTES = 64 << 20
@@ -190,7 +190,8 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
     kind = np.full(n, MISSING, dtype=np.int8)
     other = np.full(n, None, dtype=object)
     if config.positive:
-        label = _text(raw, gone).isin(config.positive).astype("float32")
+        texts = raw.astype(object).where(~gone, None).map(lambda v: None if v is None else label_text(v))
+        label = texts.isin(config.positive).astype("float32")
         kind[~gone.to_numpy()] = label.to_numpy()[~gone.to_numpy()].astype(np.int8)
     else:
         number = pd.to_numeric(raw.where(~gone), errors="coerce")

@@ -89,6 +89,20 @@ def test_positive_maps_the_listed_values_to_1_and_the_others_to_0():
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("positive", [1, 1.0, "1.0"])
+def test_positive_written_as_a_float_matches_float_labels(positive):
+    # `positive: [1.0]` (or 1, '1.0') and a column's 1.0 (a float, or "1.0" in a CSV) are one value:
+    # they were "1.0" against "1" for a parquet float column, so nothing matched
+    config = parse_config({"label": {"column": "y", "positive": [positive]}, "categorical": ["c"]})
+    frame = table(labels=(-1, 1))
+    frame["y"] = frame["y"].astype(float)
+    assert config.positive == ("1",)
+    for out in (scan_labels(frame, config),                                 # CSV: the text "1.0"
+                read.parse_piece(frame, 0, 0, config)):                     # parquet: the float 1.0
+        assert out["label"].tolist() == (frame["y"] == 1).astype(float).tolist() and out["label"].sum() > 0
+
+
+@pytest.mark.fast
 def test_bad_rows_skip_fails_above_the_stated_share():
     counts = {"t.csv": (3, 200)}
     assert bad_rows.enforce(counts, "skip", "tabular", max_share=0.02)["t.csv"]["bad_rows"] == 3
