@@ -148,14 +148,16 @@ def _missing(values: pd.Series, tokens: tuple) -> pd.Series:
     return out
 
 
-def _text(values: pd.Series, missing: pd.Series) -> pd.Series:
-    """Values as text (whole floats without ".0", so 3 and 3.0 are one value), None where missing."""
-    def one(v):
-        if isinstance(v, float) and v.is_integer():
-            return str(int(v))
-        return str(v).strip()
+def _cell_text(v) -> str:
+    """A categorical cell as text: whole floats without ".0", so 3 and 3.0 are one value."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v).strip()
 
-    return values.astype(object).where(~missing, None).map(lambda v: None if v is None else one(v))
+
+def _text(values: pd.Series, missing: pd.Series, as_text=_cell_text) -> pd.Series:
+    """Values as text (``as_text`` of each: a categorical's, or config.label_text), None where missing."""
+    return values.astype(object).where(~missing, None).map(lambda v: None if v is None else as_text(v))
 
 
 def _lists(values: pd.Series, missing: pd.Series, separator: str) -> pd.Series:
@@ -190,8 +192,7 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
     kind = np.full(n, MISSING, dtype=np.int8)
     other = np.full(n, None, dtype=object)
     if config.positive:
-        texts = raw.astype(object).where(~gone, None).map(lambda v: None if v is None else label_text(v))
-        label = texts.isin(config.positive).astype("float32")
+        label = _text(raw, gone, label_text).isin(config.positive).astype("float32")
         kind[~gone.to_numpy()] = label.to_numpy()[~gone.to_numpy()].astype(np.int8)
     else:
         number = pd.to_numeric(raw.where(~gone), errors="coerce")
@@ -276,7 +277,7 @@ def check_labels(kinds: pd.Series, others: pd.Series, config: TabularConfig) -> 
     shown = ", ".join(f"{k!r} ({v} rows)" for k, v in list(seen.items())[:5])
     more = f" and {len(seen) - 5} more values" if len(seen) > 5 else ""
     numbers = pd.to_numeric(pd.Series(list(seen)), errors="coerce")
-    suggest = str(numbers.max()).removesuffix(".0") if numbers.notna().all() else list(seen)[-1]
+    suggest = label_text(numbers.max()) if numbers.notna().all() else list(seen)[-1]
     raise PreprocError(f"{config.source}: label column {config.label!r} must hold the two classes 0 and 1; "
                        f"values seen: {shown}{more}: map them with `label: {{column: {config.label}, positive: "
                        f"[{yaml_value(suggest)}]}}` (the values in `positive` -> 1, every other value -> 0)")
