@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.faults.record import FaultResult, record
+from tests.processes import engine_ranks
 from tests.faults.train_helpers import (ENGINE, REPO, STEPS, job_fields, read_log, release_requeued,
                                         step_history, submit, wait_for)
 
@@ -29,13 +30,6 @@ def _ctld_pid(cluster):
         return pid
     except (OSError, ValueError):
         return None
-
-
-def _rank_pids(checkpoint_dir, ranks):
-    """The engine processes of the job that writes `checkpoint_dir` (not its srun), once all started."""
-    found = subprocess.run(["pgrep", "-f", f"^[^ ]*python[^ ]* -m recsys.train .*{checkpoint_dir}"],
-                           capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in found] if len(found) == ranks else None
 
 
 def _healthy(cluster):
@@ -135,7 +129,10 @@ def test_slurmctld_restart_while_training_and_watching(cli, slurm_cluster, data,
         # the ranks pause (SIGSTOP) for the outage, so that the job's step ends after the controller
         # is back: a step ending during the outage keeps the job COMPLETING until slurmstepd's next
         # try to report it, 60 s later (measured: 45 s of this test's time, nothing else checked)
-        ranks = wait_for(lambda: _rank_pids(tmp_path / "ck", 2), timeout=30, what="the job's two ranks")
+        def both_ranks():
+            found = engine_ranks(str(tmp_path / "ck"))
+            return found if len(found) == 2 else None
+        ranks = wait_for(both_ranks, timeout=30, what="the job's two ranks")
         pid = _ctld_pid(slurm_cluster)
         t_fault = time.monotonic()
         for rank in ranks:

@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from study_helpers import TINY_NCF, info, report as _report, study_dir as _study_dir, watch as _watch, \
     write_spec as _write_spec
 from submit_helpers import Cli
+from tests.processes import engine_ranks
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod]
@@ -31,17 +31,14 @@ MARGIN_S = 30
 
 def _rank_pid(point_dir, rank):
     """The pid of rank `rank` of the point's job (its environment says SLURM_PROCID)."""
-    for pid in subprocess.run(["pgrep", "-f", r"^[^ ]*python[^ ]* -m recsys.train "], capture_output=True,
-                              text=True).stdout.split():
+    for pid in engine_ranks(point_dir):
         try:
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 env = dict(kv.split(b"=", 1) for kv in handle.read().split(b"\0") if b"=" in kv)
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                cmd = handle.read()
         except OSError:
             continue
-        if env.get(b"SLURM_PROCID") == str(rank).encode() and point_dir.encode() in cmd:
-            return int(pid)
+        if env.get(b"SLURM_PROCID") == str(rank).encode():
+            return pid
     return None
 
 

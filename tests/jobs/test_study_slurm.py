@@ -24,6 +24,7 @@ import pytest
 from study_helpers import TINY_DLRM, TINY_NCF, info, record, study_dir as _study_dir, \
     submitted as _submitted, watch as _watch, report as _report, write_spec as _write_spec
 from submit_helpers import REPO, Cli
+from tests.processes import engine_ranks
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod, pytest.mark.slow]
@@ -287,8 +288,7 @@ def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
 
     # polled every 0.1 s: the stall must land within the ~2 s of timed steps that follow
     wait_for(first_step_logged, timeout=900, what=f"{slow} to take its first step", max_delay=0.1)
-    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"^[^ ]*python[^ ]* -m recsys.train .*/{slow}-"], capture_output=True,
-                                            text=True).stdout.split()]
+    ranks = engine_ranks(f"/{slow}-")
     stalled_at = time.time()
     for pid in ranks:
         os.kill(pid, signal.SIGSTOP)
