@@ -17,6 +17,7 @@ import sys
 from jobs.planning.argv import EngineLog, RunPath, SlurmHelper, slurm_dir
 from jobs.planning.plan import ENGINES, rank_command
 from jobs.profiles.binding import bind_env
+from jobs.profiles.schema import SHARED_NODES_ENV
 
 from .states import folder
 
@@ -47,10 +48,11 @@ class LocalJobCommand:
         env.update(self.env)
         env["RECSYS_RANK_LOG_PREFIX"] = self.log_prefix
         if self.mpi_ranks:
-            # the ranks share this machine (and its cores with their TensorFlow threads): Open MPI
-            # would spin while a rank waits, unless told to yield (a 2-rank run here: 2x the wall
-            # time and 12-18 s of system CPU spinning, against 2-4 s; tests/recsys/conftest.py)
-            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+            # the ranks share this machine (and its cores with their TensorFlow threads): what ranks
+            # on shared cores need (Open MPI would spin while a rank waits: a 2-rank run here took 2x
+            # the wall time, 12-18 s of system CPU against 2-4 s; tests/recsys/conftest.py)
+            for name, value in SHARED_NODES_ENV.items():
+                env.setdefault(name, value)
         else:
             job_env = submitit.JobEnvironment()
             env.update(RANK=str(job_env.global_rank), LOCAL_RANK=str(job_env.local_rank),
