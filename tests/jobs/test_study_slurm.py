@@ -6,7 +6,7 @@ default way (its nodes share this host: one point at a time):
 - DLRM strong scaling at 1 rank, 1x2, 2x2 and 4x2, model-parallel tables, with the step breakdown;
 - NCF on 1 and 2 nodes x 2 variants (sparse_as_dense: false/true), with one point scancelled
   right after submission, reported failed, and resubmitted alone by a second `study run`;
-- NCF at 1 and 2 ranks x 2 repeats, in rounds, one repeat stalled on purpose (SIGSTOP, 2 s).
+- NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat stalled on purpose (SIGSTOP, 2 s).
 The same on a cluster with accounting: test_study_acct.py.
 """
 
@@ -265,13 +265,13 @@ def test_max_concurrent_keeps_one_point_queued(study_cli, tmp_path):
 
 @pytest.fixture(scope="module")
 def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
-    """NCF at 1 and 2 ranks, 2 repeats each (the fewest with rounds and a spread), run the ci
+    """NCF at 1 and 2 ranks, 3 repeats each, run the ci
     profile's default way (its nodes share this host: one point at a time, in rounds). The
     1-rank point's second repeat is slowed down on purpose: once its engine log says the first
     step is done (the timed steps follow at once: 2,000 of them, about 3 s), its rank is stopped
     (SIGSTOP) for 2 s, a stall the job's own timing must show."""
     spec = _write_spec(tmp_path_factory.mktemp("spec") / "repeats.yaml", name="ncf-repeats", model="ncf",
-                       batch_size=4096, gpus=[1, 2], repeats=2, warmup_steps=5, steps=2000, time="00:10:00",
+                       batch_size=4096, gpus=[1, 2], repeats=3, warmup_steps=5, steps=2000, time="00:10:00",
                        engine_args=TINY_NCF)
     run = subprocess.Popen([sys.executable, "-m", "jobs.cli", "study", "run", str(spec), "--profile", "ci"],
                            cwd=REPO, env=study_cli.env, text=True,
@@ -315,7 +315,7 @@ def test_repeats_run_one_point_at_a_time_in_rounds(repeats_study):
         spans.append((int(values["start"]), int(values["end"]), point["repeat"], point["id"]))
     spans.sort()
     # rounds: every point's repeat r before any point's repeat r+1
-    assert [repeat for _, _, repeat, _ in spans] == [0, 0, 1, 1], spans
+    assert [repeat for _, _, repeat, _ in spans] == [0, 0, 1, 1, 2, 2], spans
     # measured alone: no job started before the one before it had ended
     for (_, end, _, _), (start, _, _, _) in zip(spans, spans[1:]):
         assert start >= end, spans
@@ -329,8 +329,8 @@ def test_repeat_statistics_come_from_the_summaries(repeats_study):
     for row in report["rows"]:
         cell = row["variants"]["default"]
         values = [by_id[f"g{row['gpus']}-n1x{row['gpus']}-r{r}"]["summary"]["throughput_samples_per_s"]
-                  for r in range(2)]
-        assert cell["throughputs"] == values and cell["n"] == 2
+                  for r in range(3)]
+        assert cell["throughputs"] == values and cell["n"] == 3
         assert cell["throughput"] == statistics.median(values)
         assert (cell["throughput_min"], cell["throughput_max"]) == (min(values), max(values))
         assert cell["cv"] == pytest.approx(statistics.stdev(values) / statistics.mean(values))
