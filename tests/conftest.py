@@ -17,21 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpi_env import MPI_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "slurm" / "dev" / "local-cluster.sh"
 TERMINAL_STATES = {
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
-}
-# Open MPI between emulated nodes on one host: TCP over loopback only.
-MPI_ENV = {
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PMIX_MCA_gds": "hash",
-    "OMPI_MCA_mpi_yield_when_idle": "1",    # the ranks share the host's 2 cores (tests/recsys/conftest.py)
 }
 
 

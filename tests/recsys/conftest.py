@@ -9,20 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpi_env import MPI_ENV
+
 REPO = Path(__file__).resolve().parents[2]
-# Open MPI on one host: TCP over loopback only, root allowed (mpirun needs --allow-run-as-root too).
-MPI_ENV = {
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    # the ranks share 2 cores (with each other, their TensorFlow threads, the other runs of a test):
-    # a waiting rank yields instead of spinning. Measured, a 2-rank Wide & Deep run (restore test
-    # flags), 3 interleaved pairs of two runs side by side: 93 / 72 / 36 s spinning, 46 / 30 / 29 s
-    # yielding; system CPU 12-19 s a run against 2-4 s. `--oversubscribe` alone does not set it.
-    "OMPI_MCA_mpi_yield_when_idle": "1",
-}
 # Rows of the tiny datasets: a few dozen steps, enough for the synthetic signal to be learnt.
 ROWS = {"dlrm": {"train": 8192, "test": 4096}, "wide_deep": {"train": 8192, "test": 4096},
         "ncf": {"train": 6000}}
