@@ -6,7 +6,7 @@ default way (its nodes share this host: one point at a time):
 - DLRM strong scaling at 1 rank, 1x2, 2x2 and 4x2, model-parallel tables, with the step breakdown;
 - NCF on 1 and 2 nodes x 2 variants (sparse_as_dense: false/true), with one point scancelled
   right after submission, reported failed, and resubmitted alone by a second `study run`;
-- NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat stalled on purpose (SIGSTOP, 2 s).
+- NCF at 1 and 2 ranks x 3 repeats, in rounds, one repeat slowed on purpose (SIGSTOP/SIGCONT turns).
 The same on a cluster with accounting: test_study_acct.py.
 """
 
