@@ -28,7 +28,7 @@ from pathlib import Path
 MODELS = ("dlrm", "wide_deep", "ncf")
 METRIC = {"dlrm": "auc", "wide_deep": "map_at_12", "ncf": "hr_at_10"}
 RUN_TIMEOUT_S = 900
-# Open MPI on one host (as tests/recsys/conftest.py): TCP over loopback, root allowed.
+# Open MPI on one host (the first five of tests/mpi_env.py's): TCP over loopback, root allowed.
 MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # 2-rank runs where the venv has Horovod: (model, extra flags)

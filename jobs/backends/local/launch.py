@@ -50,7 +50,7 @@ class LocalJobCommand:
         if self.mpi_ranks:
             # the ranks share this machine (and its cores with their TensorFlow threads): what ranks
             # on shared cores need (Open MPI would spin while a rank waits: a 2-rank run here took 2x
-            # the wall time, 12-18 s of system CPU against 2-4 s; tests/recsys/conftest.py)
+            # the wall time, 12-18 s of system CPU against 2-4 s; tests/mpi_env.py)
             for name, value in SHARED_NODES_ENV.items():
                 env.setdefault(name, value)
         else:
