@@ -135,23 +135,68 @@ def _engine(model, data, *flags):
     return Engine(cfg, task, dist, log)
 
 
-def test_nan_weights_hidden_by_fused_kernels_stop_the_run(tmp_path):
-    """A NaN weight in the first bottom-MLP layer: the fused MatMul+BiasAdd+Relu maps its NaN outputs
-    to 0, so the loss stays finite; the weight check at the log interval stops the run."""
-    from recsys.errors import DivergedError
+def _dlrm_engine(tmp_path):
     data = tmp_path / "dlrm"
     synthetic.generate(synthetic.default_spec("dlrm", num_files=1), str(data), {"train": 2048, "test": 512}, seed=7)
-    engine = _engine("dlrm", data, *SMALL["dlrm"], "--max-steps", "6", "--log-every", "3")
-    kernel = engine.model.trainable_variables[[v.name for v in engine.model.trainable_variables]
-                                              .index("bottom_mlp_0/kernel:0")]
-    values = kernel.numpy()
-    values[0, 0] = np.nan
-    kernel.assign(values)
+    return _engine("dlrm", data, *SMALL["dlrm"], "--max-steps", "6", "--log-every", "3")
+
+
+def _weight(engine, name):
+    return next(v for v in engine.model.trainable_variables if v.name == name)
+
+
+def _poison(variable, index):
+    values = variable.numpy()
+    values[index] = np.nan
+    variable.assign(values)
+
+
+def test_nan_weights_the_loss_cannot_show_stop_the_run(tmp_path):
+    """A NaN in an embedding row that no training id looks up: no kernel on any CPU reads the row, so
+    the loss stays finite whatever TensorFlow dispatches, and only the weight check can stop the run.
+    (Its twin below, a NaN in a dense layer, depends on the kernel; this one does not.)"""
+    from recsys.errors import DivergedError
+    engine = _dlrm_engine(tmp_path)
+    table = _weight(engine, "dlrm/embeddings/table_9/embeddings:0")        # 10,009 rows, 2,048 training rows
+    seen = set()
+    for inputs, _ in engine.task.train_dataset(0):
+        seen.update(int(i) for i in inputs["categorical"][:, 9].numpy())
+    row = next(r for r in range(int(table.shape[0])) if r not in seen)
+    _poison(table, (row, 0))
     inputs, labels = next(iter(engine.task.train_dataset(0)))
     loss, _ = engine._train_step(inputs, labels)
-    assert np.isfinite(float(loss))                         # what the old loss-only guard saw
+    assert np.isfinite(float(loss)), "the poisoned row was read: the case is not hidden"
+    with pytest.raises(DivergedError, match=r"^step 6: non-finite weights \(dlrm/embeddings/table_9/embeddings:0\) "
+                                            r"while the loss is [0-9.]+: the run diverged"):
+        engine.train()
+
+
+def test_the_log_interval_check_names_a_nan_dense_weight_whatever_the_loss(tmp_path):
+    """The cheap check at the log interval reads the dense weights themselves, not the loss."""
+    from recsys.errors import DivergedError
+    engine = _dlrm_engine(tmp_path)
+    _poison(_weight(engine, "bottom_mlp_0/kernel:0"), (0, 0))
     with pytest.raises(DivergedError, match=r"^step 3: non-finite weights \(bottom_mlp_0/kernel:0\) while the "
-                                            r"loss is [0-9.]+: the run diverged"):
+                                            r"loss is 0.5: the run diverged"):
+        engine._check_weights(3, 0.5, dense_only=True)
+
+
+def test_nan_dense_weight_stops_the_run_whichever_kernel_runs(tmp_path):
+    """A NaN in the first bottom-MLP kernel stops the run on every CPU. Which kernel TensorFlow
+    dispatches decides how: where a fused MatMul+BiasAdd+Relu maps the NaN outputs to 0 (seen on
+    AVX-512 CPUs) the loss stays finite and the weight check at the log interval (step 3) stops it;
+    where the NaN reaches the loss (seen on an AVX2-only EPYC, with and without oneDNN) the loss
+    guard stops it at the first step of the run."""
+    from recsys.errors import DivergedError
+    engine = _dlrm_engine(tmp_path)
+    _poison(_weight(engine, "bottom_mlp_0/kernel:0"), (0, 0))
+    inputs, labels = next(iter(engine.task.train_dataset(0)))
+    loss, _ = engine._train_step(inputs, labels)
+    if np.isfinite(float(loss)):                                 # hidden by the kernel: the weight check's case
+        want = r"^step 3: non-finite weights \(bottom_mlp_0/kernel:0\) while the loss is [0-9.]+: the run diverged"
+    else:                                # shown by the kernel: the loss guard's case, at train()'s first
+        want = r"^step 2: the training loss is nan: the run diverged"      # step (the probe above was step 1)
+    with pytest.raises(DivergedError, match=want):
         engine.train()
 
 
