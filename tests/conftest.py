@@ -80,7 +80,8 @@ def _start_cluster(directory: Path, accounting: bool, extra=()) -> SlurmCluster:
     if accounting:
         args.append("--accounting")
     args += list(extra)
-    res = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    # up to 300 s of it waiting for another cluster's bring-up (local-cluster.sh's port lock)
+    res = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(f"local Slurm cluster failed to start:\n{res.stderr[-3000:]}")
     env = dict(os.environ)
@@ -93,6 +94,32 @@ def _start_cluster(directory: Path, accounting: bool, extra=()) -> SlurmCluster:
     for var in [k for k in env if k.startswith(("SLURM_JOB", "SLURM_STEP", "SLURM_PROCID"))]:
         env.pop(var)
     return SlurmCluster(directory=directory, accounting=accounting, env=env)
+
+
+def _controller(config) -> bool:
+    """The process that reports the run: pytest itself, or pytest-xdist's controller (not a worker)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """One fault-results file per run (tests/faults), emptied once before any test: by pytest, or
+    under pytest-xdist by the controller before its workers start; every worker appends to it."""
+    if _controller(config):
+        from tests.faults.record import RESULTS_ENV, results_path
+        path = results_path()
+        path.unlink(missing_ok=True)
+        os.environ[RESULTS_ENV] = str(path)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The reliability table of the faults this run injected, printed once (by the controller)."""
+    if _controller(config):
+        from tests.faults.record import load
+        from tests.faults.report import markdown
+        results = load()
+        if results:
+            terminalreporter.section("fault injection (tests/faults)")
+            terminalreporter.write_line(markdown(results))
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,9 @@
 # slurmstepd's Unix sockets live under it), --nodes N (4),
 # --gpus G per node (2), --cpus C per node (2), --mem MB per node (4000),
 # --port-base P|auto (a block of 20 ports; auto, the default, picks a free one
-# below the ephemeral range and records it in DIR/port-base), --accounting,
+# below the ephemeral range and records it in DIR/port-base; clusters coming up
+# at the same time, e.g. one per pytest-xdist worker, take turns from the pick until
+# their daemons listen, under an flock in ~/.cache), --accounting,
 # --min-job-age S (300: seconds Slurm keeps a finished job before it forgets it;
 # slurmctld purges once a minute, so a job is forgotten S to S+60 s after it ends).
 #
@@ -138,6 +140,10 @@ ClusterName=recsys
 SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$PORT_BASE
 SlurmdPort=$((PORT_BASE + 1))
+# Job ids of its own per port block: tests find a job's processes by SLURM_JOB_ID, and two
+# clusters on one host (side-by-side test sessions) must never share one: port blocks are at
+# least 20 apart, so ranges start at least 100,000 ids apart.
+FirstJobId=$(( (PORT_BASE % 13000 + 1) * 5000 ))
 SlurmUser=$SLURM_USER
 SlurmdUser=root
 AuthType=auth/munge
@@ -189,7 +195,7 @@ start_munge() {
   [ -f "$DIR/munge/munge.key" ] || { dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none; chmod 400 "$DIR/munge/munge.key"; }
   chmod 700 "$DIR/munge"
   munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
-    --pid-file="$DIR/munge/munged.pid" --log-file="$LOGS/munged.log" --seed-file="$DIR/munge/munged.seed"
+    --pid-file="$DIR/munge/munged.pid" --log-file="$LOGS/munged.log" --seed-file="$DIR/munge/munged.seed" 9>&-
   wait_for 10 munged test -S "$DIR/munge/munge.socket"
 }
 
@@ -203,7 +209,7 @@ start_accounting() {
   if ! pid_alive "$RUN/mariadb.pid"; then
     mariadbd --no-defaults --user=root --datadir="$db" --socket="$sock" --port="$dbport" \
       --bind-address=127.0.0.1 --pid-file="$RUN/mariadb.pid" --log-error="$LOGS/mariadb.log" \
-      --innodb-buffer-pool-size=64M --skip-name-resolve >/dev/null 2>&1 &
+      --innodb-buffer-pool-size=64M --skip-name-resolve >/dev/null 2>&1 9>&- &
     wait_for 120 mariadb mariadb --no-defaults -S "$sock" -u root -e 'select 1'
   fi
   mariadb --no-defaults -S "$sock" -u root -e "
@@ -227,7 +233,7 @@ StoragePass=slurm
 StorageLoc=slurm_acct_db
 EOF
   chmod 600 "$ETC/slurmdbd.conf"
-  pid_alive "$RUN/slurmdbd.pid" || slurmdbd
+  pid_alive "$RUN/slurmdbd.pid" || slurmdbd 9>&-
   wait_for 120 slurmdbd sacctmgr -n list cluster
   sacctmgr -i -Q add cluster recsys >/dev/null 2>&1 || true
   sacctmgr -i -Q add account recsys Cluster=recsys >/dev/null 2>&1 || true
@@ -243,7 +249,14 @@ nodes_idle() {
 do_up() {
   command -v slurmctld >/dev/null || die "Slurm is not installed: run '$0 install' (as root)"
   local t0=$SECONDS
-  if [ "$PORT_BASE" = auto ]; then PORT_BASE=$(pick_port_base); fi
+  if [ "$PORT_BASE" = auto ]; then
+    # Until this cluster's daemons listen, a second `up` would see the same ports as free.
+    # (fd 9 is closed for every daemon started here, or it would hold the lock for its life.)
+    local lockdir="${XDG_CACHE_HOME:-$HOME/.cache}"
+    mkdir -p "$lockdir" && exec 9>>"$lockdir/recsys-slurm-ports.lock" && flock -w 300 9 \
+      || die "could not take $lockdir/recsys-slurm-ports.lock (another cluster coming up for 300 s?)"
+    PORT_BASE=$(pick_port_base)
+  fi
   [[ $PORT_BASE =~ ^[0-9]+$ ]] || die "--port-base must be a whole number or auto, got '$PORT_BASE'"
   echo "$PORT_BASE" > "$DIR/port-base"
   trap 'log "bring-up failed, stopping what was started"; do_down' ERR
@@ -251,15 +264,16 @@ do_up() {
   start_munge
   if [ "$ACCOUNTING" = 1 ]; then start_accounting; fi
   if ! pid_alive "$RUN/slurmctld.pid"; then
-    slurmctld -c -i || die "slurmctld failed to start, see $LOGS/slurmctld.log"
+    slurmctld -c -i 9>&- || die "slurmctld failed to start, see $LOGS/slurmctld.log"
   fi
   wait_for 30 slurmctld scontrol ping || { tail -n 20 "$LOGS/slurmctld.log" >&2; die "slurmctld did not answer"; }
   local i
   for i in $(seq 1 "$NODES"); do
-    pid_alive "$RUN/slurmd-node$i.pid" || slurmd -N "node$i" || die "slurmd node$i failed, see $LOGS/slurmd-node$i.log"
+    pid_alive "$RUN/slurmd-node$i.pid" || slurmd -N "node$i" 9>&- || die "slurmd node$i failed, see $LOGS/slurmd-node$i.log"
   done
   wait_for 60 "$NODES idle nodes" nodes_idle || { sinfo -N >&2; tail -n 20 "$LOGS"/slurmd-node1.log >&2; die "nodes did not become idle"; }
   trap - ERR
+  exec 9>&- 2>/dev/null || true     # the ports are taken now: the next `up` may pick
   printf 'export SLURM_CONF=%q\n' "$CONF" > "$DIR/env.sh"
   log "up in $((SECONDS - t0))s: $NODES nodes x $GPUS gpus, accounting=$ACCOUNTING, SLURM_CONF=$CONF"
 }

@@ -2,27 +2,15 @@
 
 Every test module here marks itself `pytestmark = [pytest.mark.faults, ...]` so the suite can be
 run alone (`bash tests/run.sh -m faults`), and records a `tests.faults.record.FaultResult`. This
-file starts each session with an empty results file and prints the reliability table at the end.
+run starts with an empty results file and prints the reliability table at the end (tests/conftest.py:
+pytest_configure and pytest_terminal_summary, once per run, pytest-xdist workers included).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.faults.record import RESULTS_ENV, load, results_path
-from tests.faults.report import markdown
 from tests.faults.train_helpers import ROWS, make_data
 from tests.jobs.submit_helpers import Cli
-
-
-@pytest.fixture(scope="session", autouse=True)
-def fault_results_file():
-    path = results_path()
-    if path.exists():
-        path.unlink()
-    os.environ[RESULTS_ENV] = str(path)
-    yield path
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +23,3 @@ def data(tmp_path_factory):
 def cli(slurm_cluster, tmp_path):
     """`recsys-submit` against the session cluster, run directories under the test's tmp dir."""
     return Cli(slurm_cluster.env, tmp_path / "runs")
-
-
-def pytest_terminal_summary(terminalreporter):
-    results = load()
-    if results:
-        terminalreporter.section("fault injection (tests/faults)")
-        terminalreporter.write_line(markdown(results))
