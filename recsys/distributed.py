@@ -34,6 +34,23 @@ def launcher_world_size(env=None) -> int:
     return 1
 
 
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK", "RANK")
+
+
+def launcher_rank(env=None) -> int:
+    """This process's rank as the launcher announces it (0 when none), before Horovod has joined
+    (the watchdog names a rank stuck in Horovod's initialisation with it)."""
+    env = os.environ if env is None else env
+    for name in _RANK_VARS:
+        if name == "SLURM_PROCID" and "SLURM_STEP_ID" not in env:
+            continue
+        try:
+            return max(0, int(env.get(name, "")))
+        except ValueError:
+            continue
+    return 0
+
+
 def horovod_missing(size: int, tf_version, exc: Exception) -> str:
     """The one line for several ranks where Horovod's TensorFlow ops do not import (instead of a
     traceback). What builds where was measured with tests/compat/run.sh (docs/engine.md, "Multi-rank")."""
@@ -144,7 +161,9 @@ class Distributed:
                 dense_idx.append(i)
                 dense.append(tf.convert_to_tensor(g))
         if dense or extras:
-            reduced = hvd.grouped_allreduce(dense + extras, op=hvd.Average)
+            # Named: unnamed, Horovod names the group after its first tensor's op, which under --amp
+            # counts the ops before it (they differ by rank where each holds other shards: a deadlock).
+            reduced = hvd.grouped_allreduce(dense + extras, op=hvd.Average, name="recsys_grads_dense")
             for i, g in zip(dense_idx, reduced):
                 out[i] = g
             extras = list(reduced[len(dense):])
@@ -155,8 +174,9 @@ class Distributed:
             for k, t in enumerate(parts):
                 by_dtype.setdefault(t.dtype, []).append(k)
             gathered = [None] * len(parts)
-            for ks in by_dtype.values():
-                for k, t in zip(ks, hvd.grouped_allgather([parts[k] for k in ks])):
+            for dtype, ks in by_dtype.items():
+                for k, t in zip(ks, hvd.grouped_allgather([parts[k] for k in ks],
+                                                          name=f"recsys_grads_sparse_{dtype.name}")):
                     gathered[k] = t
             n = len(sparse)
             for k, (i, g) in enumerate(zip(sparse_idx, sparse)):
@@ -165,15 +185,16 @@ class Distributed:
                 out[i] = tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
         return out, extras
 
-    def allreduce_sum(self, value):
-        """Sum a tensor/ndarray across ranks (returns numpy when given numpy)."""
-        return self._allreduce(value, "Sum")
+    def allreduce_sum(self, value, name: str = "recsys_sum"):
+        """Sum a tensor/ndarray across ranks (returns numpy when given numpy). ``name``: the same on
+        every rank (an unnamed op in a graph is named after its input's op, which can differ by rank)."""
+        return self._allreduce(value, "Sum", name)
 
-    def allreduce_max(self, value):
+    def allreduce_max(self, value, name: str = "recsys_max"):
         """Elementwise maximum across ranks, e.g. the slowest rank's time (numpy when given numpy)."""
-        return self._allreduce(value, "Max")
+        return self._allreduce(value, "Max", name)
 
-    def _allreduce(self, value, op):
+    def _allreduce(self, value, op, name):
         if self.hvd is None:
             return value
         import numpy as np
@@ -183,17 +204,18 @@ class Distributed:
         dtype = t.dtype
         if dtype in (tf.float16, tf.bfloat16):
             t = tf.cast(t, tf.float32)
-        r = self.hvd.allreduce(t, op=getattr(self.hvd, op))
+        r = self.hvd.allreduce(t, op=getattr(self.hvd, op), name=name)
         r = tf.cast(r, dtype)
         return r.numpy() if as_numpy else r
 
-    def allgather(self, value):
+    def allgather(self, value, name: str = "recsys_allgather"):
+        """Every rank's ``value`` concatenated along the first axis, in rank order."""
         if self.hvd is None:
             return value
         import numpy as np
         import tensorflow as tf
         as_numpy = isinstance(value, np.ndarray)
-        r = self.hvd.allgather(tf.convert_to_tensor(value))
+        r = self.hvd.allgather(tf.convert_to_tensor(value), name=name)
         return r.numpy() if as_numpy else r
 
     def allgather_object(self, obj):
@@ -203,8 +225,18 @@ class Distributed:
         return list(self.hvd.allgather_object(obj))
 
     def broadcast_variables(self, variables, root_rank: int = 0):
-        if self.hvd is not None and variables:
-            self.hvd.broadcast_variables(list(variables), root_rank=root_rank)
+        """``variables`` set to ``root_rank``'s values. Each broadcast is named by its position (Horovod's
+        own names them after the variables, whose uniquified names can differ by rank), in one graph."""
+        if self.hvd is None or not variables:
+            return
+        import tensorflow as tf
+        hvd = self.hvd
+
+        @tf.function
+        def assign(vs):
+            for i, v in enumerate(vs):
+                v.assign(hvd.broadcast(v, root_rank, name=f"recsys_broadcast_{i}"))
+        assign(list(variables))
 
     def barrier(self):
         """Wait for every rank (a scalar allreduce: this Horovod has no barrier op)."""

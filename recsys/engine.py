@@ -38,9 +38,14 @@ REPLICA_SAMPLE_ROWS = 64
 # Test-only: "RANK:STEP" makes that rank's first model-parallel shard gradient non-finite at that
 # step, as an fp16 overflow on the shard's owner would (tests/recsys/test_amp_sync.py).
 NONFINITE_HOOK_ENV = "RECSYS_TEST_NONFINITE_SHARD_GRAD"
+# Test-only: "RANK" nudges one row of that rank's largest replicated weight that the sampled replica
+# check does not read, before the summary (the full digests then differ, the sampled ones do not).
+DRIFT_HOOK_ENV = "RECSYS_TEST_UNSAMPLED_DRIFT"
 DRIFT_ADVICE = "data parallelism keeps replicas equal: a rank applied what another did not; please report it"
 # Under --amp a non-finite loss is a step the loss scaler skips; this many in a row is divergence.
 AMP_MAX_SKIPPED_STEPS = 50
+# The dynamic loss scale's floor (Keras's DynamicLossScale halves it down to 1, never below).
+AMP_LOSS_SCALE_FLOOR = 1.0
 # A finite loss above this many times the run's first loss (and above EXPLOSION_MIN_LOSS) is a
 # divergence too: a binary cross-entropy only gets there with logits of tens wrong on average.
 EXPLOSION_LOSS_FACTOR = 100.0
@@ -444,6 +449,9 @@ class Engine:
         losses = []                      # (step, loss) of the first and the last step of this run
         interrupted = False
         nonfinite_in_a_row = 0
+        # Warm-up is counted per attempt (steps this process trained), not by the global step: a
+        # restored or requeued attempt traces its functions again, and its first steps are as slow.
+        attempt_steps, first_timed = 0, None
         try:
             while int(self.epoch.numpy()) < c.epochs and not self.best.stop:
                 if max_steps and int(self.global_step.numpy()) >= max_steps:
@@ -483,6 +491,7 @@ class Engine:
                             nonfinite_in_a_row += 1
                             if not c.amp or nonfinite_in_a_row > AMP_MAX_SKIPPED_STEPS:
                                 self._diverged(step, f"the training loss is {loss_v}")
+                            self._check_loss_scale_floor(step, loss_v)
                         losses[1:] = [(step, loss_v)]    # keeps the first, replaces the last
                         n_last += 1
                         if step % c.log_every == 0 or (max_steps and step >= max_steps):
@@ -493,7 +502,9 @@ class Engine:
                                           step_time_ms=1000.0 * (now - t_last) / n_last,
                                           **optimizer_figures(self.groups, self.loss_scaler))
                             t_last, n_last = now, 0
-                        if step > c.benchmark_warmup_steps:
+                        attempt_steps += 1
+                        if attempt_steps > c.benchmark_warmup_steps:
+                            first_timed = step if first_timed is None else first_timed
                             timed_steps += 1
                             timed_seconds += per_step
                     if stop_any > 0:      # every rank sees the same reduced flag
@@ -502,6 +513,7 @@ class Engine:
                 at_max = max_steps and int(self.global_step.numpy()) >= max_steps
                 if at_max and int(self.step_in_epoch.numpy()) < steps_per_epoch:
                     break       # mid-epoch: the final checkpoint and evaluation follow the loop
+                self._check_final_loss(losses)
                 self._check_weights(int(self.global_step.numpy()), losses[-1][1] if losses else None)
                 watchdog.outside_steps("the epoch's checkpoint and evaluation")
                 self._end_epoch()
@@ -511,6 +523,7 @@ class Engine:
             if self._eval_step != int(self.global_step.numpy()):
                 # The run ended between evaluations (--max-steps, or a restore of the final step).
                 watchdog.outside_steps("the final checkpoint and evaluation")
+                self._check_final_loss(losses)
                 self._check_weights(int(self.global_step.numpy()), losses[-1][1] if losses else None)
                 self.save("end")
                 metrics = self.evaluate(log=True)
@@ -523,7 +536,7 @@ class Engine:
             stop.restore_handlers()
             self.profiler.close()
         return self._summary("train", timed_steps, timed_seconds, metrics, losses, interrupted,
-                             extra=self._best_fields())
+                             extra=dict(self._best_fields(), first_timed_step=first_timed))
 
     # --- the best evaluation and the early stop (recsys.checkpoint.BestEvaluation) ----------------
     def _judge(self, metrics):
@@ -600,6 +613,22 @@ class Engine:
         if loss_v > limit:
             self._diverged(step, f"the training loss {loss_v:.4g} is more than {EXPLOSION_LOSS_FACTOR:g} times "
                                  f"the first one ({first:.4g} at step {losses[0][0]})")
+
+    def _check_loss_scale_floor(self, step, loss_v):
+        """--amp: a skipped step while the loss scale sits at its floor (Keras's dynamic scale never
+        goes below AMP_LOSS_SCALE_FLOOR) is a divergence: halving cannot help, every later step is skipped."""
+        if self.loss_scaler is None:
+            return
+        scale = float(self.loss_scaler.loss_scale.numpy())
+        if scale <= AMP_LOSS_SCALE_FLOOR:
+            self._diverged(step, f"the training loss is {loss_v} with --amp's loss scale at its floor "
+                                 f"({scale:g}): every step is skipped")
+
+    def _check_final_loss(self, losses):
+        """A run whose last loss is non-finite (--amp skipped its last steps) has not trained: it fails."""
+        if losses and not math.isfinite(losses[-1][1]):
+            self._diverged(losses[-1][0], f"the training loss of the last step is {losses[-1][1]}"
+                                          + (" (--amp skipped it)" if self.loss_scaler is not None else ""))
 
     def _check_weights(self, step, loss_v=None, dense_only=False):
         """Non-finite weights are a divergence even when the loss stays finite: fused kernels
@@ -930,6 +959,7 @@ class Engine:
                    checkpoint=checkpoint or self._saved_path)
         if mode == "evaluate":
             out["evaluated_checkpoint"] = evaluated
+        self._drift_hook()
         if sum(int(np.prod(v.shape)) for v in self.model.weights) <= DIGEST_MAX_PARAMS:
             out["weights_digest"] = self.weights_digest()
             if self.dist.size > 1:
@@ -940,6 +970,10 @@ class Engine:
             # Data parallelism must keep replicas identical, at any model size: a sampled digest.
             out["replica_state_digests"] = self.dist.allgather_object(self.replica_digest())
             drifted = len(set(out["replica_state_digests"])) > 1
+        # Nothing model-parallel: every weight is replicated, so the full digests must be equal too
+        # (the sampled check reads a few rows of each variable only).
+        full = out.get("replica_weight_digests") if not self._local_ids and not self._de else None
+        full_drifted = bool(full) and len(set(full)) > 1
         if step_times:
             out["p50_step_time_ms"] = 1000.0 * float(np.percentile(step_times, 50))
         if breakdown is not None:
@@ -960,7 +994,25 @@ class Engine:
             digests = out["replica_state_digests"]
             self._diverged(out["step"], f"the replicas drifted apart (sampled digests per rank: "
                                         f"{', '.join(d[:8] for d in digests)})", advice=DRIFT_ADVICE)
+        if full_drifted:
+            self._diverged(out["step"], f"the replicas drifted apart (full weight digests per rank: "
+                                        f"{', '.join(d[:8] for d in full)}; the sampled check passed)",
+                           advice=DRIFT_ADVICE)
         return out
+
+    def _drift_hook(self):
+        """Test-only (:data:`DRIFT_HOOK_ENV`): one unsampled row of this rank's largest replicated weight nudged."""
+        import os
+        value = os.environ.get(DRIFT_HOOK_ENV, "")
+        if not value or int(value) != self.dist.rank:
+            return
+        v = max(self._replicated_weights, key=lambda w: int(w.shape[0]) if w.shape.rank else 0)
+        n = int(v.shape[0]) if v.shape.rank else 0
+        sampled = set(np.linspace(0, n - 1, REPLICA_SAMPLE_ROWS).round().astype(np.int64).tolist())
+        row = next((r for r in range(n) if r not in sampled), None)
+        if n <= REPLICA_SAMPLE_ROWS or row is None:
+            raise RuntimeError(f"{DRIFT_HOOK_ENV}={value}: no replicated weight has an unsampled row")
+        v.scatter_nd_add([[row]], tf.ones([1] + v.shape.as_list()[1:], v.dtype) * 1e-3)
 
 
 

@@ -352,12 +352,13 @@ def run(config):
     tf_notes = prepare()    # before TensorFlow's import: a TF/Keras the engine cannot run on is one line, exit 2
     from recsys import devices
     device_mode, _ = devices.device_mode(config.device, os.environ)   # a bad $RECSYS_DEVICE: one line, exit 2
-    from recsys.distributed import Distributed
+    from recsys.distributed import Distributed, launcher_rank
     from recsys.logger import RunLogger
     from recsys import watchdog
     try:
         hang_limit = watchdog.resolve_limit(config.hang_timeout)
-    except ValueError as exc:      # a bad $RECSYS_HANG_TIMEOUT: one line, exit 2
+        startup_limit = watchdog.resolve_startup_limit()
+    except ValueError as exc:      # a bad $RECSYS_HANG_TIMEOUT or $RECSYS_STARTUP_TIMEOUT: one line, exit 2
         raise EngineError(str(exc)) from None
     cpus = None
     if config.affinity != "off":
@@ -370,8 +371,11 @@ def run(config):
     tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     tf.config.experimental.enable_tensor_float_32_execution(not config.no_tf32)
+    # Armed before Horovod's initialisation: a rank stuck there (MPI/PMIx, a peer that never started) is named.
+    watchdog.start(launcher_rank() if config.world_size > 1 else 0, config.world_size, hang_limit, config.log_path,
+                   startup_limit=startup_limit, phase_name=watchdog.HOROVOD_INIT if config.world_size > 1 else None)
     dist = Distributed(use_horovod=config.world_size > 1)
-    watchdog.start(dist.rank, dist.size, hang_limit, config.log_path)
+    watchdog.joined(dist.rank, dist.size)
     gpus = tf.config.list_physical_devices("GPU")
     _check_devices(tf, device_mode, len(gpus))    # GPUs given but TensorFlow sees none: one line, exit 2
     if gpus:

@@ -18,8 +18,11 @@ thread is stopped with it); a rank alive but stuck elsewhere is named with its o
 
 The limit: ``--hang-timeout S`` (or ``$RECSYS_HANG_TIMEOUT``, the profile's ``hang_timeout``)
 between steps; by default max(HANG_FLOOR_S, HANG_FACTOR x the slowest step so far). Before the
-first step, and in phases that are not steps (evaluation batches, checkpoints), at least
-STARTUP_LIMIT_S: tracing, compiling and writing a large checkpoint take longer than a step. 0 switches the watchdog off.
+first step, and in phases that are not steps (evaluation batches, checkpoints), at least the start-up
+limit, STARTUP_LIMIT_S unless ``$RECSYS_STARTUP_TIMEOUT`` (the profile's ``startup_timeout``) sets
+it: tracing, compiling and writing a large checkpoint take longer than a step. 0 switches the watchdog off.
+The watchdog is armed before Horovod's initialisation (rank and size from the launcher), so a rank
+stuck in MPI/PMIx or NCCL start-up, or waiting for a peer that never started, is named too.
 """
 
 import faulthandler
@@ -37,6 +40,8 @@ STARTUP_LIMIT_S = 1800.0      # before the first step and outside the steps (eva
 HEARTBEAT_S = 1.0             # how often each rank rewrites its heartbeat
 STALE_S = 5.0                 # a heartbeat older than this: that rank's process is not running
 ENV = "RECSYS_HANG_TIMEOUT"
+STARTUP_ENV = "RECSYS_STARTUP_TIMEOUT"
+HOROVOD_INIT = "Horovod's initialisation (hvd.init: MPI/PMIx wire-up, every rank joining)"
 MARKER_ENV = "RECSYS_HANG_MARKER"     # set by slurm/job.sbatch.tmpl: a file to create when this fires
 # Phase names the engine marks (recsys.engine); the split step's units name themselves there.
 INPUT = "the input pipeline (next batch)"
@@ -45,21 +50,30 @@ FUSED_STEP = "the training step (forward, backward, gradient exchange, optimizer
 _current = None               # the process's watchdog (None: off, and every call below is a no-op)
 
 
-def resolve_limit(flag, environ=None):
+def resolve_limit(flag, environ=None, name=ENV):
     """The limit in seconds from --hang-timeout, else $RECSYS_HANG_TIMEOUT; None: the default
     (scaled from the step time), 0: off. A bad environment value is a ValueError with one line."""
     if flag is not None:
         return float(flag)
-    raw = (environ if environ is not None else os.environ).get(ENV, "").strip()
+    raw = (environ if environ is not None else os.environ).get(name, "").strip()
     if not raw:
         return None
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"${ENV}: {raw!r} is not a number of seconds") from None
+        raise ValueError(f"${name}: {raw!r} is not a number of seconds") from None
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"${ENV}: must be >= 0 seconds, got {raw!r}")
+        raise ValueError(f"${name}: must be >= 0 seconds, got {raw!r}")
     return value
+
+
+def resolve_startup_limit(environ=None):
+    """The start-up limit in seconds: $RECSYS_STARTUP_TIMEOUT (a profile's ``startup_timeout``), else
+    STARTUP_LIMIT_S. A bad value is a ValueError with one line."""
+    value = resolve_limit(None, environ, STARTUP_ENV)
+    if value == 0:
+        raise ValueError(f"${STARTUP_ENV}: must be > 0 seconds (--hang-timeout 0 switches the watchdog off)")
+    return STARTUP_LIMIT_S if value is None else value
 
 
 def heartbeat_dir(log_path):
@@ -71,8 +85,10 @@ def heartbeat_dir(log_path):
 class Watchdog:
     """One rank's watchdog thread; the engine calls phase() and step_done() (cheap: attributes)."""
 
-    def __init__(self, rank, size, limit=None, log_path=None, stream=None, clock=time.monotonic, exit=os._exit):
+    def __init__(self, rank, size, limit=None, log_path=None, stream=None, clock=time.monotonic, exit=os._exit,
+                 startup_limit=STARTUP_LIMIT_S):
         self.rank, self.size, self.limit = int(rank), int(size), limit
+        self.startup_limit = float(startup_limit)
         self.log_path, self.beats = log_path, heartbeat_dir(log_path) if size > 1 else None
         self.stream = stream or sys.stderr
         self._clock, self._exit = clock, exit
@@ -103,7 +119,7 @@ class Watchdog:
     # --- the limit and the thread ---------------------------------------------------------
     def current_limit(self):
         if not self.stepping:
-            return max(STARTUP_LIMIT_S, self.limit or 0.0)
+            return max(self.startup_limit, self.limit or 0.0)
         if self.limit:
             return self.limit
         return max(HANG_FLOOR_S, HANG_FACTOR * self.slowest)
@@ -221,13 +237,23 @@ class Watchdog:
         self._exit(HANG_EXIT_CODE)
 
 
-def start(rank, size, limit, log_path=None):
+def start(rank, size, limit, log_path=None, startup_limit=STARTUP_LIMIT_S, phase_name=None):
     """Start this process's watchdog (limit 0: none). Returns it, or None."""
     global _current
     if limit == 0:
         return None
-    _current = Watchdog(rank, size, limit, log_path).start()
+    _current = Watchdog(rank, size, limit, log_path, startup_limit=startup_limit)
+    if phase_name:
+        _current.phase_name = phase_name
+    _current.start()
     return _current
+
+
+def joined(rank, size):
+    """Horovod's rank and size once it has initialised (the launcher's were used before)."""
+    if _current is not None:
+        _current.rank, _current.size = int(rank), int(size)
+        _current.phase_name = "start-up"
 
 
 def stop():
