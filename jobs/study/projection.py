@@ -15,334 +15,38 @@ A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states eve
   are allgathered (grow with the ranks);
 - a collective over a level costs latency + bytes x nccl-tests' bus factor / the level's bus
   bandwidth (fabric: nominal, or measured); inside a node and between nodes hierarchically;
-- the band runs from no overlap (compute + exchanges) to full overlap (the larger of the two).
+- the band runs from no overlap (compute + exchanges) to full overlap (the larger of the two),
+  with the calibration point's slowest and fastest repeat (a noisy calibration is flagged);
+- a calibration at N > 1 GPUs that still holds its exchanges (--step-ms with --calibration-gpus,
+  a study without a breakdown) has them, projected at N, taken out before it is scaled;
+- one model size: a published row of a stated size is shown only beside a projection of it;
+- a count the profile cannot hold (past max_nodes, several nodes without an inter_node level)
+  is refused in one line.
 
 No constant here is fitted: bandwidths and latencies are the profile's fabric (with its
 source), compute is the calibration's (and a measured curve's), the core-sharing slowdown the
 fabric's measured one. Standard library only (login nodes), PyYAML for a compute-curve file as
 for the profiles; the plot uses matplotlib when installed (jobs.study.report.load_pyplot).
+
+The arithmetic is in jobs.study.projection_model, the files in jobs.study.projection_output;
+this module calibrates and runs the command.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import subprocess
-import sys
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Tuple
 
 from jobs.errors import RequestError
-from jobs.profiles.fabric import bus_factor
 
-PHASES = ("compute", "embedding_exchange", "gradient_exchange")
-BYTES_PER_PARAM = 4
-PLANNER = [sys.executable, "-m", "recsys.plan_tables"]
-PROJECTION_VERSION = 2     # 2: calibration.curve, fabric.core_sharing
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model's sizes given explicitly (a table list the engine's placement rule spreads as one
-    group): the published validation's models, whose tables no recsys-train flag describes."""
-
-    model: str
-    tables: List[List[Any]]                 # [name, rows, width, ids per sample, vectors per sample]
-    dense_params: int = 0
-    model_parallel: bool = True
-    implementation: str = "horovod-alltoall"    # the placement rule: recsys-train's --embedding-implementation
-    dp_input: bool = True                   # ids arrive data parallel and are exchanged (False: each rank reads its tables' ids)
-    optimizer_slots: int = 0
-    column_slice_threshold: Optional[int] = None
-    data_parallel_threshold: Optional[int] = None
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """One step time the projection stands on: at `gpus` ranks of `batch_per_gpu`, `scaled_ms` of
-    work proportional to the per-GPU batch and `fixed_ms` that is not (the optimizer), with the
-    exchanges of that point already taken out."""
-
-    gpus: int
-    batch_per_gpu: int
-    scaled_ms: float
-    fixed_ms: float = 0.0
-    source: str = ""
-    # a measured compute curve: [[batch per GPU, ms], ...] of one GPU at several batches (>= 2
-    # batches: it replaces the proportional scaling; see compute_ms)
-    curve: Tuple[Tuple[int, float], ...] = ()
-    curve_source: str = ""
-
-    @property
-    def step_ms(self):
-        return self.scaled_ms + self.fixed_ms
-
-    def compute_ms(self, batch_per_gpu: int) -> float:
-        """Compute per rank at a batch per GPU, before core sharing. One point (no curve): its
-        batch-proportional part scaled with the batch plus its fixed part. A curve of >= 2
-        batches gives the shape, the calibration the level: step_ms x curve(b) / curve(b0)."""
-        pts = sorted({int(b): float(t) for b, t in self.curve}.items())
-        if len(pts) < 2:
-            return self.scaled_ms * batch_per_gpu / self.batch_per_gpu + self.fixed_ms
-        return self.step_ms * curve_ms(pts, batch_per_gpu) / curve_ms(pts, self.batch_per_gpu)
-
-
-def affine_fit(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
-    """(fixed ms, ms per sample) of a least-squares line through measured (batch, ms) points, the
-    rule outside a curve's measured range: a negative fixed part becomes 0 (the line through the
-    origin), a negative slope 0 (a flat step, the points' mean)."""
-    n = len(points)
-    mb = sum(b for b, _ in points) / n
-    mt = sum(t for _, t in points) / n
-    var = sum((b - mb) ** 2 for b, _ in points)
-    slope = sum((b - mb) * (t - mt) for b, t in points) / var if var else 0.0
-    fixed = mt - slope * mb
-    if slope < 0:
-        return mt, 0.0
-    if fixed < 0:
-        return 0.0, sum(b * t for b, t in points) / sum(b * b for b, _ in points)
-    return fixed, slope
-
-
-def curve_ms(points: Sequence[Tuple[int, float]], batch: float) -> float:
-    """A measured compute curve at `batch`: log-log interpolation between the two measured
-    batches around it; outside the measured range, the affine fit of the measured points."""
-    pts = sorted(points)
-    if pts[0][0] <= batch <= pts[-1][0]:
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if b0 <= batch <= b1:
-                if batch == b0:
-                    return t0
-                w = math.log(batch / b0) / math.log(b1 / b0)
-                return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
-    fixed, per_sample = affine_fit(pts)
-    return fixed + per_sample * batch
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the projection needs of a profile: its node, its fabric, whether ranks share a host."""
-
-    profile: str
-    gpus_per_node: int
-    gpu_memory_gb: Optional[float]
-    fabric: Any                              # jobs.profiles.fabric.Fabric
-    host_cores: Optional[int] = None         # shared_nodes: every rank of the job on these cores
-
-    @classmethod
-    def of(cls, profile):
-        if profile.fabric is None:
-            raise RequestError(f"--profile: profile {profile.name!r} has no fabric: section (docs/profiles.md, "
-                               "\"Fabric\"); a projection needs the links' bandwidths and latencies")
-        node = profile.node
-        return cls(profile=profile.name, gpus_per_node=max(1, node.gpus), gpu_memory_gb=node.gpu_memory_gb,
-                   fabric=profile.fabric,
-                   host_cores=node.sockets * node.cores_per_socket if profile.shared_nodes else None)
-
-
-def _planner(request, command=None) -> Dict[int, Dict[str, Any]]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH")) if p))
-    command = command or PLANNER
-    try:
-        proc = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True, env=env)
-    except OSError as exc:      # e.g. an interpreter this user may not run: the section says so, one line
-        raise RequestError(f"cannot run the engine's planner ({command[0]}): {exc.strerror}") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise RequestError(f"the engine refused the model: {last}")
-    return {int(k): v for k, v in json.loads(proc.stdout).items()}
-
-
-def layouts_of_argv(argv_by_gpus: Dict[int, List[str]], command=None) -> Dict[int, Dict[str, Any]]:
-    """What recsys-train builds for each GPU count's command line (python -m recsys.plan_tables):
-    tables with their hotness and id size, the model-parallel slices, the dense parameters."""
-    return _planner({"points": [{"world_size": n, "argv": list(a)} for n, a in sorted(argv_by_gpus.items())]},
-                    command)
-
-
-def layouts_of_workload(workload: Workload, gpus: Sequence[int], command=None) -> Dict[int, Dict[str, Any]]:
-    """The same for an explicit table list, placed by the engine's rule (one group)."""
-    request = {"tables": [list(t) for t in workload.tables], "world_sizes": sorted(set(gpus)),
-               "dense_params": workload.dense_params, "optimizer_slots": workload.optimizer_slots,
-               "model_parallel": workload.model_parallel, "implementation": workload.implementation,
-               "dp_input": workload.dp_input,
-               "column_slice_threshold": workload.column_slice_threshold,
-               "data_parallel_threshold": workload.data_parallel_threshold}
-    return _planner(request, command)
-
-
-def _repo_root():
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-# the loss and the stop flag travel with the gradients (recsys.engine, the gradient exchange's extras)
-GRADIENT_EXTRAS_BYTES = 8
-
-
-def alltoall_bytes(layout: Dict[str, Any], n: int, batch_per_gpu: int) -> List[int]:
-    """Bytes each rank sends to the other ranks per step in the model-parallel exchange: the ids
-    of its batch for slices elsewhere, the vectors of its slices for every other rank's batch,
-    the gradients of the vectors it received (the count of recsys.embeddings.alltoall.exchange_only)."""
-    if n <= 1 or not layout["slices"]:
-        return [0] * n
-    tables = layout["tables"]
-    width_on, hot_on = [0] * n, [0] * n
-    ids_total, width_total = 0, 0
-    for t, rank, c0, c1 in layout["slices"]:
-        hot, id_bytes = tables[t][4], tables[t][5]
-        width = (c1 - c0) * (tables[t][7] if len(tables[t]) > 7 else 1)    # a shared table: one vector per input
-        width_on[rank] += width
-        hot_on[rank] += hot * id_bytes
-        ids_total += hot * id_bytes
-        width_total += width
-    b, f = batch_per_gpu, BYTES_PER_PARAM
-    return [b * ((ids_total - hot_on[r]) + (width_total - width_on[r]) * f) + (n - 1) * b * width_on[r] * f
-            for r in range(n)]
-
-
-def gradient_bytes(layout: Dict[str, Any], batch_per_gpu: int):
-    """(allreduced bytes, allgathered bytes per rank) of a step's gradient exchange: the dense
-    parameters (and under --sparse-as-dense the replicated tables whole) allreduced; otherwise
-    the replicated tables' looked-up rows and their ids allgathered (recsys.distributed.
-    gradient_payload_bytes' count; model-parallel tables stay on their rank)."""
-    reduce = layout["dense_params"] * BYTES_PER_PARAM + GRADIENT_EXTRAS_BYTES
-    gather = 0
-    for _, _, rows, width, hot, id_bytes, mp, *_ in layout["tables"]:
-        if mp:
-            continue
-        if layout["sparse_as_dense"]:
-            reduce += rows * width * BYTES_PER_PARAM
-        else:
-            gather += batch_per_gpu * hot * (width * BYTES_PER_PARAM + id_bytes)
-    return reduce, gather
-
-
-def _levels(n, gpn):
-    """(GPUs per node used, nodes) of an n-rank job packed onto nodes of gpn GPUs."""
-    g = min(n, gpn)
-    return g, math.ceil(n / g)
-
-
-def collective_ms(target: Target, collective: str, nbytes: float, n: int) -> float:
-    """One collective of `nbytes` per rank (the nccl-tests `size`) over n ranks, hierarchical:
-    latency + size x bus factor / bus bandwidth inside the node, then between the nodes."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    fab = target.fabric
-    g, nodes = _levels(n, target.gpus_per_node)
-    steps = max(1, math.ceil(math.log2(n)))
-    t = 0.0
-    if collective == "allreduce":
-        # reduce-scatter + allreduce of 1/g between nodes + allgather (NCCL's hierarchical ring)
-        if g > 1:
-            t += fab.latency_us("intra_node", collective) * 1e-3 * 2 * max(1, math.ceil(math.log2(g)))
-            t += nbytes * bus_factor(collective, g) / (fab.bandwidth("intra_node", collective, g) * 1e6)
-        if nodes > 1:
-            t += fab.latency_us("inter_node", collective) * 1e-3 * 2 * max(1, math.ceil(math.log2(nodes)))
-            t += (nbytes / g) * bus_factor(collective, nodes) / (fab.bandwidth("inter_node", collective, g) * 1e6)
-        return t
-    # alltoall / allgather: the share of the size that crosses each level, the levels concurrent
-    lat = fab.latency_us("inter_node" if nodes > 1 else "intra_node", collective) * 1e-3
-    lat *= steps if collective == "allgather" else 1
-    intra = nbytes * (g - 1) / n / (fab.bandwidth("intra_node", collective, g) * 1e6) if g > 1 else 0.0
-    inter = nbytes * (n - g) / n / (fab.bandwidth("inter_node", collective, g) * 1e6) if nodes > 1 else 0.0
-    return lat + max(intra, inter)
-
-
-@dataclass
-class Projected:
-    gpus: int
-    nodes: int
-    gpus_per_node: int
-    batch_per_gpu: int
-    phases_ms: Dict[str, float]
-    step_ms_overlap: float                  # full overlap: the band's fast edge
-    step_ms_serial: float                   # no overlap: its slow edge
-    throughput_high: float
-    throughput_low: float
-    efficiency_high: float
-    efficiency_low: float
-    dominant: str
-    embedding_bytes_slowest: int
-    embedding_bytes_mean: float
-    gradient_allreduce_bytes: int
-    gradient_allgather_bytes: int
-    memory_gb_per_rank: Optional[float]
-    fits: Optional[bool]
-    measured_throughput: Optional[float] = None
-    published: List[Dict[str, Any]] = field(default_factory=list)
-
-
-def core_share(target: Target, n: int, n0: int) -> float:
-    """How much slower each rank computes at n ranks than at the calibration's n0 because ranks
-    share a host's cores (profiles with `shared_nodes`: every rank on one host's cores): the
-    fabric's measured `core_sharing` slowdown at n over that at n0 (jobs.profiles.fabric)."""
-    if not target.host_cores:
-        return 1.0
-    fab = target.fabric
-    return fab.sharing_slowdown(n, target.host_cores) / fab.sharing_slowdown(n0, target.host_cores)
-
-
-def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
-    g, nodes = _levels(n, target.gpus_per_node)
-    compute = calibration.compute_ms(batch_per_gpu) * core_share(target, n, calibration.gpus)
-    sent = alltoall_bytes(layout, n, batch_per_gpu)
-    slowest = max(sent) if sent else 0
-    emb = 0.0
-    if slowest:
-        # three alltoalls (ids, vectors, vector gradients): three latencies; the slowest rank's
-        # bytes are the part of an nccl-tests `size` that leaves the rank, size x (n-1)/n
-        level = "inter_node" if nodes > 1 else "intra_node"
-        emb = collective_ms(target, "alltoall", slowest * n / (n - 1), n) \
-            + 2 * target.fabric.latency_us(level, "alltoall") * 1e-3
-    reduce, gather = gradient_bytes(layout, batch_per_gpu)
-    grad = collective_ms(target, "allreduce", reduce, n) if n > 1 else 0.0
-    if gather and n > 1:
-        grad += collective_ms(target, "allgather", gather * n, n)
-    phases = {"compute": compute, "embedding_exchange": emb, "gradient_exchange": grad}
-    serial = sum(phases.values())
-    overlap = max(compute, emb + grad)
-    samples = n * batch_per_gpu
-    per_gpu0 = calibration.batch_per_gpu / calibration.step_ms * 1000.0
-    high, low = samples / overlap * 1000.0, samples / serial * 1000.0
-    memory = max(layout["rank_bytes"]) / 1e9
-    fits = memory <= target.gpu_memory_gb if target.gpu_memory_gb else None
-    return Projected(gpus=n, nodes=nodes, gpus_per_node=g, batch_per_gpu=batch_per_gpu, phases_ms=phases,
-                     step_ms_overlap=overlap, step_ms_serial=serial, throughput_high=high, throughput_low=low,
-                     efficiency_high=high / n / per_gpu0, efficiency_low=low / n / per_gpu0,
-                     dominant=max(phases, key=phases.get), embedding_bytes_slowest=int(slowest),
-                     embedding_bytes_mean=(sum(sent) / len(sent)) if sent else 0.0,
-                     gradient_allreduce_bytes=int(reduce) if n > 1 else 0,
-                     gradient_allgather_bytes=int(gather) if n > 1 else 0,
-                     memory_gb_per_rank=memory, fits=fits)
-
-
-def project(layouts: Dict[int, Dict[str, Any]], calibration: Calibration, target: Target, scaling: str,
-            batch: int, model: str, source: str = "") -> Dict[str, Any]:
-    """The projection record: per GPU count (the layouts' keys) the band, the phases, the bytes
-    and the memory. `batch`: the global batch (strong scaling) or the batch per GPU (weak)."""
-    points = []
-    for n in sorted(layouts):
-        if scaling == "strong" and batch % n:
-            raise RequestError(f"--gpus: the global batch {batch} does not divide over {n} GPUs (strong scaling)")
-        b = batch // n if scaling == "strong" else batch
-        points.append(project_point(layouts[n], calibration, target, n, b))
-    return {"version": PROJECTION_VERSION, "model": model, "profile": target.profile, "scaling": scaling,
-            "batch": batch, "source": source, "calibration": asdict(calibration),
-            "fabric": {"source": target.fabric.source, "measured": bool(target.fabric.measured),
-                       "core_sharing": target.fabric.core_sharing.get("source") if target.host_cores else None},
-            "shared_host_cores": target.host_cores, "points": [asdict(p) for p in points]}
-
-
-def within(measured: float, low: float, high: float, tolerance=0.2) -> Dict[str, Any]:
-    """Where a measured or published throughput falls against a band: inside, or the error
-    relative to the nearer edge, and whether that is within `tolerance` (the 20 % goal)."""
-    if low <= measured <= high:
-        return {"inside": True, "error": 0.0, "ok": True}
-    edge = low if measured < low else high
-    error = (measured - edge) / edge
-    return {"inside": False, "error": error, "ok": abs(error) <= tolerance}
+from .projection_model import (BYTES_PER_PARAM, GRADIENT_EXTRAS_BYTES, PHASES, PLANNER,  # noqa: F401 (the API)
+                               PROJECTION_VERSION, Calibration, Projected, Target, Workload, affine_fit,
+                               alltoall_bytes, collective_ms, core_share, curve_ms, embedding_work, exchanges_ms,
+                               gradient_bytes, layouts_of_argv, layouts_of_workload, project, project_point,
+                               within)
+from .projection_output import CSV_COLUMNS, csv_text, figure, markdown, write  # noqa: F401 (the API)
 
 
 # ------------------------------------------------------------------ from a study's report
@@ -373,9 +77,24 @@ def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None)
         fixed = ph.get("optimizer", 0.0) * k
         scaled = max(0.0, timed - exchanges - fixed)
         how += f", its breakdown's exchanges out and optimizer fixed (parts x timed/split step {k:.2f})"
+    exchanges_in = base["gpus"] > 1 and not (bd and bd.get("mean", {}).get("step_ms"))
     calib = Calibration(gpus=base["gpus"], batch_per_gpu=base["batch_per_gpu"], scaled_ms=scaled, fixed_ms=fixed,
-                        source=f"study {report.get('study')}, {base['gpus']} GPU(s): {how}")
-    return calib, measured, variant
+                        source=f"study {report.get('study')}, {base['gpus']} GPU(s): {how}", exchanges_in=exchanges_in)
+    return _with_repeats(calib, cell, timed), measured, variant
+
+
+def _with_repeats(calib: Calibration, cell: Dict[str, Any], timed: float) -> Calibration:
+    """The calibration with its repeats' spread (the band's calibration term): the timed step at
+    the fastest and the slowest repeat's throughput, as factors on the calibration's compute; a
+    cell the study report flags as noisy (jobs.study.report's spread rule) is marked `noisy`."""
+    tput, fast, slow = cell.get("throughput"), cell.get("throughput_max"), cell.get("throughput_min")
+    if not (tput and fast and slow) or calib.step_ms <= 0:
+        return replace(calib, noisy=cell.get("spread_warning"))
+    step_fast, step_slow = timed * tput / fast, timed * tput / slow
+    spread = (1.0 - (timed - step_fast) / calib.step_ms, 1.0 + (step_slow - timed) / calib.step_ms)
+    return replace(calib, spread=spread, noisy=cell.get("spread_warning"),
+                   spread_source=f"{cell.get('n', '?')} repeats: timed step {step_fast:.3f} - {step_slow:.3f} ms "
+                                 f"(fastest - slowest repeat)")
 
 
 # ------------------------------------------------------------------ a measured compute curve
@@ -449,106 +168,6 @@ def with_curve(calibration: Optional[Calibration], paths, batch_per_gpu: int) ->
     return replace(calibration, curve=tuple(pts), curve_source=source)
 
 
-# ------------------------------------------------------------------ output
-
-
-def markdown(record: Dict[str, Any]) -> str:
-    c = record["calibration"]
-    lines = [f"# Projection: {record['model']} on {record['profile']} ({record['scaling']} scaling, "
-             f"{'global' if record['scaling'] == 'strong' else 'per-GPU'} batch {record['batch']})", "",
-             f"Calibration: {c['source']} ({c['gpus']} GPU(s), batch {c['batch_per_gpu']} per GPU, "
-             f"{c['scaled_ms']:.3f} ms scaled + {c['fixed_ms']:.3f} ms fixed).",
-             f"Fabric: {record['fabric']['source']}" + (" (measured bus bandwidths)" if record['fabric']['measured']
-                                                        else ""), ""]
-    if c.get("curve"):
-        lines[-1:-1] = [f"Compute vs batch per GPU: {c['curve_source']}, log-log between the measured batches, "
-                        "their affine fit outside."]
-    if record.get("shared_host_cores"):
-        lines[-1:-1] = [f"Ranks share the host's {record['shared_host_cores']} cores: "
-                        + (record["fabric"].get("core_sharing") or "an even share of the cores (not measured)") + "."]
-    lines += [
-             "| GPUs | nodes | batch/GPU | step ms (overlap - serial) | samples/s (low - high) | efficiency | "
-             "compute ms | embedding exchange ms | gradient exchange ms | dominant | GB per rank | measured |",
-             "|---:|---:|---:|---|---|---|---:|---:|---:|---|---:|---|"]
-    for p in record["points"]:
-        ph = p["phases_ms"]
-        mem = "-" if p["memory_gb_per_rank"] is None else f"{p['memory_gb_per_rank']:.3f}" + \
-            ("" if p["fits"] in (None, True) else " DOES NOT FIT")
-        meas = "-" if p.get("measured_throughput") is None else f"{p['measured_throughput']:,.0f}"
-        for pub in p.get("published", []):
-            meas += f"; published {pub['throughput']:,.0f} ({pub['table']})"
-        lines.append(f"| {p['gpus']} | {p['nodes']} | {p['batch_per_gpu']} | {p['step_ms_overlap']:.3f} - "
-                     f"{p['step_ms_serial']:.3f} | {p['throughput_low']:,.0f} - {p['throughput_high']:,.0f} | "
-                     f"{p['efficiency_low']:.2f} - {p['efficiency_high']:.2f} | {ph['compute']:.3f} | "
-                     f"{ph['embedding_exchange']:.3f} | {ph['gradient_exchange']:.3f} | {p['dominant']} | {mem} | "
-                     f"{meas} |")
-    lines += ["", "The band runs from no overlap of compute and exchanges (low) to full overlap (high); "
-              "docs/studies.md, \"Projecting a study\", gives every formula."]
-    return "\n".join(lines) + "\n"
-
-
-CSV_COLUMNS = ("gpus", "nodes", "gpus_per_node", "batch_per_gpu", "step_ms_overlap", "step_ms_serial",
-               "throughput_low", "throughput_high", "efficiency_low", "efficiency_high", "compute_ms",
-               "embedding_exchange_ms", "gradient_exchange_ms", "dominant", "embedding_bytes_slowest",
-               "memory_gb_per_rank", "fits", "measured_throughput")
-
-
-def csv_text(record: Dict[str, Any]) -> str:
-    import csv
-    import io
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
-    for p in record["points"]:
-        flat = dict(p, **{f"{k}_ms": v for k, v in p["phases_ms"].items()})
-        w.writerow(["" if flat.get(k) is None else flat[k] for k in CSV_COLUMNS])
-    return out.getvalue()
-
-
-def figure(record: Dict[str, Any]):
-    """Log-log throughput vs GPUs: the band, the measured points, the published rows."""
-    from .report import load_pyplot
-    plt = load_pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    pts = record["points"]
-    xs = [p["gpus"] for p in pts]
-    ax.fill_between(xs, [p["throughput_low"] for p in pts], [p["throughput_high"] for p in pts], alpha=0.3,
-                    label="projected band (no overlap - full overlap)")
-    ax.plot(xs, [p["throughput_high"] for p in pts], lw=1)
-    ax.plot(xs, [p["throughput_low"] for p in pts], lw=1)
-    meas = [(p["gpus"], p["measured_throughput"]) for p in pts if p.get("measured_throughput")]
-    if meas:
-        ax.plot(*zip(*meas), "ko", label="measured (this study)")
-    pub = [(p["gpus"], q["throughput"]) for p in pts for q in p.get("published", [])]
-    if pub:
-        ax.plot(*zip(*pub), "r^", ms=8, label="published")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("GPUs")
-    ax.set_ylabel("samples/s")
-    ax.set_title(f"{record['model']} on {record['profile']}: projected throughput")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def write(record: Dict[str, Any], out_dir: str, want_plot=None) -> Dict[str, str]:
-    """projection.{md,csv,json} (+ projection.png) in out_dir, written as one group."""
-    from jobs.runs.atomic import write_group
-
-    from .report import make_out_dir, plot_wanted, png
-    draw = plot_wanted(want_plot)
-    make_out_dir(out_dir)
-    paths = {k: os.path.join(out_dir, f"projection.{k}") for k in ("md", "csv", "json")}
-    files = {paths["md"]: markdown(record), paths["csv"]: csv_text(record),
-             paths["json"]: json.dumps(record, indent=2) + "\n"}
-    if draw:
-        paths["png"] = os.path.join(out_dir, "projection.png")
-        files[paths["png"]] = png(figure(record))
-    write_group(files)
-    return paths
-
-
 # ------------------------------------------------------------------ the command
 
 
@@ -594,9 +213,11 @@ def _study_report(study_dir):
     return build(record, poll(record))
 
 
-def _published_rows(spec, variant, profile, counts):
+def _published_rows(spec, variant, profile, counts, model_size=None):
     """Published rows of the spec's model on the profile's platform at the spec's batch, precision
-    and XLA, whose GPU count is projected: {gpus: [row entries]}."""
+    and XLA, whose GPU count is projected, of the projection's model size: {gpus: [row entries]}.
+    A row of a stated size (DLRM: small, large, extra_large: other tables) is shown only beside a
+    projection of that size (`model_size`: the published calibration row's), never another's."""
     from . import published
     platform = published.platform_of(profile)
     if platform is None:
@@ -606,16 +227,18 @@ def _published_rows(spec, variant, profile, counts):
     for row in published.rows(spec.model, platform):
         same_batch = (row.gpus * row.batch_per_gpu == spec.batch_size) if spec.scaling == "strong" \
             else row.batch_per_gpu == spec.batch_size
-        if same_batch and precision in row.throughput and (row.xla is None or row.xla == xla) and row.gpus in counts:
+        if same_batch and precision in row.throughput and (row.xla is None or row.xla == xla) and row.gpus in counts \
+                and row.model_size == model_size:
             out.setdefault(row.gpus, []).append({"throughput": row.throughput[precision], "table": row.table,
                                                  "model_size": row.model_size, "version": row.version})
     return out
 
 
-def published_calibration(spec, combo, profile) -> Calibration:
-    """The calibration a published 1-GPU row gives: NVIDIA's row of the spec's model on the
-    profile's platform at the spec's 1-GPU batch, precision and XLA (batch / samples per second).
-    RequestError (one line) when there is none."""
+def published_calibration(spec, combo, profile) -> Tuple[Calibration, Optional[str]]:
+    """(Calibration, model size) a published 1-GPU row gives: NVIDIA's row of the spec's model on
+    the profile's platform at the spec's 1-GPU batch, precision and XLA (batch / samples per
+    second); the size is the row's (None where the table states none). RequestError (one line)
+    when there is none."""
     from . import published
     platform = published.platform_of(profile)
     if platform is None:
@@ -625,30 +248,59 @@ def published_calibration(spec, combo, profile) -> Calibration:
         if row.gpus == 1 and row.batch_per_gpu == spec.batch_size and precision in row.throughput \
                 and (row.xla is None or row.xla == xla):
             step = row.batch_per_gpu / row.throughput[precision] * 1000.0
+            size = f" {row.model_size} model" if row.model_size else ""
             return Calibration(gpus=1, batch_per_gpu=row.batch_per_gpu, scaled_ms=step,
-                               source=f"published {row.table} ({row.version}), {platform} 1 GPU {precision}"
+                               source=f"published {row.table} ({row.version}), {platform} 1 GPU{size} {precision}"
                                       + ("" if row.xla is None else f", xla {str(row.xla).lower()}")
-                                      + f": {row.throughput[precision]:,.0f} samples/s")
+                                      + f": {row.throughput[precision]:,.0f} samples/s"), row.model_size
     raise RequestError(f"--published: NVIDIA published no 1-GPU {spec.model} row on {platform} at batch "
                        f"{spec.batch_size}, {precision}" + (", xla" if xla else "")
                        + " (`recsys-submit study reference --list`)")
 
 
+def given_calibration(spec, step_ms: float, gpus: Optional[int] = None) -> Calibration:
+    """The calibration of a step time the user gives (--step-ms) at `gpus` GPUs (--calibration-gpus,
+    default 1: a model that does not fit one GPU is timed where it fits) at the spec's batch. At
+    more than one GPU the step still holds its own exchanges (taken out in _project_spec)."""
+    if isinstance(step_ms, bool) or not isinstance(step_ms, (int, float)) or not math.isfinite(step_ms) \
+            or not step_ms > 0:
+        raise RequestError(f"--step-ms: {step_ms!r} is not a positive time in ms (give e.g. 25)"
+                           if not isinstance(step_ms, (int, float)) else
+                           f"--step-ms: {step_ms:g} is not a positive time in ms (give e.g. 25)")
+    n = 1 if gpus is None else gpus
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise RequestError(f"--calibration-gpus: {n!r} is not a positive GPU count")
+    if spec.scaling == "strong" and spec.batch_size % n:
+        raise RequestError(f"--calibration-gpus: the spec's global batch {spec.batch_size} does not divide over "
+                           f"{n} GPUs")
+    per_gpu = spec.batch_size // n if spec.scaling == "strong" else spec.batch_size
+    return Calibration(gpus=n, batch_per_gpu=per_gpu, scaled_ms=float(step_ms), exchanges_in=n > 1,
+                       source=f"--step-ms {step_ms:g}: the step at {n} GPU(s), batch {per_gpu} per GPU")
+
+
 def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=None,
-        use_published=False, compute_curve=None) -> Dict[str, Any]:
+        use_published=False, compute_curve=None, calibration_gpus=None) -> Dict[str, Any]:
     """The projection of a study directory (calibrated on its smallest measured point) or of a
-    spec file (calibrated on `step_ms`, a 1-GPU step time the user gives, or with `use_published`
-    on NVIDIA's published 1-GPU row of the same model, batch and precision) onto `gpus` GPU counts
-    of a loaded profile. The measured points of the study are projected too and overlaid; the
-    published rows of the same model, platform, batch and precision are marked. `report`: a study
-    report (dict, or the path of a scaling.json) to calibrate a spec file on (a recorded study).
-    `compute_curve`: compute-curve files or 1-GPU study directories (see `compute_curve`), one GPU
-    measured at several batches, replacing the proportional scaling of compute with the batch."""
+    spec file (calibrated on `step_ms`, a step time the user gives at `calibration_gpus` GPUs
+    (default 1), or with `use_published` on NVIDIA's published 1-GPU row of the same model, batch
+    and precision) onto `gpus` GPU counts of a loaded profile. The measured points of the study
+    are projected too and overlaid; the published rows of the same model, size, platform, batch
+    and precision are marked. `report`: a study report (dict, or the path of a scaling.json) to
+    calibrate a spec file on (a recorded study). `compute_curve`: compute-curve files or 1-GPU
+    study directories (see `compute_curve`), one GPU measured at several batches, replacing the
+    proportional scaling of compute with the batch."""
     from .spec import load_spec
     target = Target.of(profile)
     counts = parse_gpus(gpus) if not isinstance(gpus, (list, tuple)) else sorted(set(int(n) for n in gpus))
     if use_published and step_ms is not None:
         raise RequestError("--published/--step-ms: give one calibration, not both")
+    if calibration_gpus is not None and step_ms is None:
+        raise RequestError("--calibration-gpus: give it with --step-ms (the GPU count that step time was taken "
+                           "at); a study directory calibrates on its smallest measured point")
+    for n in counts:
+        why = target.refusal(n)
+        if why:
+            raise RequestError(f"--gpus: {why}")
     if os.path.isdir(source) and os.path.isfile(os.path.join(source, "study.json")):
         from .spec import StudySpec
         from .run import StudyRecord
@@ -665,7 +317,7 @@ def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=
     else:
         raise RequestError(f"SPEC | STUDY_DIR: {source!r} is neither a study spec file nor a study directory")
     combo, label = _variant(spec, variant)
-    calibration, measured = None, {}
+    calibration, measured, size = None, {}, None
     if report is not None:
         try:
             calibration, measured, _ = calibration_of_report(report, label)
@@ -673,39 +325,78 @@ def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=
             if not (use_published or step_ms is not None or compute_curve):
                 raise
     if use_published:
-        calibration = published_calibration(spec, combo, profile)
+        calibration, size = published_calibration(spec, combo, profile)
     elif step_ms is not None:
-        if not step_ms > 0:
-            raise RequestError(f"--step-ms: {step_ms:g} is not a positive time")
-        per_gpu = spec.batch_size
-        calibration = Calibration(gpus=1, batch_per_gpu=per_gpu, scaled_ms=float(step_ms),
-                                  source=f"--step-ms {step_ms:g}: one GPU's step at batch {per_gpu}")
+        calibration = given_calibration(spec, step_ms, calibration_gpus)
     if compute_curve:
         calibration = with_curve(calibration, compute_curve, spec.batch_size)
     elif calibration is None:
         raise RequestError(f"{what}: nothing measured to calibrate on; give --step-ms (a 1-GPU step time "
                            "at the spec's batch) or --published (NVIDIA's 1-GPU row), or run the study's "
                            "smallest point first")
-    return _project_spec(spec, combo, label, profile, target, counts, calibration, measured, what, planner)
+    return _project_spec(spec, combo, label, profile, target, counts, calibration, measured, what, planner,
+                         model_size=size, given=step_ms is not None)
 
 
-def _project_spec(spec, combo, label, profile, target, counts, calibration, measured, what, planner=None):
+def _without_own_exchanges(calibration: Calibration, layout, target: Target) -> Calibration:
+    """A calibration at N > 1 GPUs whose step still holds its exchanges, with them taken out: the
+    exchanges projected at N on the target's fabric, in full (no overlap at the calibration
+    point, the band's slow edge). RequestError (one line) when they are not shorter than the step."""
+    own = exchanges_ms(layout, target, calibration.gpus, calibration.batch_per_gpu)
+    exchanges = own["embedding_exchange"] + own["gradient_exchange"]
+    left = calibration.scaled_ms - exchanges
+    if not left > 0:
+        raise RequestError(f"calibration ({calibration.source}): its {calibration.step_ms:.3f} ms step at "
+                           f"{calibration.gpus} GPUs is not longer than its own exchanges projected on profile "
+                           f"{target.profile}'s fabric ({exchanges:.3f} ms): calibrate at fewer GPUs or on a "
+                           "measured study with a step breakdown")
+    calibration = replace(calibration.with_spread_over(left + calibration.fixed_ms), scaled_ms=left)
+    return replace(calibration, exchanges_in=False,
+                   source=calibration.source + f"; its own exchanges at {calibration.gpus} GPUs projected on "
+                                               f"{target.profile}'s fabric ({exchanges:.3f} ms) taken out")
+
+
+def _project_spec(spec, combo, label, profile, target, counts, calibration, measured, what, planner=None,
+                  model_size=None, given=False):
     """The projection record of a spec's variant at `counts` (and the measured and published
-    counts), with the measured points and published rows beside their bands."""
+    counts the profile can hold), with the measured points and published rows beside their bands.
+    `model_size`: the published calibration row's (only rows of that size are shown); `given`: a
+    step time the user gave (refused, naming --calibration-gpus, where the engine's planner finds
+    that the model does not fit the GPUs it was timed on, on the target's memory per rank)."""
     from .published import check_data_path
     from .spec import point_args
     check_data_path(spec)
-    published = _published_rows(spec, combo, profile, set(counts) | set(measured) | set(spec.gpus or []))
-    counts = sorted(set(counts) | set(measured) | set(published) | {calibration.gpus})
+    published = _published_rows(spec, combo, profile, set(counts) | set(measured) | set(spec.gpus or []),
+                                model_size)
+    extra = (set(measured) | set(published) | {calibration.gpus}) - set(counts)
+    left_out = {n: target.refusal(n) for n in sorted(extra) if target.refusal(n)}
+    counts = sorted(set(counts) | extra - set(left_out))
     argv = {}
     for n in counts:
         if spec.scaling == "strong" and spec.batch_size % n:
             raise RequestError(f"--gpus: the spec's global batch {spec.batch_size} does not divide over {n} GPUs")
         global_batch = spec.batch_size if spec.scaling == "strong" else spec.batch_size * n
         argv[n] = ["--model", spec.model, "--run-mode", "benchmark"] + point_args(spec, global_batch, combo)
-    layouts = layouts_of_argv(argv, planner)
+    if calibration.gpus in left_out and (given or calibration.exchanges_in):
+        raise RequestError(f"--calibration-gpus: {left_out[calibration.gpus]}")
+    from jobs.planning.plan import embedding_memory_gb
+    memory = embedding_memory_gb(profile.node, target.gpus_per_node, target.gpus_per_node)
+    layouts = {}
+    if given:       # the count the step was timed at first: the engine's refusal there names --calibration-gpus
+        try:
+            layouts = layouts_of_argv({calibration.gpus: argv[calibration.gpus]}, planner, memory)
+        except RequestError as exc:
+            raise RequestError(f"--step-ms: at {calibration.gpus} GPU(s) {exc}; give --calibration-gpus N, a count "
+                               "where the model fits and the step was timed") from None
+    rest = {n: a for n, a in argv.items() if n not in layouts}
+    if rest:
+        layouts.update(layouts_of_argv(rest, planner, memory))
+    if calibration.exchanges_in:
+        calibration = _without_own_exchanges(calibration, layouts[calibration.gpus], target)
     record = project(layouts, calibration, target, spec.scaling, spec.batch_size, spec.model,
                      source=f"{what}, variant {label}")
+    record["model_size"] = model_size
+    record["not_projected"] = {str(n): why for n, why in left_out.items()}
     for p in record["points"]:
         p["measured_throughput"] = measured.get(p["gpus"])
         p["published"] = published.get(p["gpus"], [])
@@ -722,7 +413,8 @@ def _project_spec(spec, combo, label, profile, target, counts, calibration, meas
 def for_report(record, report) -> Optional[Dict[str, Any]]:
     """The "Projection" section's data of `study report` (None when the study's profile has no
     fabric or nothing is measured): the measured points of the first variant with their bands,
-    and the bands of the next sizes up (2x, 4x, 8x the largest measured). A projection the
+    and the bands of the next sizes up (2x, 4x, 8x the largest measured, those the profile's nodes
+    hold). A projection the
     engine's planning refuses (a dataset not readable here) is {"error": one line}."""
     from jobs.profiles import load_profile
 
@@ -740,9 +432,11 @@ def for_report(record, report) -> Optional[Dict[str, Any]]:
     except RequestError:
         return None         # nothing measured yet
     top = max(measured)
-    counts = [k * top for k in (2, 4, 8) if spec.scaling != "strong" or spec.batch_size % (k * top) == 0]
+    target = Target.of(profile)
+    counts = [k * top for k in (2, 4, 8) if (spec.scaling != "strong" or spec.batch_size % (k * top) == 0)
+              and target.refusal(k * top) is None]       # never past the profile's nodes
     try:
-        out = _project_spec(spec, combo, label, profile, Target.of(profile), counts, calibration, measured,
+        out = _project_spec(spec, combo, label, profile, target, counts, calibration, measured,
                             f"study {spec.name}")
     except RequestError as exc:
         return {"error": str(exc).splitlines()[0]}

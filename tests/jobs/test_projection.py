@@ -3,6 +3,7 @@ recorded breakdowns, the engine's own placement and byte counts, the CLI's refus
 validation table of docs/studies.md against NVIDIA's and distributed-embeddings' published
 figures. No scheduler, no TensorFlow: the fast tier (the engine's planning command is pure Python)."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -448,3 +449,194 @@ def test_published_calibration_marks_the_published_rows(tmp_path, capsys):
     assert row["throughput"] == 5369859.03 and row["vs_band"]["error"] == pytest.approx(-0.476, abs=1e-3)
     code, _, err = run_cli(capsys, str(path), "--profile", "dgx2", "--gpus", "8", "--published")
     assert code == 2 and "NVIDIA published no 1-GPU wide_deep row on dgx2" in err
+
+
+# ------------------------------------------------------------------ issue 46: refusals, sizes, calibration at N
+
+
+def _write_profile(tmp_path, text, name="mysite"):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("profile_text,gpus,expected", [
+    # a fabric without a between-nodes level: 16 GPUs span 2 DGX A100 nodes (a 39-line traceback before)
+    ("extends: dgxa100\nfabric:\n  source: test\n  intra_node: {link: nvswitch, gb_per_s: 300, latency_us: 11.8}\n"
+     "  inter_node: null\n", "8,16", "16 GPUs span 2 nodes and profile mysite's fabric has no inter_node level"),
+    # past the profile's node limit (projected silently before): dgxa100 has max_nodes 16, 128 GPUs
+    ("extends: dgxa100\n", "8,256", "256 GPUs need 32 nodes of 8; profile mysite has at most 16 node(s), 128 GPUs"),
+    ("extends: dgxa100\nmax_nodes: 2\n", "24", "24 GPUs need 3 nodes of 8; profile mysite has at most 2 node(s)"),
+])
+def test_counts_the_profile_cannot_hold_are_one_line(capsys, tmp_path, profile_text, gpus, expected):
+    profile = _write_profile(tmp_path, profile_text)
+    code, out, err = run_cli(capsys, STUDY + ".yaml", "--profile", profile, "--gpus", gpus, "--step-ms", "6")
+    assert code == 2 and out == "" and expected in err and "--gpus" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "-2"])
+def test_a_step_time_that_is_not_finite_and_positive_is_one_line(capsys, value):
+    code, out, err = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", f"--step-ms={value}")
+    assert code == 2 and out == "" and "--step-ms" in err and "not a positive time" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_report_projects_next_sizes_only_within_the_profiles_nodes(tmp_path):
+    """Two GPUs measured on the emulated cluster (4 nodes of 2): of the next sizes 4, 8 and 16,
+    16 needs 8 nodes and is not projected (it was, silently, before); on one node none is."""
+    from jobs.study import report as study_report
+
+    record, status = _measured_study(tmp_path / "a", "extends: ci\n")
+    proj = P.for_report(record, study_report.build(record, status))
+    assert proj["next_sizes"] == [4, 8] and [p["gpus"] for p in proj["points"]] == [1, 2, 4, 8]
+    record, status = _measured_study(tmp_path / "b", "extends: ci\nmax_nodes: 1\n")
+    proj = P.for_report(record, study_report.build(record, status))
+    assert proj["next_sizes"] == [] and [p["gpus"] for p in proj["points"]] == [1, 2]
+
+
+def test_the_text_table_shows_a_published_rows_error_against_the_band(tmp_path, capsys):
+    wd = _wide_deep_spec(tmp_path)
+    code, out, _ = run_cli(capsys, wd, "--profile", "dgxa100", "--gpus", "8", "--published")
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith("| 8 |"))
+    assert "published 5,369,859 (wide_deep_tf2, -47.6 % vs band)" in row
+
+
+def _wide_deep_spec(tmp_path):
+    from preproc.outbrain import features as F
+
+    data = tmp_path / "outbrain"
+    data.mkdir()
+    spec = F.feature_spec_dict(F.feature_layout("reference", *F.default_sizes("reference")),
+                               ["train.parquet"], ["test.parquet"], {})
+    (data / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+    path = tmp_path / "wd.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "name": "wd", "model": "wide_deep", "scaling": "strong",
+                                    "batch_size": 131072, "gpus": [1, 8], "data_path": str(data),
+                                    "engine_args": ["--xla"]}))
+    return str(path)
+
+
+def _dlrm_spec(tmp_path, **extra):
+    """The DGX-2 reference study's shape (NVIDIA's 1-GPU small row and 8- and 16-GPU large rows
+    share the global batch 65536), on small synthetic tables so the planner is quick."""
+    data = {"version": 1, "name": "dlrm", "model": "dlrm", "scaling": "strong", "batch_size": 65536,
+            "gpus": [1, 8, 16], "synthetic": True,
+            "engine_args": ["--embedding-dim", "4", "--bottom-mlp", "8,4", "--top-mlp", "8,1",
+                            "--synthetic-rows", "4096", "--embedding-placement", "model_parallel"], **extra}
+    path = tmp_path / "dlrm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_published_never_mixes_model_sizes(tmp_path):
+    """dlrm_tf2_2302 on DGX-2: the 1-GPU row is the small model, the 8- and 16-GPU rows the large
+    one (other tables). Calibrated on the small row, the projection is of the small model and
+    shows no large row beside its bands; calibrated otherwise (size unknown) it shows none."""
+    spec = _dlrm_spec(tmp_path)
+    record = P.run(spec, load_profile("dgx2"), [8, 16], use_published=True)
+    assert record["model_size"] == "small" and "1 GPU small model fp32" in record["calibration"]["source"]
+    shown = {p["gpus"]: [(q["model_size"], q["throughput"]) for q in p["published"]] for p in record["points"]}
+    assert shown == {1: [("small", 698000.0)], 8: [], 16: []}
+    assert "Model size: small" in P.markdown(record)
+    record = P.run(spec, load_profile("dgx2"), [8, 16], step_ms=90)
+    assert record["model_size"] is None and all(p["published"] == [] for p in record["points"])
+
+
+def test_a_step_time_at_n_gpus_has_its_own_exchanges_taken_out(capsys):
+    """--step-ms at --calibration-gpus 4: the no-overlap edge at 4 GPUs is the given step, compute
+    there is the step less its exchanges projected at 4, and compute halves at 8 (twice the GPUs,
+    half the batch per GPU, strong scaling)."""
+    code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", "--step-ms", "2",
+                           "--calibration-gpus", "4", "--json")
+    assert code == 0
+    rec = json.loads(out)
+    by = {p["gpus"]: p for p in rec["points"]}
+    assert sorted(by) == [4, 8] and rec["calibration"]["gpus"] == 4 and rec["calibration"]["batch_per_gpu"] == 128
+    four = by[4]["phases_ms"]
+    assert by[4]["step_ms_serial"] == pytest.approx(2.0)
+    assert four["compute"] == pytest.approx(2.0 - four["embedding_exchange"] - four["gradient_exchange"])
+    assert four["embedding_exchange"] > 0 and by[8]["phases_ms"]["compute"] == pytest.approx(four["compute"] / 2)
+    assert "own exchanges at 4 GPUs" in rec["calibration"]["source"]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--calibration-gpus", "4"], "--calibration-gpus: give it with --step-ms"),
+    (["--step-ms", "6", "--calibration-gpus", "3"], "--calibration-gpus: the spec's global batch 512 does not divide"),
+    (["--step-ms", "6", "--calibration-gpus", "0"], "--calibration-gpus: 0 is not a positive GPU count"),
+    (["--step-ms", "0.05", "--calibration-gpus", "8"], "is not longer than its own exchanges"),
+])
+def test_a_bad_calibration_at_n_gpus_is_one_line(capsys, argv, expected):
+    code, out, err = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", *argv)
+    assert code == 2 and out == "" and expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_that_does_not_fit_one_gpu_is_calibrated_where_it_fits(tmp_path, capsys):
+    """26 tables of 2M rows x 256 floats (53 GB) on a 32 GB DGX-1 GPU: a 1-GPU step time is
+    refused, naming --calibration-gpus; at 2 GPUs (it fits) the calibration stands."""
+    from recsys.data.synthetic import default_spec
+
+    data = tmp_path / "criteo"
+    data.mkdir()
+    (data / "feature_spec.yaml").write_text(yaml.safe_dump(default_spec("dlrm", cardinalities=[2_000_000] * 26).to_dict()))
+    spec = _dlrm_spec(tmp_path, synthetic=False, data_path=str(data),
+                      engine_args=["--embedding-dim", "256", "--bottom-mlp", "8,256", "--top-mlp", "8,1",
+                                   "--embedding-placement", "model_parallel"])
+    profile = "dgx1"
+    code, out, err = run_cli(capsys, spec, "--profile", profile, "--gpus", "8", "--step-ms", "90")
+    assert code == 2 and out == "" and "--step-ms: at 1 GPU(s)" in err and "--calibration-gpus N" in err
+    assert "of --embedding-memory-gb 32" in err and len(err.strip().splitlines()) == 1   # the target GPU's memory
+    code, out, _ = run_cli(capsys, spec, "--profile", profile, "--gpus", "8", "--step-ms", "90",
+                           "--calibration-gpus", "2", "--json")
+    assert code == 0 and json.loads(out)["calibration"]["gpus"] == 2
+
+
+def test_a_study_whose_smallest_point_has_n_gpus_takes_its_exchanges_out(tmp_path):
+    """A study measured at 2 and 4 GPUs without a step breakdown: its 2-GPU step still holds its
+    exchanges; they are taken out (projected at 2) so the no-overlap edge at 2 is the measured step."""
+    from jobs.study import report as study_report
+
+    record, status = _measured_study(tmp_path / "s", "extends: dgxa100\n")
+    report = study_report.build(record, status)
+    report["rows"] = [r for r in report["rows"] if r["gpus"] == 2]
+    calib, _, _ = P.calibration_of_report(report)
+    assert calib.gpus == 2 and calib.exchanges_in
+    rec = P.run(STUDY + ".yaml", load_profile("dgxa100"), [4], report=report)
+    two = next(p for p in rec["points"] if p["gpus"] == 2)
+    assert two["step_ms_serial"] == pytest.approx(calib.step_ms)
+    assert two["phases_ms"]["compute"] < calib.step_ms and "taken out" in rec["calibration"]["source"]
+
+
+def test_the_band_carries_the_calibrations_repeats_and_flags_a_noisy_one():
+    """The recorded study's 1-rank point ran 3 repeats at 76,957 - 91,821 samples/s: at 1 GPU (no
+    exchanges) the band is exactly the slowest to the fastest repeat, not one figure; a point the
+    study report flags as noisy is flagged in the projection's table and JSON."""
+    report = recorded_report()
+    cell = report["rows"][0]["variants"]["default"]
+    record = P.run(STUDY + ".yaml", load_profile("ci"), [2], report=report)
+    one = next(p for p in record["points"] if p["gpus"] == 1)
+    assert one["throughput_low"] == pytest.approx(cell["throughput_min"])
+    assert one["throughput_high"] == pytest.approx(cell["throughput_max"])
+    assert record["calibration"]["noisy"] is None and "WARNING" not in P.markdown(record)
+    cell["spread_warning"] = "g1 default: repeats 50,000 - 91,821 samples/s (noisy)"
+    calib, _, _ = P.calibration_of_report(report)
+    assert calib.noisy == cell["spread_warning"]
+    record["calibration"] = dataclasses.asdict(calib)
+    assert f"WARNING: a noisy calibration, every band below carries it: {cell['spread_warning']}" in P.markdown(record)
+
+
+def test_the_slowest_ranks_embedding_work_follows_the_engines_placement():
+    """The lookup work of a model-parallel rank is the global batch x hotness x width of the slices
+    it holds, not the per-GPU batch: distributed-embeddings' small model (107 tables) at 16 GPUs
+    keeps the slowest rank at a quarter of the 1-GPU work (1/4.1), where the per-GPU batch is 1/16."""
+    bench = _bench()
+    work = bench.de_workload("small")
+    layouts = P.layouts_of_workload(work, [1, 16])
+    one = P.embedding_work(layouts[1], 1, 65536)
+    assert one == [65536 * sum(t[3] * t[4] for t in layouts[1]["tables"])]     # 1 rank: every table, whole batch
+    sixteen = P.embedding_work(layouts[16], 16, 4096)
+    assert sum(sixteen) == one[0]                       # the work is spread, not shrunk
+    assert max(sixteen) * 16 > one[0] and one[0] / max(sixteen) == pytest.approx(4.1077, abs=1e-3)
+    rec = P.project({16: layouts[16]}, P.Calibration(gpus=1, batch_per_gpu=65536, scaled_ms=67.355),
+                    P.Target.of(load_profile("dgxa100-pod")), "strong", 65536, work.model)
+    assert rec["points"][0]["embedding_work_slowest"] == max(sixteen)

@@ -111,10 +111,11 @@ def test_dlrm_report_table_comes_from_the_summaries(dlrm_study, study_cli):
     import matplotlib.image
 
     assert matplotlib.image.imread(png).shape[0] > 100
-    # ci has a (measured) fabric: the report projects the next sizes up, and the exchange bytes
-    # the projection computes from the engine's own placement are the bytes this run counted
+    # ci has a (measured) fabric: the report projects the measured points (the next sizes up, 16
+    # and more, need more than ci's 4 nodes: not projected), and the exchange bytes the projection
+    # computes from the engine's own placement are the bytes this run counted
     projection = report["projection"]
-    assert projection["next_sizes"] == [16, 32, 64] and "## Projection on ci" in text
+    assert projection["next_sizes"] == [] and "## Projection on ci" in text
     projected = {p["gpus"]: p for p in projection["points"]}
     for gpus in (2, 4, 8):
         counted = rows[gpus]["variants"]["default"]["breakdown"]["exchanges"]
