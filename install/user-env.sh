@@ -4,11 +4,12 @@
 # `module load cuda nccl hpcx`). tests/install.sh (root, test machines) installs the test cluster's
 # system packages, then runs this script. docs/dgx.md, "Bare metal without root".
 #
-#   bash install/user-env.sh [--venv DIR] [--python PY] [--extras LIST] [--plan | --print-horovod-flags]
+#   bash install/user-env.sh [--venv DIR] [--python PY] [--extras LIST] [--plan | --print-horovod-flags | --print-cache-key]
 #
 # --extras: extras besides the TensorFlow one (e.g. preproc,dev); the TensorFlow extra is chosen
 # here: [gpu] where CUDA, NCCL and a GPU are found, else [train]. --plan prints what would be done
-# and installs nothing. Every refusal is one line and comes before anything is created.
+# and installs nothing; --print-cache-key prints the Horovod wheel cache directory this shell's
+# Python, MPI, CUDA and NCCL key to. Every refusal is one line and comes before anything is created.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${RECSYS_VENV:-$here/.venv}
@@ -29,6 +30,7 @@ while [ $# -gt 0 ]; do
     --extras) [ $# -ge 2 ] || die "--extras needs a comma-separated list"; extras=$2; shift 2 ;;
     --plan) mode=plan; shift ;;
     --print-horovod-flags) mode=flags; shift ;;
+    --print-cache-key) mode=key; shift ;;
     *) die "unknown argument '$1' (see the header of this script)" ;;
   esac
 done
@@ -37,10 +39,12 @@ case $extras in *[!a-z0-9,_-]*) die "--extras '$extras': extras are names separa
 # --- GPU build detection: CUDA (nvcc) and NCCL (nccl.h + a libnccl Horovod's FindNCCL.cmake
 # links: libnccl.so or libnccl_static.a) -> Horovod with HOROVOD_GPU_OPERATIONS=NCCL and the
 # [gpu] extra (tensorflow[and-cuda]); else the CPU build. RECSYS_HOROVOD_GPU=0 forces the
-# CPU build. Sets horovod_flags (KEY=VALUE words) and tf_extra.
+# CPU build. Sets horovod_flags (KEY=VALUE words), tf_extra and gpu_key (the CUDA and NCCL build, for
+# the wheel cache: cudaX.Y-ncclA.B.C-<cksum of their paths>).
 detect_gpu_build() {
   horovod_flags="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1"
   tf_extra=train
+  gpu_key=""
   gpu_reason="no CUDA compiler (nvcc) found"
   [ "${RECSYS_HOROVOD_GPU:-}" = 0 ] && { gpu_reason="RECSYS_HOROVOD_GPU=0"; return 0; }
   local nvcc="" cand
@@ -78,6 +82,14 @@ detect_gpu_build() {
   horovod_flags="HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=$cuda_home HOROVOD_NCCL_INCLUDE=$nccl_inc HOROVOD_NCCL_LIB=$nccl_lib HOROVOD_NCCL_LINK=$link"
   tf_extra=gpu
   gpu_reason="CUDA at $cuda_home, NCCL $nccl_lib ($link)"
+  local cuda_version nccl_version
+  cuda_version=$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p' | head -1 || true)
+  local part
+  nccl_version=""
+  for part in MAJOR MINOR PATCH; do
+    nccl_version=$nccl_version${nccl_version:+.}$(sed -n "s/^#define NCCL_$part *\([0-9][0-9]*\).*/\1/p" "$nccl_inc/nccl.h" | head -1 || true)
+  done
+  gpu_key=cuda${cuda_version:-unknown}-nccl${nccl_version:-unknown}-$(printf '%s %s %s' "$cuda_home" "$nccl_lib" "$link" | cksum | cut -d' ' -f1)
   # tensorflow[and-cuda]==2.15.1 runs on CUDA 12.2 wheels: Horovod's GPU ops should be compiled by a
   # CUDA 12 nvcc too (set CUDA_HOME to one)
   local release
@@ -105,6 +117,25 @@ if [ "$mode" = flags ]; then   # the detection only, nothing checked or installe
   exit 0
 fi
 
+# The Horovod wheel's cache directory: per TensorFlow version, Python (a cp310 wheel does not install
+# on 3.11), build kind with the CUDA and NCCL it was compiled against, and MPI (a wheel built against
+# one MPI does not run on another; the system MPI keeps the plain name). Needs pyver.
+wheel_dir() {
+  local dir=$cache/tf$TF_VERSION-cp${pyver/./}
+  [ "$tf_extra" = gpu ] && dir=$dir-nccl-$gpu_key   # never reuse the CPU wheel on a GPU node, nor another CUDA's
+  case ${mpicc:-} in
+    ""|/usr/bin/*) ;;
+    *) dir=$dir-mpi-$(printf '%s' "$mpicc" | cksum | cut -d' ' -f1) ;;
+  esac
+  printf '%s\n' "$dir"
+}
+if [ "$mode" = key ]; then     # the key only, nothing checked or installed
+  command -v "$python" >/dev/null 2>&1 || die "--python $python: no such interpreter on PATH"
+  pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  wheel_dir
+  exit 0
+fi
+
 # --- what this machine can take: one line each, before anything is created -------------------
 machine=$(uname -m)
 [ "$machine" = x86_64 ] || die "$machine: the pinned TensorFlow $TF_VERSION wheels (tensorflow-cpu, tensorflow[and-cuda]) are for x86_64 only; on $machine use an NGC TensorFlow container for your architecture (docs/dgx.md, 'Container or bare metal')"
@@ -126,14 +157,7 @@ parent=$(dirname "$venv")
 [ -w "$parent" ] || [ -x "$venv/bin/python" ] || die "--venv $venv: $parent is not writable by $(id -un)"
 
 all_extras=$tf_extra${extras:+,$extras}
-# The Horovod wheel is cached per TensorFlow version, per build kind and per MPI (a wheel built
-# against one MPI does not run on another); the system MPI keeps the plain name.
-whl_dir=$cache/tf$TF_VERSION
-[ "$tf_extra" = gpu ] && whl_dir=$whl_dir-nccl   # never reuse the CPU wheel on a GPU node
-case ${mpicc:-} in
-  ""|/usr/bin/*) ;;
-  *) whl_dir=$whl_dir-mpi-$(printf '%s' "$mpicc" | cksum | cut -d' ' -f1) ;;
-esac
+whl_dir=$(wheel_dir)
 
 if [ "$mode" = plan ]; then
   printf 'user:        %s\nmachine:     %s\npython:      %s (%s)\nvenv:        %s\nextras:      %s\nmpicc:       %s\nhorovod:     %s\nhorovod build: %s\nwheel cache: %s\n' \

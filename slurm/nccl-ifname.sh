@@ -20,5 +20,5 @@ for want in "${wanted[@]}"; do
     fi
   done
 done
-echo "recsys: error: NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME}: no such network interface on $(hostname) (it has: $(echo $names | tr ' ' ','); set env NCCL_SOCKET_IFNAME in your profile to one of them, or remove it)" >&2
+echo "recsys: error: NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME}: no such network interface on ${SLURMD_NODENAME:-$(hostname)} (it has: $(echo $names | tr ' ' ','); set env NCCL_SOCKET_IFNAME in your profile to one of them, or remove it)" >&2
 exit 2

@@ -12,6 +12,7 @@ import os
 
 from jobs.errors import RequestError
 from jobs.profiles import mounts
+from slurm import sparkrapids
 
 from .argv import RunPath
 from .engine_args import PATH_FLAGS, flag_value
@@ -92,11 +93,28 @@ def check_training(res):
                f"recsys-submit {res.request.kind}")
 
 
+def _check_rapids_pair(profile, req, stage_args):
+    """A --rapids-jar whose Spark versions (its Maven name's release, slurm/sparkrapids.py) do not
+    include the job's Spark is refused in one line: the image's pair (a container that provides
+    spark is the recipe's image), else this environment's pyspark (issue 47, item 5)."""
+    jar = flag_value(stage_args, "--rapids-jar")
+    if not jar or req.preprocess_engine != "spark":
+        return
+    if profile.container is not None:
+        spark = sparkrapids.IMAGE_SPARK if "spark" in (profile.container.provides or []) else None
+    else:
+        spark = sparkrapids.installed_pyspark()
+    line = sparkrapids.refusal(jar, spark) if spark else None
+    if line:
+        raise RequestError(line)
+
+
 def check_preprocess(res, stage_args):
     """A preprocessing job's container paths: --input and --config visible, --output visible and
     writable, a --rapids-jar under a mount unless the image declares RAPIDS (its own jar), and an
     image that holds the engine. Pure: looks at no file (a script may be for another machine)."""
     profile, req = res.profile, res.request
+    _check_rapids_pair(profile, req, stage_args)
     if profile.container is None:
         return
     _needs(profile, ["spark"] if req.preprocess_engine == "spark" else ["nvtabular"],

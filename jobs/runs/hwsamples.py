@@ -4,12 +4,18 @@ and reduced to medians over the job's timed steps, for a study report's hardware
 The window is the engine log's own: from its `first_step` start-up record (the timed steps follow)
 to its `summary` record; without them, every sample. A file a reader cannot parse, or of a later
 version, is skipped (nothing is guessed); a job without samples has no hardware medians (None).
+
+A sick node's samples (issue 47, item 3) carry the sampler's record of it: `gpu_error` of a sample
+whose nvidia-smi call failed, hung or named a sick GPU, and `error` in a GPU's row ("[GPU requires
+reset]"). They are counted over all the job's samples, per node and per GPU (a GPU missing from a
+sample in which other GPUs of its node answered counts too), and the report warns of each.
 """
 
 import glob
 import json
 import os
 import statistics
+from collections import Counter
 
 from .enginelog import job_logs, records
 
@@ -46,6 +52,31 @@ def timed_window(run_dir, key="main"):
     return start, end
 
 
+def _faults(host, samples):
+    """[{node, index, samples, of, error}] of one node's samples: index None for the nvidia-smi
+    calls that failed as a whole, else one entry per GPU that had no healthy row in some samples."""
+    rows = [s for s in samples if isinstance(s, dict)]
+    asked = [s for s in rows if "gpus" in s or s.get("gpu_error")]
+    out = []
+    calls = [s["gpu_error"] for s in asked if s.get("gpu_error") and not s.get("gpus")]
+    if calls:
+        out.append({"node": host, "index": None, "samples": len(calls), "of": len(asked),
+                    "error": Counter(calls).most_common(1)[0][0]})
+    known = {g.get("index") for s in asked for g in s.get("gpus") or [] if isinstance(g, dict)}
+    for index in sorted(known, key=str):
+        missed = []
+        for s in asked:
+            mine = [g for g in s.get("gpus") or [] if isinstance(g, dict) and g.get("index") == index]
+            if mine and mine[0].get("error"):
+                missed.append(str(mine[0]["error"]))
+            elif not mine and s.get("gpus"):
+                missed.append("no row")
+        if missed:
+            out.append({"node": host, "index": index, "samples": len(missed), "of": len(asked),
+                        "error": Counter(missed).most_common(1)[0][0]})
+    return out
+
+
 def _median(values):
     values = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return round(statistics.median(values), 1) if values else None
@@ -53,15 +84,17 @@ def _median(values):
 
 def medians(run_dir, key="main"):
     """{nodes, samples, cpu_busy_pct, rank_cpu_busy_pct_min, mem_used_gib, net_rx_mb_s, net_tx_mb_s,
-    net_source, gpus: [{node, index, name, util_pct, mem_used_mib, power_w, sm_mhz, base_mhz}]}:
-    each the median over the samples inside the timed steps (node values: the median of the
-    per-node medians), or None when the job has no samples there."""
+    net_source, gpus: [{node, index, name, util_pct, mem_used_mib, power_w, sm_mhz, base_mhz}],
+    gpu_faults: [{node, index, samples, of, error}]}: each the median over the samples inside the
+    timed steps (node values: the median of the per-node medians; faults: over all the job's
+    samples), or None when the job has no samples there."""
     start, end = timed_window(run_dir, key)
-    nodes, gpus = [], []
+    nodes, gpus, faults = [], [], []
     for path in files(run_dir, key):
         doc = load(path)
         if doc is None:
             continue
+        faults += _faults(doc.get("host"), doc["samples"])
         rows = [s for s in doc["samples"] if isinstance(s, dict) and isinstance(s.get("t"), (int, float))
                 and (start is None or s["t"] >= start) and (end is None or s["t"] <= end)]
         if not rows:
@@ -77,6 +110,8 @@ def medians(run_dir, key="main"):
         by_index = {}
         for s in rows:
             for g in s.get("gpus") or []:
+                if not isinstance(g, dict) or g.get("error"):
+                    continue
                 by_index.setdefault(g.get("index"), []).append(g)
         for index, seen in sorted(by_index.items(), key=lambda kv: str(kv[0])):
             gpus.append({"node": doc.get("host"), "index": index, "name": seen[-1].get("name"),
@@ -85,17 +120,24 @@ def medians(run_dir, key="main"):
     if not nodes:
         return None
     out = {"nodes": len(nodes), "samples": sum(n["samples"] for n in nodes),
-           "net_source": nodes[0]["net_source"], "gpus": gpus}
+           "net_source": nodes[0]["net_source"], "gpus": gpus, "gpu_faults": faults}
     for k in ("cpu_busy_pct", "rank_cpu_busy_pct_min", "mem_used_gib", "net_rx_mb_s", "net_tx_mb_s"):
         out[k] = _median([n[k] for n in nodes])
     return out
 
 
 def warnings(point, hw, min_utilization=DEFAULT_GPU_MIN_UTILIZATION, base_mhz=None):
-    """Lines for a point's GPUs: busy less than `min_utilization` %, or an SM clock below the base
+    """Lines for a point's GPUs: nvidia-smi calls that failed on a node and GPUs without a reading
+    (a sick GPU), busy less than `min_utilization` %, or an SM clock below the base
     (`base_mhz`, the profile's; else the GPU's default application clock) in the medians of the
     timed steps."""
     out = []
+    for f in (hw or {}).get("gpu_faults", []):
+        if f.get("index") is None:
+            out.append(f"{point}: nvidia-smi on {f['node']} failed in {f['samples']} of {f['of']} samples: {f['error']}")
+        else:
+            out.append(f"{point}: GPU {f['index']} on {f['node']} had no reading in {f['samples']} of {f['of']} "
+                       f"samples ({f['error']})")
     for g in (hw or {}).get("gpus", []):
         where = f"{point}: GPU {g['index']} on {g['node']}"
         if g.get("util_pct") is not None and g["util_pct"] < min_utilization:

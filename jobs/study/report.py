@@ -316,19 +316,39 @@ def _breakdown(point_id, data):
             "split_over_timed": number(data, "split_over_timed")}
 
 
+def _code_labels(record, status):
+    """({point id: its column}, warning or None): the variant label, with the frozen copy the point
+    ran (`@ code <hash>`) when the points ran more than one (`study run --refresh-code` between
+    repeats): repeats of two copies are kept apart as variants are, never pooled (issue 47, 11).
+    A point not run yet will run the study's current copy."""
+    ran = {}
+    by_id = {p.id: p for p in record.points}
+    for st in status.points:
+        if st.id in by_id and st.run_dir and by_id[st.id].code.get(st.run_dir):
+            ran[st.id] = by_id[st.id].code[st.run_dir]
+    copies = sorted(set(ran.values()))
+    if len(copies) < 2:
+        return {p.id: p.variant_label for p in record.points}, None
+    current = (record.code or {}).get("sha256") or "not frozen"
+    labels = {p.id: f"{p.variant_label} @ code {ran.get(p.id, current)[:12]}" for p in record.points}
+    return labels, (f"code: the points ran {len(copies)} frozen copies ({', '.join(c[:12] for c in copies)}; "
+                    "refreshed with --refresh-code): each copy's repeats have their own column, never pooled")
+
+
 def build(record, status):
     """The report as plain data: header facts, one row per size, and the warnings to print."""
     spec = record.spec
     by_id = {p.id: p for p in status.points}
+    label, code_warning = _code_labels(record, status)
     variants = []
     for point in record.points:
-        if point.variant_label not in variants:
-            variants.append(point.variant_label)
+        if label[point.id] not in variants:
+            variants.append(label[point.id])
     size_of = {p.id: (p.gpus, p.nodes, p.gpus_per_node, p.batch_per_gpu, p.global_batch) for p in record.points}
     sizes = sorted(set(size_of.values()))
     grouped = {}
     for point in record.points:
-        grouped.setdefault((size_of[point.id], point.variant_label), []).append(point)
+        grouped.setdefault((size_of[point.id], label[point.id]), []).append(point)
     failures, pending, nodes_used, measured = [], [], set(), []
     cells = {}
     for key, points in grouped.items():
@@ -381,7 +401,7 @@ def build(record, status):
                 f"{'; '.join(cell['missing'])}; speedup and efficiency of "
                 f"{variant} left empty")
     platform, node = _platform(record)
-    variant_of = {p.variant_label: p.variant for p in record.points}
+    variant_of = {label[p.id]: p.variant for p in record.points}
     settings = {v: published.settings_of(spec.get("engine_args"), variant_of[v], platform) for v in variants}
     rows, spread_warnings, breakdown_problems = [], [], []
     for size in sizes:
@@ -437,7 +457,7 @@ def build(record, status):
     _amp_speedups(rows, variants, variant_of, settings, published.load().full_precision(platform))
     provenance, differences, no_provenance = _provenance(measured)
     hardware, hardware_warnings = _hardware(record, status)
-    warnings = list(baseline_problems) + spread_warnings + breakdown_problems + hardware_warnings + [
+    warnings = [code_warning] * bool(code_warning) + list(baseline_problems) + spread_warnings + breakdown_problems + hardware_warnings + [
         f"provenance: point {d['point']} has {d['key']}={_show(d['value'])}, the other points "
         f"{_show(d['common'])}" for d in differences]
     return {

@@ -137,6 +137,16 @@ def detect(device: str, cores: int, memory_gb: float | None = None,
                           rmm_pool_size=environ.get(RMM_POOL_ENV) or None)
 
 
+def spill_directory() -> str:
+    """The directory a single-node dask-cuda cluster spills to: dask's `temporary-directory`
+    (DASK_TEMPORARY_DIRECTORY), else the system's temporary directory."""
+    import tempfile
+
+    import dask
+
+    return dask.config.get("temporary-directory", None) or tempfile.gettempdir()
+
+
 @contextlib.contextmanager
 def start(runtime: Runtime) -> Iterator[object]:
     """A ``distributed.Client`` for ``runtime`` (None in CPU mode); what it started is closed on exit."""
@@ -163,11 +173,15 @@ def start(runtime: Runtime) -> Iterator[object]:
     memory = f"{runtime.memory_limit_gb:.2f}GiB" if runtime.memory_limit_gb else "auto"
     from dask_cuda import LocalCUDACluster
 
+    # where the workers spill: dask's temporary-directory, which a single-node job of a profile with
+    # `scratch` sets to that node-local disk (DASK_TEMPORARY_DIRECTORY, jobs.planning.plan), not the
+    # container's own file system
+    spill = spill_directory()
     cluster = LocalCUDACluster(n_workers=runtime.workers, memory_limit=memory, rmm_pool_size=runtime.rmm_pool_size,
-                               dashboard_address=None)
+                               dashboard_address=None, local_directory=spill)
     try:
         with Client(cluster) as client:
-            log.info("nvtabular: %s", runtime.describe())
+            log.info("nvtabular: %s; workers spill to %s", runtime.describe(), spill)
             yield client
     finally:
         cluster.close()

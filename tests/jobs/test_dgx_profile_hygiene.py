@@ -63,7 +63,7 @@ def test_nccl_interface_checked_in_the_job(pod_train, tmp_path):
     """NCCL_SOCKET_IFNAME is a site setting; the rendered script stops in one line when this node
     has no such interface (here: no ib0), and goes on when it has (lo, a prefix, an exclusion)."""
     text, _ = pod_train
-    line = next(ln for ln in text.splitlines() if "nccl-ifname.sh" in ln and not ln.startswith("#"))
+    line = next(ln for ln in text.splitlines() if "node-check.sh" in ln and not ln.startswith("#"))
     for value, rc in (("ib0", 2), ("lo", 0), ("=lo", 0), ("l", 0), ("=l", 2), ("^docker,lo", 0), ("", 0)):
         env = dict(os.environ, RECSYS_SLURM_DIR=SLURM, NCCL_SOCKET_IFNAME=value)
         out = subprocess.run(["bash", "-c", line + "\necho after"], env=env, capture_output=True, text=True)

@@ -61,8 +61,8 @@ def test_failed_first_job_never_runs_the_second_then_cancel(cli, slurm_cluster):
     reason = wait_for(lambda: "DependencyNeverSatisfied" in _reason(slurm_cluster, second_id)
                        and _reason(slurm_cluster, second_id), timeout=90, what="dependency never satisfied")
     assert reason.startswith("PENDING")
-    status = cli("status", second_dir, "--json", check=True)
-    assert json.loads(status.stdout)["jobs"][0]["state"] == "PENDING"
+    status = cli("status", second_dir, "--json")          # exit 1: it can never start (issue 47, item 11)
+    assert json.loads(status.stdout)["jobs"][0]["state"] == "PENDING" and status.returncode == 1
     watched = cli("status", second_dir, "--watch", timeout=120)     # ends: the job can never start
     assert watched.returncode == 1 and "DependencyNeverSatisfied: a job it waits for" in watched.stdout
     cli("cancel", second_dir, check=True)
@@ -158,7 +158,9 @@ def test_status_names_the_failing_rank_and_its_engine_error(cli, slurm_cluster, 
     run_dir, record = cli.submit("train", "--profile", "ci", "--model", "ncf", "--nodes", "2",
                                  "--gpus-per-node", "1", "--time", "5", "--", "--data-path", data)
     assert slurm_cluster.wait_job(record["jobs"][0]["job_id"], timeout=300) == "FAILED"
-    status = json.loads(cli("status", run_dir, "--json", check=True).stdout)
+    proc = cli("status", run_dir, "--json")
+    assert proc.returncode == 1, proc.stderr          # a failed run (issue 47, item 11)
+    status = json.loads(proc.stdout)
     reason = status["jobs"][0]["reason"]
     assert reason.startswith("FAILED: rank ") and "recsys-train: error: " in reason, reason
     assert "feature_spec.yaml" in reason and "srun" not in reason

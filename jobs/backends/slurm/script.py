@@ -150,9 +150,19 @@ CONTAINER_NAME = "recsys-${SLURM_JOB_ID:-local}"
 
 def job_env(spec):
     """The variables the script exports: the profile's hang and stall defaults, its `env:`, then the
-    job's own (each later one wins)."""
-    frozen = {"PYTHONPATH": spec.code_dir} if spec.code_dir else {}     # the engines from the study's copy
-    return {**defaults_env(spec.profile.defaults), **(spec.profile.env or {}), **spec.env, **frozen}
+    job's own (each later one wins). A study's frozen code is not among them: env_lines puts it in
+    front of PYTHONPATH, as a plain job's checkout goes (issue 47, item 11)."""
+    return {**defaults_env(spec.profile.defaults), **(spec.profile.env or {}), **spec.env}
+
+
+def env_lines(spec):
+    """The script's exports; a study's frozen copy (its engines) in front of whatever PYTHONPATH the
+    job already has, never replacing it. In a container, slurm/container-entry.sh of that copy puts
+    it in front of the image's PYTHONPATH, which is why it is not named in --container-env."""
+    lines = _exports(job_env(spec))
+    if spec.code_dir:
+        lines += f'\nexport PYTHONPATH={shlex.quote(spec.code_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+    return lines
 
 
 def _checkout():
@@ -300,7 +310,7 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True, 
         profile_sha256=shlex.quote(profile.content_sha256()),
         task_env=task_env(spec),
         setup="\n".join(profile.setup or []) or "# (none)",
-        env=_exports(job_env(spec)),
+        env=env_lines(spec),
         bind_env=_exports(bind_env(profile.node)) if spec.bind else "# (engine does its own binding)",
         container_block=container_block(spec, run_dir),
         container=shlex.quote(container.image if container is not None else ""),
