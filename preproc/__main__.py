@@ -1,6 +1,5 @@
-"""``python -m preproc <dataset> <stage> [flags]`` (see preproc.cli)."""
-import sys
+"""``python -m preproc <dataset> <stage> [flags]`` (see preproc.cli); on an install without the
+[preproc] extra, one line naming it (preproc.entry)."""
+from preproc.entry import main
 
-from preproc.cli import main
-
-sys.exit(main())
+main()

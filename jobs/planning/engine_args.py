@@ -1,10 +1,14 @@
 """The training engine's command line as the submission layer sees it: the one reader of its
 flags on this side (a flag's value, the checkpoint dir, paths made absolute, the flags
 recsys-submit owns) and the one door to the engine's own parser and start-up checks
-(recsys.train, pure Python: no TensorFlow), which are imported only when a submission is checked.
+(recsys.train, pure Python: no TensorFlow), imported only when a job is planned: submit,
+--dry-run, render and a study's points make the same check. Also: whether the interpreter a job
+would run has TensorFlow at all (check_interpreter).
 """
 
+import importlib.util
 import os
+import sys
 
 from jobs.errors import RequestError
 
@@ -80,22 +84,33 @@ def refuse_owned(argv, engine):
                                f"use {owned[flag]}")
 
 
-def check(argv, ranks, check_existence=True, produced=()):
+def check(argv, ranks, check_data=True, check_existence=True, produced=()):
     """A training job's engine argv checked with the engine's own parser and start-up checks
     (recsys.train.check_submission): unknown flags, bad values, a batch the job's `ranks` cannot
-    split, no data named, a data directory or checkpoint missing on this host (unless under a
-    path in `produced`, which an earlier job of the chain writes). RequestError with the engine's line."""
+    split; with `check_data`, no data named; with `check_existence` too, a data directory or
+    checkpoint missing on this host (unless under a path in `produced`, which an earlier job of the
+    chain writes). The one check of submit, --dry-run and render. RequestError with the engine's line."""
     from recsys.errors import EngineError
     from recsys.train import check_submission
 
     try:
-        check_submission(argv, world_size=ranks, check_existence=check_existence, produced=produced)
+        check_submission(argv, world_size=ranks, check_data=check_data, check_existence=check_existence,
+                         produced=produced)
     except EngineError as exc:
         raise RequestError(str(exc)) from None
 
 
-def parser():
-    """The engine's own argument parser (recsys.train.build_parser; no TensorFlow)."""
-    from recsys.train import build_parser
-
-    return build_parser()
+def check_interpreter(profile, override=None):
+    """Refuse, before anything is submitted, a TensorFlow job that would run the submitting Python
+    (a profile without `python:` or `container:`; jobs.planning.argv.job_python) when that Python
+    has no TensorFlow: the login-node install, whose job would fail on the node (issue 48). Looks
+    for the package without importing it."""
+    if override or profile.python or profile.container is not None:
+        return
+    if importlib.util.find_spec("tensorflow") is not None:
+        return
+    where = f" ({profile.path})" if profile.path else ""
+    raise RequestError(f"profile {profile.name}{where}: without `python:` or `container:` its jobs run this "
+                       f"Python ({sys.executable}), which has no TensorFlow: pip install 'recsys-submit[train]' "
+                       f"here ('recsys-submit[gpu]' for GPUs), or give the profile `python:` (an interpreter with "
+                       f"TensorFlow on the nodes) or `container:`")

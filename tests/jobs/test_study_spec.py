@@ -62,8 +62,7 @@ def test_engine_flags_are_checked_once_per_distinct_argument_set(monkeypatch):
     seen = []
     real = study_mod.check_engine_args
     monkeypatch.setattr(study_mod, "check_engine_args",
-                        lambda spec, point, parser=None: seen.append(tuple(point.engine_args)) or
-                        real(spec, point, parser))
+                        lambda spec, point: seen.append(tuple(point.engine_args)) or real(spec, point))
     spec = spec_from_flags("dlrm", "1,2,4,8", batch_size=4096, repeats=2, variants=["precision=tf32,fp32,amp"])
     points = expand(spec, load_profile("ci"))
     assert len(points) == 24

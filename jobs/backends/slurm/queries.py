@@ -2,10 +2,13 @@
 parsers.
 
 The parsers are pure functions of a command's text output, tested on outputs recorded from the
-real test cluster (tests/jobs/recorded/, re-recorded by tests/jobs/record_slurm_outputs.py);
-sacct output and array job ids (`123_[4-9%2]`) are parsed by submitit (SlurmInfoWatcher.read_info,
-read_job_id). States come back in the toolkit's words (jobs.backends.slurm.states).
+real test cluster (tests/jobs/recorded/, re-recorded by tests/jobs/record_slurm_outputs.py),
+array job ids (`123_[4-9%2]`) included: parsed here, not by submitit's private helpers, so the
+toolkit shares an environment with any submitit release (issue 48). States come back in the
+toolkit's words (jobs.backends.slurm.states).
 """
+
+import re
 
 from jobs import states
 
@@ -25,27 +28,48 @@ SQUEUE_IDS = ["squeue", "-h", "-r", "--states=all", "-o", "%i"]
 SQUEUE_NAMED = ["squeue", "-h", "-a", "-o", "%i|%u|%T|%r|%o"]
 
 
-def expand_job_id(job_id):
-    """Task ids of a job id as Slurm prints it: `12`, `12_3`, `12_[0-3%2]` -> 12_0 .. 12_3."""
-    from submitit.slurm.slurm import read_job_id
+# a pending array's tasks as squeue and sacct print them: 12_[0-3], 12_[1,4-6%2]
+_ARRAY_RANGE = re.compile(r"(\d+)_\[([\d,-]+)(?:%\d+)?\]")
 
-    out = []
-    for parts in read_job_id(job_id):
-        if len(parts) == 3:
-            out += [f"{parts[0]}_{i}" for i in range(int(parts[1]), int(parts[2]) + 1)]
-        else:
-            out.append("_".join(parts))
-    return out
+
+def expand_job_id(job_id):
+    """Task ids of a job id as Slurm prints it: `12` -> 12, `12_3` -> 12_3, `12_[0-3%2]` -> 12_0 ..
+    12_3, `12_[1,4-5]` -> 12_1, 12_4, 12_5. ValueError for an array task that is not a number."""
+    text = str(job_id).strip()
+    match = _ARRAY_RANGE.fullmatch(text)
+    if match:
+        main, out = match.group(1), []
+        for part in filter(None, match.group(2).split(",")):
+            first, _, last = part.partition("-")
+            out += [f"{main}_{task}" for task in range(int(first), int(last or first) + 1)]
+        return out
+    main, array, task = text.partition("_")
+    return [f"{main}_{int(task)}"] if array else [main]     # a heterogeneous job's 12+0 stays itself
 
 
 # --- parsers of recorded text -------------------------------------------------------------
 
 def parse_sacct(text):
-    """{task id: toolkit state} from `sacct -X --parsable2 -o JobID,State,ExitCode,NodeList`."""
-    from submitit.slurm.slurm import SlurmInfoWatcher
-
-    info = SlurmInfoWatcher().read_info(text)
-    return {task: to_state(stats.get("State")) for task, stats in info.items()}
+    """{task id: toolkit state} from `sacct -X --parsable2 -o JobID,State,ExitCode,NodeList` (a
+    header line, then one `|`-separated row per job or array range; job steps `12.batch` and ids
+    that are not a job's are skipped)."""
+    lines = text.splitlines()
+    if len(lines) < 2:
+        return {}
+    names = lines[0].split("|")
+    found = {}
+    for line in lines[1:]:
+        row = dict(zip(names, (value.strip() for value in line.split("|"))))
+        job_id = row.get("JobID", "")
+        if not job_id or "." in job_id:
+            continue
+        try:
+            tasks = expand_job_id(job_id)
+        except ValueError:
+            continue
+        for task in tasks:
+            found[task] = to_state(row.get("State"))
+    return found
 
 
 def parse_squeue(text):

@@ -1,0 +1,29 @@
+"""The ``recsys-preproc`` console script: on an install without the [preproc] extra (the
+login-node ``pip install recsys-submit``), one line naming the extra, exit 2, instead of a
+traceback from a dataset module's imports (issue 48). Imports only the standard library until
+the check passes; Spark itself is needed only when a stage runs."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Optional, Sequence
+
+# What listing the datasets and their flags (`recsys-preproc --help`) imports from the extra.
+NEEDS = ("numpy",)
+HINT = "pip install 'recsys-submit[preproc]' (the NVTabular engine: 'recsys-submit[nvtabular]')"
+
+
+def missing(modules: Sequence[str] = NEEDS) -> Optional[str]:
+    """The first of ``modules`` this Python cannot import (found without importing it), else None."""
+    return next((name for name in modules if importlib.util.find_spec(name) is None), None)
+
+
+def main() -> None:
+    """``recsys-preproc``: the check, then :func:`preproc.cli.main`."""
+    absent = missing()
+    if absent:
+        print(f"recsys-preproc: error: this install lacks the preprocessing extra (no module {absent}): "
+              f"{HINT}", file=sys.stderr)
+        raise SystemExit(2)
+    from preproc.cli import main as preproc_main
+    sys.exit(preproc_main())
