@@ -97,11 +97,12 @@ def runs_in_foreground(scheduler):
     return capabilities(scheduler).foreground
 
 
-def render(requests, profile, runs_dir=None):
-    """The script(s) a submission would write, as one text (scripts separated by a header)."""
+def render(requests, profile, runs_dir=None, check_data=False):
+    """The script(s) a submission would write, as one text (scripts separated by a header);
+    `check_data`: refuse engine arguments that name no data, as a submission would (--dry-run)."""
     if isinstance(requests, JobRequest):
         requests = [requests]
-    return render_text(requests, profile, runs_dir=runs_dir)
+    return render_text(requests, profile, runs_dir=runs_dir, check_data=check_data)
 
 
 def logs(run_dir, rank=None, key=None):
@@ -146,7 +147,10 @@ def cancel(run_dir, log=None):
     """Cancel the jobs of a run that are queued or running (one poll, then one scancel on
     Slurm); returns their ids. Jobs that already ended are left alone and named to `log` (a
     callable taking one line); a run whose jobs have all ended is refused (RequestError)."""
+    from .recovery import refuse_in_flight
+
     backend, record = _backend(run_dir)
+    refuse_in_flight("cancel", run_dir, record)     # a job that may still go in is never left behind
     if not record.jobs:
         return []
     jobs, ended = _unfinished("cancel", run_dir, backend, record)
@@ -156,18 +160,23 @@ def cancel(run_dir, log=None):
     return [j.job_id for j in jobs]
 
 
-def requeue(run_dir, log=None):
-    """Requeue the jobs of a run that are queued or running (one poll, then one scontrol call
-    on Slurm); returns their ids. Jobs that already ended are left alone and named to `log`; a
-    run whose jobs have all ended is refused (RequestError): Slurm would run a COMPLETED job
-    again without a word."""
+def requeue(run_dir, log=None, timeout=None):
+    """Requeue the running jobs of a run after each has saved a checkpoint (on Slurm: USR2 to
+    the batch script, which checkpoints and requeues; waits up to `timeout` s); returns their
+    ids. `log` gets one line per requeued task with the steps its checkpoint kept. Jobs that
+    already ended, or not started, are left alone and named to `log`; a run whose jobs have all
+    ended is refused (RequestError), and so is a job that ends before it is signalled: Slurm
+    refuses the signal, where a plain `scontrol requeue` would run a COMPLETED job again."""
+    from .recovery import refuse_in_flight
+
     backend, record = _backend(run_dir)
+    refuse_in_flight("requeue", run_dir, record)
     if not record.jobs:
         return backend.requeue(run_dir, []) or []
     jobs, ended = _unfinished("requeue", run_dir, backend, record)
     if ended and log:
         log(f"requeue: left alone, already ended: {', '.join(ended)}")
-    return backend.requeue(run_dir, jobs) or []
+    return backend.requeue(run_dir, jobs, log=log, timeout=timeout) or []
 
 
 def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None, nodes=None, refresh_code=False,
@@ -356,17 +365,18 @@ def _runs_dir():
 
 
 def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=None, plot=None, published=False,
-                  compute_curve=None):
+                  compute_curve=None, calibration_gpus=None):
     """What `gpus` GPU counts of `profile` would deliver for a study directory (calibrated on its
     smallest measured point) or a spec file (calibrated on `step_ms`, one GPU's step time, or with
     `published` on NVIDIA's 1-GPU row of the same model, batch and precision): the
     band from full overlap to none per count (docs/studies.md, "Projecting a study"). Writes
     projection.{md,csv,json,png} to `out_dir` when given; returns (record, {kind: path}).
-    `compute_curve`: paths of one GPU measured at several batches (projection.compute_curve)."""
+    `compute_curve`: paths of one GPU measured at several batches (projection.compute_curve).
+    `calibration_gpus`: the GPU count `step_ms` was timed at (default 1)."""
     from .study import projection
 
     record = projection.run(source, load(profile), gpus, variant=variant, step_ms=step_ms, use_published=published,
-                            compute_curve=compute_curve)
+                            compute_curve=compute_curve, calibration_gpus=calibration_gpus)
     paths = projection.write(record, out_dir, want_plot=plot) if out_dir else {}
     return record, paths
 

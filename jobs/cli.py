@@ -16,6 +16,7 @@ from .vocabulary import BIND_MODES, DATASETS, MODELS, PAYLOADS, PREPROCESS_ENGIN
 from .vocabulary import KINDS as JOB_KINDS
 
 PROG = "recsys-submit"
+_CLEAR_TO_EOL = "\x1b[K"      # ANSI erase to end of line (the live progress line on a terminal)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +53,23 @@ def _epilog(kind):
     lines = "\n".join(f"  {example}" for example in _EXAMPLES[kind])
     tail = _PREPROC_ARGS if kind == "preprocess" else _ENGINE_ARGS
     return f"examples:\n{lines}\n\n{tail}"
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed distribution's version, read only when asked (keeps --help fast)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("recsys-submit")
+        except importlib.metadata.PackageNotFoundError:     # a checkout that was never installed
+            version = "unknown (not installed)"
+        print(f"{PROG} {version}")
+        parser.exit(0)
 
 
 def _sub(sub, name, help, description=None, epilog=None):
@@ -147,17 +165,20 @@ def build_parser():
                      "  recsys-submit train --profile ci --model dlrm --nodes 2 -- --synthetic --batch-size 4096\n"
                      "  recsys-submit status --watch\n\n"
                      "`recsys-submit COMMAND --help` shows the flags of one command.")
+    parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     prof = _sub(sub, "profiles", "list, show or validate cluster profiles",
                 epilog="examples:\n  recsys-submit profiles list\n  recsys-submit profiles show dgxa100\n"
                 "  recsys-submit profiles validate mysite.yaml")
     prof_sub = prof.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
-    prof_sub.add_parser("list", help="profiles on the search path", description="Profiles on the search path "
-                        "(built-in, ~/.config/recsys-submit/profiles, $RECSYS_PROFILE_PATH).")
+    plist = prof_sub.add_parser("list", help="profiles on the search path", description="Profiles on the search path "
+                                "(built-in, ~/.config/recsys-submit/profiles, $RECSYS_PROFILE_PATH).")
+    plist.add_argument("--json", action="store_true", help="print JSON (docs/submitting.md, \"JSON output\")")
     show = prof_sub.add_parser("show", help="print a profile as loaded (defaults filled)",
                                description="Print a profile as loaded (defaults filled).")
     show.add_argument("profile", help="profile name or YAML file")
+    show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     val = prof_sub.add_parser("validate", help="validate profile files (default: all on the path)",
                               description="Validate profile files: every problem of a file, one line each "
                               "(<file>: <key>: <problem>); exit 2 when any file has one.")
@@ -208,13 +229,19 @@ def build_parser():
     lg.add_argument("--rank", type=int, help="one rank's output instead of the batch logs")
     lg.add_argument("--job", help="only this job key of the run (main, preprocess, train, evaluate, ...)")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    lg.add_argument("--json", action="store_true", help="print the index of the log files (path, bytes) as JSON "
+                                                        "instead of their text")
     lg.add_argument("--runs-dir", help="where runs are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     _study_parser(sub)
     tensorboard_cli.add_parser(sub, _sub)
-    for name, text in (("cancel", "cancel every job of a run"), ("requeue", "requeue every job of a run")):
+    for name, text in (("cancel", "cancel every job of a run"), ("requeue", "checkpoint, then requeue the running jobs of a run")):
         cmd = _sub(sub, name, text, epilog=f"examples:\n  recsys-submit {name}\n  recsys-submit {name} RUN")
         cmd.add_argument("run", nargs="?", help=_RUN_HELP)
         cmd.add_argument("--runs-dir", help="where runs are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
+    comp = _sub(sub, "completion", "print a shell completion script (bash or zsh)",
+                epilog='examples:\n  eval "$(recsys-submit completion bash)"    # in ~/.bashrc\n'
+                       '  eval "$(recsys-submit completion zsh)"     # in ~/.zshrc')
+    comp.add_argument("shell", choices=("bash", "zsh"), help="the shell the script is for")
     return parser
 
 
@@ -279,6 +306,8 @@ def _study_parser(sub):
     plot = report.add_mutually_exclusive_group()
     plot.add_argument("--plot", action="store_true", default=None, help="require the PNG (needs matplotlib)")
     plot.add_argument("--no-plot", dest="plot", action="store_false", help="table only")
+    report.add_argument("--json", action="store_true", help="print the report (scaling.json) instead of the table; "
+                                                            "what was written goes to stderr")
     report.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     reference = _sub(st_sub, "reference", "write the study spec that reproduces an NVIDIA published table",
                      epilog="examples:\n  recsys-submit study reference --model wide_deep --profile dgxa100 "
@@ -301,8 +330,12 @@ def _study_parser(sub):
     project.add_argument("--profile", required=True, help="the target profile (name or YAML file); it needs a "
                                                           "fabric: section")
     project.add_argument("--gpus", required=True, help="GPU counts to project, e.g. 8,16,64")
-    project.add_argument("--step-ms", type=float, help="calibrate on this 1-GPU step time (ms) at the spec's batch "
-                                                       "instead of the study's measured point")
+    project.add_argument("--step-ms", type=float, help="calibrate on this step time (ms) at the spec's batch on one "
+                                                       "GPU (or --calibration-gpus N) instead of the study's "
+                                                       "measured point")
+    project.add_argument("--calibration-gpus", type=int, metavar="N",
+                         help="the GPU count --step-ms was timed at (default 1; a model that does not fit one GPU: "
+                              "where it fits); its own exchanges at N are taken out before scaling")
     project.add_argument("--published", action="store_true",
                          help="calibrate on NVIDIA's published 1-GPU row of the model at the spec's batch, "
                               "precision and XLA on the profile's platform")
@@ -445,8 +478,8 @@ def _cmd_study(api, args, engine_args):
 
             def show(status):
                 line = api.study_progress_line(status)
-                if live:
-                    print(f"\r{line}", end="", flush=True)
+                if live:       # back to the line's start and clear it: a shorter line leaves nothing behind
+                    print(f"\r{line}{_CLEAR_TO_EOL}", end="", flush=True)
                 elif not args.json:
                     print(line, flush=True)
 
@@ -472,7 +505,15 @@ def _cmd_study(api, args, engine_args):
             return 1
         return 1 if status.counts["failed"] else 0
     report, paths = api.report_study(study_dir, out_dir=args.out, plot=args.plot)
-    _print_written(paths, args.plot, report["warnings"])   # spread, baseline and provenance problems
+    if args.json:
+        with open(paths["json"]) as handle:        # the file written: the same document
+            sys.stdout.write(handle.read())
+        for kind, path in paths.items():
+            print(f"wrote {kind} {path}", file=sys.stderr)
+        for line in report["warnings"]:
+            print(f"{PROG}: warning: {line}", file=sys.stderr)
+    else:
+        _print_written(paths, args.plot, report["warnings"])   # spread, baseline and provenance problems
     # a failed point or a baseline without throughput (failed, pending, unknown) is not a finished table
     return 1 if report["failures"] or report["baseline_problems"] else 0
 
@@ -547,6 +588,7 @@ def _cmd_project(api, args):
 
     record, paths = api.project_study(args.source, args.profile, args.gpus, variant=args.variant,
                                       step_ms=args.step_ms, published=args.published, out_dir=args.out,
+                                      calibration_gpus=args.calibration_gpus,
                                       plot=args.plot,
                                       compute_curve=args.compute_curve.split(",") if args.compute_curve else None)
     print(json.dumps(record, indent=2) if args.json else api.projection_text(record), end="\n" if args.json else "")
@@ -642,17 +684,30 @@ def _print_status(api, result, as_json=False):
 
 def _cmd_profiles(api, args):
     if args.action == "list":
+        rows = []
         for ref in api.list_profiles():
             try:
-                desc = api.load_profile(ref.path).description
+                row = {"description": api.load_profile(ref.path).description, "error": None}
             except ValueError as exc:
-                desc = f"INVALID: {exc}"
-            print(f"{ref.name:<14} {ref.source:<8} {desc}")
+                row = {"description": None, "error": str(exc)}
+            rows.append({"name": ref.name, "source": ref.source, "path": ref.path, **row})
+            if not args.json:
+                print(f"{ref.name:<14} {ref.source:<8} {row['description'] or 'INVALID: ' + row['error']}")
+        if args.json:
+            import json
+
+            print(json.dumps(rows, indent=2))
         return 0
     if args.action == "show":
+        data = api.load_profile(args.profile).as_dict()
+        if args.json:
+            import json
+
+            print(json.dumps(data, indent=2, default=str))
+            return 0
         import yaml
 
-        print(yaml.safe_dump(api.load_profile(args.profile).as_dict(), sort_keys=False), end="")
+        print(yaml.safe_dump(data, sort_keys=False), end="")
         return 0
     if args.action == "fabric":
         import yaml
@@ -686,7 +741,9 @@ def _cmd_job(api, args, engine_args):
                  "every script names its own)" if len(parts) > 1 else ""))
         return 0
     if args.command == "render" or args.dry_run:
-        print(api.render(requests, args.profile, runs_dir=args.runs_dir), end="")
+        # a dry run refuses engine arguments that name no data, as the submission would; a render does not
+        dry = bool(vars(args).get("dry_run"))
+        print(api.render(requests, args.profile, runs_dir=args.runs_dir, check_data=dry), end="")
         return 0
     record = api.submit(requests, args.profile, runs_dir=args.runs_dir, keep_partial=args.keep_partial,
                         wait=False if args.no_wait else None)
@@ -708,12 +765,20 @@ def _cmd_status(api, args):
         if args.json:
             _print_status(api, result, True)
         return 1 if api.run_failed(result) else 0
-    _print_status(api, api.status(run_dir), args.json)
-    return 0
+    result = api.status(run_dir)
+    _print_status(api, result, args.json)
+    return 1 if api.run_failed(result) else 0       # a failed or hung run, as `study status` (issue 47, 11)
 
 
 def _cmd_logs(api, args):
     run_dir = api.find_run(args.run, args.runs_dir)
+    if args.json:
+        import json
+
+        files = [{"path": path, "bytes": os.path.getsize(path)}
+                 for path in api.log_files(run_dir, key=args.job, rank=args.rank) if os.path.isfile(path)]
+        print(json.dumps({"run_dir": run_dir, "files": files}, indent=2))
+        return 0
     if not args.follow:
         text = api.logs(run_dir, rank=args.rank, key=args.job)
         if not text:
@@ -770,6 +835,11 @@ def main(argv=None):
     args = _parser_for(own).parse_args(own)
     if args.command in JOB_KINDS:
         args.kind = args.command
+    if args.command == "completion":       # generated from this parser: jobs.completion
+        from .completion import script
+
+        print(script(build_parser(), PROG, args.shell), end="")
+        return 0
     from . import api
 
     try:

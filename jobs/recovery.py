@@ -5,7 +5,8 @@ before `sbatch`; a submitter killed at any moment therefore leaves a record that
 `submitting`, or holds an intent. Every later look at a run (status, cancel, requeue, a study's
 poll and re-run) passes through `load_settled`, which decides what became of it before anything
 else is decided, and never by a guess: a submitter that still holds the run's lock is still at
-work (nothing is changed); otherwise the backend looks the job up by its token
+work (nothing is changed; `sbatch` inherits that lock, so it stays held while a killed
+submitter's sbatch still runs); otherwise the backend looks the job up by its token
 (Backend.find_submitted): found, it joins the record's jobs; provably never accepted, the
 record says so (a study may then submit the point again); neither, the record stays as it is
 and the point stays unknown. The settled record is saved when the reader may write it.
@@ -13,7 +14,7 @@ and the point stays unknown. The settled record is saved when the reader may wri
 
 import os
 
-from .errors import StorageError
+from .errors import RequestError, StorageError
 from .runs.records import PARTIAL, SUBMITTED, SUBMITTING, RunRecord
 from .runs.rundir import SUBMIT_LOCK, lock_held
 from .schedulers import backend_class
@@ -22,6 +23,22 @@ from .schedulers import backend_class
 def _unsettled(record):
     return record.intent is not None or (record.state == SUBMITTING and bool(record.planned)
                                          and not record.foreground)
+
+
+def in_flight(run_dir, record):
+    """Whether a submission of `record` may still be under way: unsettled, and its submit.lock
+    held (by the submitter or by the `sbatch` it started) or not readable."""
+    return _unsettled(record) and backend_class(record.scheduler)().records_intents and \
+        lock_held(os.path.join(run_dir, SUBMIT_LOCK)) is not False
+
+
+def refuse_in_flight(action, run_dir, record):
+    """Refuse `action` (cancel, requeue) in one line while a submission of the run may still be
+    under way: a job that goes in a moment later would be left running."""
+    if in_flight(run_dir, record):
+        raise RequestError(f"{action}: run {run_dir}: a submission is still under way (its submitter or its "
+                           f"sbatch holds {SUBMIT_LOCK}), so a job may still go in; nothing done, {action} again "
+                           "once it ended")
 
 
 def settle(run_dir, record):

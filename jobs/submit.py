@@ -43,16 +43,17 @@ def _run_dir(resolved, profile, runs_dir):
     return rundir.new_run_dir(runs_dir or rundir.default_runs_dir(profile), run_name(resolved), create=False)
 
 
-def dry_run(requests, profile, run_dir=None, max_array_size=None, runs_dir=None, write=False):
+def dry_run(requests, profile, run_dir=None, max_array_size=None, runs_dir=None, write=False, check_data=False):
     """The DryRun of a chain without submitting or checking anything a submission checks beyond
     the plan (a script may be for another machine); dependencies show as <key> placeholders. The
     run dir is the one a submission with the same `runs_dir` would create. With `write`, the
     scripts are also written as RUN_DIR/<key>.sbatch (and RUN_DIR/logs made), so that they can
-    be submitted by hand (`recsys-submit render -o DIR`)."""
+    be submitted by hand (`recsys-submit render -o DIR`). `check_data`: the engine's data must be
+    named, as a submission requires (`--dry-run` of a submission; not `render`)."""
     profile = load(profile)
     backend = backend_for(profile)
     max_array = max_array_size or backend.max_array_size(requests)
-    resolved, specs = plan(requests, profile, max_array_size=max_array)
+    resolved, specs = plan(requests, profile, max_array_size=max_array, check_data=check_data)
     run_dir = run_dir or _run_dir(resolved, profile, runs_dir)
     dry = backend.dry_run(specs, run_dir, check=False, written=write, token=None if write else "<token>")
     if write:
@@ -75,19 +76,22 @@ def render_plan(requests, profile, run_dir=None, max_array_size=None, runs_dir=N
     return [(draft.spec, draft.text) for draft in dry.drafts]
 
 
-def render_text(requests, profile, runs_dir=None):
+def render_text(requests, profile, runs_dir=None, check_data=False):
     """The script(s) a submission would write, as one text (scripts separated by a header)."""
-    return dry_run(requests, profile, runs_dir=runs_dir).text()
+    return dry_run(requests, profile, runs_dir=runs_dir, check_data=check_data).text()
 
 
 @contextlib.contextmanager
 def _holding_submit_lock(run_dir):
     """Hold RUN_DIR/submit.lock while submitting: a reader that finds the record `submitting`
-    knows from the lock whether its submitter still lives (the kernel drops it with the process,
-    kill -9 included)."""
-    fd = os.open(os.path.join(run_dir, rundir.SUBMIT_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    knows from the lock whether its submission may still be under way (the kernel drops it with
+    the last process holding it, kill -9 included). The lock is inherited by `sbatch`
+    (jobs.backends.slurm.commands), so a submitter killed while sbatch runs leaves it held until
+    sbatch has exited and its job is in the queue or not."""
+    fd = rundir.open_lock(os.path.join(run_dir, rundir.SUBMIT_LOCK))   # never a link, nor another's
     try:
         rundir.lock_exclusive(fd)       # a new run dir: only a reader's probe can hold it
+        os.set_inheritable(fd, True)    # held by sbatch too, for as long as it runs
         yield
     finally:
         os.close(fd)

@@ -25,6 +25,7 @@ import signal
 import time
 
 from recsys.errors import EngineError
+from slurm import atomicfile
 
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
 _OLD_RE = re.compile(r"^ckpt-(\d+)\.old-\d+$")      # a checkpoint being replaced by a new copy
@@ -54,15 +55,9 @@ def write_failure(final, err, previous):
 def _fsync_dir(path):
     """Make a rename in ``path`` durable (best effort: not every file system allows it)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+        atomicfile.fsync_dir(path)
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
 def publish(tmp, final):
@@ -189,19 +184,15 @@ class AtomicCheckpointer:
 
 
 def write_json(path, obj, atomic=True):
-    """Write ``obj`` as JSON, flushed to disk; ``atomic``: under a temporary name, then renamed."""
-    target = path + ".tmp" if atomic else path
-    try:
-        with open(target, "w") as f:
-            json.dump(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if atomic:
-            os.rename(target, path)
-    except BaseException:
-        if atomic and os.path.exists(target):
-            os.unlink(target)
-        raise
+    """Write ``obj`` as JSON, flushed to disk; ``atomic``: under a temporary name, then renamed and
+    the directory synced (slurm/atomicfile.py, the tree's one scheme)."""
+    if atomic:
+        atomicfile.write(path, json.dumps(obj), durable=True)
+        return
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 ATTEMPT = "attempt.json"

@@ -35,7 +35,10 @@ MAX_ALIASES = 256
 MAX_NODES = 200_000         # scalars and collections, an alias counted as the nodes it stands for
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 controls, DEL, C1 controls (U+0080-U+009F, NEL among them) and the Unicode line and paragraph
+# separators: each may end a line for some reader of a script or a file name (sbatch read a
+# partition holding U+2028 as two names).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class YamlFileError(ValueError):
@@ -47,8 +50,9 @@ class YamlFileError(ValueError):
 
 
 def control_char(text: str):
-    """The first control character in ``text`` (below 0x20, or DEL), or None: in a value that
-    reaches a script line or a file name it ends the line or the name."""
+    """The first control character in ``text`` (below 0x20, DEL, U+0080-U+009F) or line or
+    paragraph separator (U+2028, U+2029), or None: in a value that reaches a script line or a
+    file name it ends the line or the name."""
     match = _CONTROL.search(text)
     return match.group() if match else None
 

@@ -96,6 +96,17 @@ def _start_cluster(directory: Path, accounting: bool, extra=()) -> SlurmCluster:
     return SlurmCluster(directory=directory, accounting=accounting, env=env)
 
 
+@pytest.fixture(autouse=True)
+def _umask_restored():
+    """Each test ends with the umask it began with: a runs_group directory sets the process's
+    umask (jobs.runs.rundir.group_umask) for the commands run in-process, which must not leak
+    into the next test."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 def _controller(config) -> bool:
     """The process that reports the run: pytest itself, or pytest-xdist's controller (not a worker)."""
     return not hasattr(config, "workerinput")

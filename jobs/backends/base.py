@@ -167,7 +167,7 @@ class Backend(abc.ABC):
     def cancel(self, run_dir, jobs):
         """Cancel jobs (JobRecords); raises SlurmCommandError when that failed."""
 
-    def requeue(self, run_dir, jobs):
+    def requeue(self, run_dir, jobs, log=None, timeout=None):
         raise RequestError(f"requeue: {self.scheduler} runs are not requeued; submit again")
 
     def log_files(self, run_dir, key=None, rank=None):

@@ -90,9 +90,19 @@ def split_array(count, max_array_size):
     return [(start, min(step, count - start)) for start in range(0, count, step)]
 
 
-def _array_specs(base, count, cap, max_array_size):
+# An array larger than MaxArraySize is split into at most this many jobs (one sbatch each); more
+# is refused before anything is submitted (`--array 10000000` would be thousands of jobs).
+MAX_ARRAY_CHUNKS = 10
+
+
+def _array_specs(base, count, cap, max_array_size, flag="--array"):
     """Array JobSpecs for `count` tasks; chunks run one after another when capped so that the
-    cap holds over the whole array, in parallel otherwise."""
+    cap holds over the whole array, in parallel otherwise. More tasks than MAX_ARRAY_CHUNKS
+    chunks of the cluster's MaxArraySize hold: RequestError naming `flag` and the limit."""
+    limit = MAX_ARRAY_CHUNKS * max(1, int(max_array_size))
+    if count > limit:
+        raise RequestError(f"{flag} {count}: at most {limit} tasks ({MAX_ARRAY_CHUNKS} jobs of the cluster's "
+                           f"MaxArraySize {max_array_size}); ask for fewer tasks or give each task more work")
     chunks = split_array(count, max_array_size)
     specs = []
     for index, (offset, size) in enumerate(chunks):
@@ -182,9 +192,12 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
               and engine_args.has_flag(stage_args, "--rapids-jar"))
     container_paths.check_preprocess(res, stage_args)
     if mode == "single" and not rapids:
-        # CPU Spark in local[N] mode (or NVTabular's own LocalCUDACluster / threads): one process
+        # CPU Spark in local[N] mode (or NVTabular's own LocalCUDACluster / threads): one process;
+        # LocalCUDACluster spills to dask's temporary-directory: the profile's node-local scratch
+        spill = {"DASK_TEMPORARY_DIRECTORY": profile.scratch} if req.preprocess_engine == "nvtabular" \
+            and profile.scratch else {}
         return [JobSpec(key=key_prefix or "preprocess", name=res.name, bind=False,
-                        command=preproc + ["run"] + io + stage_args, **common)]
+                        command=preproc + ["run"] + io + stage_args, env=spill, **common)]
     if mode in ("single", "multinode"):
         # Spark's local mode schedules no GPUs (spark-rapids: it hangs or uses one GPU), so a RAPIDS
         # run on one node starts the same standalone master + worker inside the job as several do.
@@ -206,7 +219,7 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
     one["external_after"] = []
     transform = JobSpec(key=f"{prefix}transform", name=f"{res.name}-transform", bind=False,
                         command=preproc + ["transform"] + io, after_ok=[dictionary.key], **one)
-    transforms = _array_specs(transform, req.shards, req.array_parallelism, max_array)
+    transforms = _array_specs(transform, req.shards, req.array_parallelism, max_array, flag="--shards")
     finalize = JobSpec(key=f"{prefix}finalize", name=f"{res.name}-finalize", bind=False,
                        command=preproc + ["finalize", "--output", absolute(req.output)],
                        after_ok=[t.key for t in transforms], **one)
@@ -304,13 +317,15 @@ def _produced(res, handoff):
     return []
 
 
-def plan(requests, profile, max_array_size=None, submitting=False):
+def plan(requests, profile, max_array_size=None, submitting=False, check_data=None):
     """Resolve and plan a chain of requests; each request's first jobs wait (afterok) for the
-    previous request's last jobs, and gets what earlier ones write (_handoff). When `submitting`
-    (not rendering: a script may be for another machine, and `render` stays as fast as before),
-    the training engine's arguments are checked by its own parser and start-up checks
-    (jobs.planning.engine_args.check): its data named and present on this host unless an earlier
-    job of the chain writes it. Returns (resolved list, JobSpec list)."""
+    previous request's last jobs, and gets what earlier ones write (_handoff).
+    The training engine's arguments are checked by its own parser and start-up checks
+    (jobs.planning.engine_args.check), for a render or dry run too: flags, values, the batch over
+    the ranks; with `check_data` (default: `submitting`; a dry run of a submission) its data named;
+    when `submitting` (not rendering: a script may be for another machine), also present on this
+    host unless an earlier job of the chain writes it.
+    Returns (resolved list, JobSpec list)."""
     resolved_all = [resolve(request, profile) for request in requests]
     resolved, specs = [], []
     previous_exits = []
@@ -327,12 +342,16 @@ def plan(requests, profile, max_array_size=None, submitting=False):
         # container paths: refused when no mount covers them, checked on this host at their host paths
         argv = engine_argv(res, handoff) if res.engine == "recsys" else []
         host_argv = container_paths.host_argv(res.profile, argv)
-        if res.engine == "recsys" and submitting:
+        if res.engine == "recsys":
+            # one check for submit, --dry-run and render (issue 48): flags, values, batch split;
+            # data named unless rendering, present only when submitting (a script may be for another machine)
             try:
-                engine_args.check(host_argv, res.ranks, check_existence=not res.request.after,
-                                  produced=produced)
+                engine_args.check(host_argv, res.ranks, check_data=submitting if check_data is None else check_data,
+                                  check_existence=submitting and not res.request.after, produced=produced)
             except RequestError as exc:
                 raise RequestError(container_paths.in_container_words(str(exc), argv, host_argv)) from None
+        if res.engine in ("recsys", "collectives") and (submitting or check_data):
+            engine_args.check_interpreter(res.profile, res.request.python)
         produced += [container_paths.host_path(res.profile, p, "--output") for p in _produced(res, handoff)]
         own = plan_request(res, max_array_size, key_prefix=prefix, handoff=handoff)
         if previous_exits:

@@ -11,6 +11,10 @@ MAX_IDLE_REQUEUES of them stops requeueing with one line saying why (exit 3).
 At submission, `lead_time_warning` compares the request with what the previous attempt on the
 same checkpoint directory measured (the engine writes `<checkpoint-dir>/attempt.json`: seconds
 from process start to the first trained step, and of its last checkpoint write).
+
+`recsys-submit requeue` asks a running job for the same USR2 checkpoint first
+(jobs.backends.slurm.requeue); the readers at the end of this module say what that attempt left:
+the script's marks, the engine's signal checkpoint, and so the trained steps the requeue kept.
 """
 
 import json
@@ -68,3 +72,68 @@ def lead_time_warning(spec, run_dir=None):
         return (f"job {spec.key}: --signal-seconds {spec.signal_seconds} is shorter than the previous "
                 f"attempt's checkpoint write ({save:.0f} s, {where}): the job may be killed mid-save")
     return None
+
+
+# --- `recsys-submit requeue` of a running job: checkpoint first (jobs.backends.slurm.backend) ---
+# The command sends the batch script USR2 (what the time limit sends); the script forwards it to
+# the step, the engine saves a checkpoint and exits, and the script requeues the job. These read
+# what that left: the script's marks in logs/<key>-<tag>.info and the engine's JSON log.
+INFO_MARKS = ("start", "requeue_requested", "requeue_failed", "requeue_stopped", "hung", "exit_code")
+# how long `requeue` waits for the checkpoint and the job's own requeue
+REQUEUE_WAIT_S = 300.0
+
+
+def script_settings(script_text):
+    """(requeue on USR2, checkpoint dir or "") as the rendered batch script says them."""
+    requeue, ckpt = True, ""
+    for line in script_text.splitlines():
+        if line.startswith("recsys_requeue="):
+            requeue = line.split("=", 1)[1].split()[0] == "yes"
+        elif line.startswith("recsys_ckpt_dir="):
+            value = line.split("=", 1)[1].split("#", 1)[0].strip()
+            ckpt = value.strip("'\"")
+    return requeue, ckpt
+
+
+def info_marks(run_dir, key, tag):
+    """{mark: how many times the batch script wrote it} for INFO_MARKS (an attempt appends)."""
+    counts = dict.fromkeys(INFO_MARKS, 0)
+    try:
+        with open(os.path.join(run_dir, "logs", f"{key}-{tag}.info"), errors="replace") as handle:
+            for line in handle:
+                mark = line.split("=", 1)[0]
+                if mark in counts:
+                    counts[mark] += 1
+    except OSError:
+        pass
+    return counts
+
+
+def engine_progress(run_dir, key, tag):
+    """(number of engine log records, last trained step or None, steps of the checkpoints saved
+    on a signal) from logs/<key>-<tag>.engine.jsonl."""
+    from jobs.runs.enginelog import job_logs, records
+
+    paths = job_logs(run_dir, key, [tag])
+    found = records(paths[0]) if paths else []
+    steps = [r["step"] for r in found if r.get("type") == "step" and isinstance(r.get("step"), int)]
+    saved = [r["step"] for r in found if r.get("type") == "checkpoint" and r.get("reason") == "signal"
+             and isinstance(r.get("step"), int)]
+    return len(found), (max(steps) if steps else None), saved
+
+
+def kept_line(key, tag, checkpoint_dir, before, after):
+    """The one line `requeue` prints for a task it requeued: the checkpoint it asked for and how
+    many trained steps the requeued attempt keeps (`before`/`after`: engine_progress)."""
+    new_saves = after[2][len(before[2]):]
+    last = after[1]
+    if new_saves:
+        step = new_saves[-1]
+        lost = max(0, (last or step) - step)
+        return (f"requeue: job {key} ({tag}): checkpoint at step {step} saved, requeued: {step} steps kept, "
+                f"{lost} lost")
+    if not checkpoint_dir:
+        return f"requeue: job {key} ({tag}): requeued; it writes no checkpoint (no --checkpoint-dir), so it starts over"
+    return (f"requeue: job {key} ({tag}): requeued, but no checkpoint was saved on the signal "
+            f"(last trained step {last if last is not None else 'none'}); it resumes from its last checkpoint in "
+            f"{checkpoint_dir}, if any")

@@ -71,7 +71,8 @@ def control_problems(file: Any, data: Any, key: str = "") -> List["ProfileError"
             problems += control_problems(file, v, f"{key}[{i}]")
     elif isinstance(data, str) and has_control(data):
         char = control_char(data)
-        problems.append(ProfileError(file, key, f"has the control character {char!r} (a value that reaches "
+        what = "line separator" if char in "\u2028\u2029" else "control character"
+        problems.append(ProfileError(file, key, f"has the {what} {char!r} (a value that reaches "
                                                 "the job script must be printable text on one line)"))
     return problems
 
@@ -202,6 +203,8 @@ DEFAULT_KEYS: Dict[str, Any] = {
     # (recsys-train --hang-timeout; without it the limit scales with the step time), and Horovod's
     # own stall check (a warning naming the missing ranks after CHECK, the job ended after SHUTDOWN)
     "hang_timeout": (int, None),
+    # the watchdog's limit before the first step (Horovod's init, tracing) and outside the steps (1800)
+    "startup_timeout": (int, None),
     "horovod_stall_check_seconds": (int, None),
     "horovod_stall_shutdown_seconds": (int, None),
     # the hardware sampler (slurm/hwsample.py, on unless false) and the study report's warning of a
@@ -213,7 +216,7 @@ DEFAULT_KEYS: Dict[str, Any] = {
     "gpu_base_clock_mhz": (int, None),
 }
 # defaults that reach the job as environment variables (jobs.backends.slurm.script.job_env)
-DEFAULTS_ENV = {"hang_timeout": "RECSYS_HANG_TIMEOUT",
+DEFAULTS_ENV = {"hang_timeout": "RECSYS_HANG_TIMEOUT", "startup_timeout": "RECSYS_STARTUP_TIMEOUT",
                 "horovod_stall_check_seconds": "HOROVOD_STALL_CHECK_TIME_SECONDS",
                 "horovod_stall_shutdown_seconds": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                 "hw_sample": "RECSYS_HW_SAMPLE"}

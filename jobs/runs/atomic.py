@@ -1,23 +1,27 @@
 """All-or-nothing files: every record and script the submission layer writes goes through here
-(temporary name, then rename), so a crash never leaves one half-written.
+(temporary name, then rename: slurm/atomicfile.py, the tree's one scheme), so a crash never leaves
+one half-written, and a killed writer's temporary is removed by the next write of the file.
 
-The temporary file is created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, a random name in the
-target's directory: tempfile.mkstemp), so nobody who can write into a shared run directory can
-plant a symlink that makes the owner overwrite another file. A `durable` write is flushed to
-disk (fsync) before the rename: what is written right before `sbatch` (a job's intent, a study's
-point) must outlive a crash of the login node, not only of the process; caches and reports,
-which a later look writes again, skip it (an fsync costs 1-9 ms here). A write that fails (a full
-disk, a quota, a read-only directory) removes its temporary and raises jobs.errors.StorageError:
-one line naming the file and, for a full disk, the space left.
+The temporary is created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, a random name in the target's
+directory), so nobody who can write into a shared run directory can plant a symlink that makes
+the owner overwrite another file. A `durable` write is flushed to disk (fsync) before the rename
+and its directory after it: what is written right before `sbatch` (a job's intent, a study's
+point) must outlive a crash of the login node, rename included, not only of the process; caches
+and reports, which a later look writes again, skip it (an fsync costs 1-9 ms here). A write that
+fails (a full disk, a quota, a read-only directory) removes its temporary and raises
+jobs.errors.StorageError: one line naming the file and, for a full disk, the space left. A
+record is read back by read_json, which refuses (one line) a file larger than MAX_RECORD_BYTES
+or nested deeper than MAX_DEPTH: a damaged or planted record costs no memory and no traceback.
 """
 
 import contextlib
 import errno
 import json
 import os
-import tempfile
+import stat
 
-from jobs.errors import StorageError
+from jobs.errors import RequestError, StorageError
+from slurm import atomicfile
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -55,54 +59,25 @@ def storage_error(path, exc, what="cannot write"):
     return StorageError(f"{what} {path}: {exc.strerror or exc}")
 
 
-def _umask():
-    """The process umask, read without changing it (Linux /proc), else through os.umask."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
 def _stage(path, data, mode=None, durable=False):
     """`data` written to an exclusive temporary beside `path` (removed again when that fails);
     returns the temporary's name."""
     path = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.tmp.", dir=directory)
+        return atomicfile.stage(path, data, mode=mode, durable=durable)
     except OSError as exc:
         raise storage_error(path, exc) from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-            handle.flush()
-            os.fchmod(handle.fileno(), (0o666 if mode is None else mode) & ~_umask())
-            if durable:
-                os.fsync(handle.fileno())
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise storage_error(path, exc) from None
-        raise
-    return tmp
 
 
 def write_bytes(path, data, mode=None, durable=False):
     """Write `data` (bytes) to `path` atomically. `mode`: the file's permission bits (default:
-    what open() would give under the umask); `durable`: fsync before the rename."""
+    what open() would give under the umask); `durable`: fsync the file before the rename and
+    its directory after it. A killed writer's temporary of the same file is removed first."""
+    atomicfile.remove_stale(path)
     tmp = _stage(path, data, mode, durable)
     try:
-        os.replace(tmp, path)
+        atomicfile.publish(tmp, path, durable=durable)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise storage_error(os.fspath(path), exc) from None
 
 
@@ -116,9 +91,58 @@ def write_json(path, data, mode=None, durable=False):
     write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n", mode=mode, durable=durable)
 
 
+# a record larger than this, or nested deeper, is refused in one line (RECSYS_MAX_RECORD_MB overrides the size)
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+MAX_DEPTH = 64
+
+
+def _max_bytes():
+    value = os.environ.get("RECSYS_MAX_RECORD_MB", "")
+    try:
+        return int(float(value) * 1024 * 1024) if value else MAX_RECORD_BYTES
+    except ValueError:
+        raise RequestError(f"RECSYS_MAX_RECORD_MB: {value!r} is not a number") from None
+
+
+def _depth_ok(data, limit):
+    """Whether `data` (parsed JSON) nests at most `limit` containers deep (no recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return True
+
+
 def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
+    """The JSON value of a record file. Raises OSError when it cannot be opened, ValueError (one
+    line naming the file) for bad JSON, a file that is not a regular file, larger than
+    MAX_RECORD_BYTES (read no further) or nested deeper than MAX_DEPTH."""
+    limit = _max_bytes()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)     # a FIFO planted there must not hang us
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path}: {human_bytes(info.st_size)}, larger than a record may be "
+                             f"({human_bytes(limit)}, RECSYS_MAX_RECORD_MB); not read")
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"{path}: larger than a record may be ({human_bytes(limit)}, RECSYS_MAX_RECORD_MB); "
+                         "not read")
+    deep = ValueError(f"{path}: nested deeper than a record may be ({MAX_DEPTH} levels); not read")
+    try:
+        data = json.loads(raw)
+    except RecursionError:          # deeper than Python's own limit
+        raise deep from None
+    except ValueError as exc:       # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not _depth_ok(data, MAX_DEPTH):
+        raise deep
+    return data
 
 
 def write_group(files):
@@ -129,6 +153,7 @@ def write_group(files):
     staged = []
     try:
         for path, data in files.items():
+            atomicfile.remove_stale(path)
             staged.append((_stage(path, data), path))
         for tmp, path in staged:
             os.replace(tmp, path)

@@ -85,13 +85,39 @@ def _check_version(data, path, version=RECORD_VERSION, kind="run"):
 
 def read_record(path, version=RECORD_VERSION, kind="run"):
     """The JSON object of a versioned record file (a run's, or `kind`'s: a study's), checked: one
-    line naming the file for bad JSON, another type or a version this release does not read."""
+    line naming the file for bad JSON, a file too large or nested too deep (jobs.runs.atomic's
+    limits), another type or a version this release does not read."""
     try:
-        data = read_json(path)
+        data = read_json(path)      # bad JSON, too large, too deep: one line naming the file
     except ValueError as exc:
-        raise RequestError(f"{path}: not valid JSON ({exc})") from None
+        raise RequestError(str(exc)) from None
     _check_version(data, path, version, kind)
     return data
+
+
+def relative_path(path, base):
+    """`path` relative to `base` when it lies under it (what a record keeps of a path inside
+    its own directory, so the directory may move), else as it is."""
+    if isinstance(path, str) and os.path.isabs(path):
+        rel = os.path.relpath(path, base)
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            return rel
+    return path
+
+
+def resolved_path(path, base, recorded_base=None):
+    """The absolute path of a recorded `path` in a record of the directory `base`: a relative
+    one under `base`; an absolute one under `recorded_base` (where the directory was when an
+    older release wrote it) moved under `base`; any other as it is."""
+    if not isinstance(path, str):
+        return path
+    if not os.path.isabs(path):
+        return os.path.normpath(os.path.join(base, path))
+    if recorded_base and os.path.isabs(recorded_base):
+        rel = relative_path(path, recorded_base)
+        if not os.path.isabs(rel):
+            return os.path.normpath(os.path.join(base, rel))
+    return path
 
 
 def known_fields(cls, data):
@@ -219,9 +245,11 @@ class RunRecord(Record):
     def load(cls, run_dir):
         path = os.path.join(run_dir, "jobs.json")
         try:
-            return cls.from_dict(read_record(path), path)
+            record = cls.from_dict(read_record(path), path)
         except OSError as exc:
             raise RequestError(f"run: {run_dir!r} is not a run directory ({path}: {exc.strerror})") from None
+        record.run_dir = os.path.abspath(run_dir)     # the directory may have moved (a moved study)
+        return record
 
 
 @dataclass

@@ -4,14 +4,25 @@ Layout: <runs_dir>/<name>-<YYYYmmdd-HHMMSS>/ with request.json (the requests and
 jobs.json (rewritten atomically after every sbatch, so a crash mid-chain still says what was
 submitted) and logs/ (batch output, per-rank output, <key>-<jobid>.info records, and each job's
 engine log <key>-<tag>.engine.jsonl).
+
+Nobody else's files are trusted (a shared runs dir: a group project directory, a 1777 scratch):
+a run or study directory, and every lock the toolkit takes in one, must be owned by this user and
+writable by nobody else (check_private), lock files are opened without following links
+(open_lock), and a file system without flock (Lustre mounted noflock, NFS without lockd) is said
+in one line naming the directory (lock_exclusive). The profile's runs_group gives its group read
+access, never write: a directory the group may write is refused like any other.
 """
 
+import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
+from typing import Iterator, Optional
 
 from jobs.errors import RequestError, StorageError
+from slurm.atomicfile import fsync_dir
 
 SUBMIT_LOCK = "submit.lock"     # held (flock) by the process submitting the run (jobs.submit, jobs.recovery)
 ENGINE_LOG_SUFFIX = ".engine.jsonl"     # logs/<key>-<tag>.engine.jsonl: the engine's JSON-lines log of a job
@@ -69,8 +80,35 @@ def make_private_dir(path, group=None, parents=False):
             raise RequestError(f"defaults.runs_group: cannot give {path!r} to group {group!r}: {exc.strerror} "
                                "(you must be a member of it)") from None
         os.chmod(path, 0o2750)
+        group_umask()
     else:
         os.chmod(path, 0o700)
+
+
+def group_umask() -> int:
+    """Clear the group's read and search bits from the process umask (and set its write bit),
+    whatever the user's umask (077 included): everything this process writes from now on in a
+    runs_group directory (records, scripts, logs/, the frozen profile) is readable by the group,
+    never writable by it, and the jobs it submits write their logs so too (sbatch passes its umask
+    on to the job: SLURM_UMASK). Others' bits stay the user's: the 2750 directory keeps others
+    out. Called once a group's directory is made or taken; the process keeps writing into it.
+    Returns the new umask."""
+    old = os.umask(0o077)
+    new = (old & ~0o070) | 0o020
+    os.umask(new)
+    return new
+
+
+def keep_group(path: str) -> None:
+    """In a runs_group directory of this user's (setgid, group-readable: make_private_dir), work
+    under group_umask from now on: a later command (status, report) that writes records into it
+    keeps them readable by the group whatever the user's umask."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if st.st_uid == os.geteuid() and st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IRGRP:
+        group_umask()
 
 
 def check_runs_dir(runs_dir):
@@ -112,6 +150,10 @@ def new_run_dir(runs_dir, name, create=True, group=None):
                 raise RequestError(f"--runs-dir: cannot create {path!r}: {exc.strerror}") from None
             else:
                 os.mkdir(os.path.join(path, "logs"))
+                try:    # the new entry outlives a crash of the host, as the durable records in it do
+                    fsync_dir(os.path.dirname(path))
+                except OSError as exc:
+                    raise RequestError(f"--runs-dir: cannot sync {os.path.dirname(path)!r}: {exc.strerror}") from None
                 return path
         n += 1
         path = f"{base}-{n}"
@@ -123,13 +165,16 @@ def find_run(run=None, runs_dir=None):
     if run:
         for candidate in (run, os.path.join(runs_dir, run)):
             if os.path.isfile(os.path.join(candidate, "jobs.json")):
+                keep_group(candidate)
                 return os.path.abspath(candidate)
         raise RequestError(f"run: {run!r} is not a run directory (no jobs.json; runs dir {runs_dir})")
     if os.path.isdir(runs_dir):
         runs = [os.path.join(runs_dir, d) for d in os.listdir(runs_dir)
                 if os.path.isfile(os.path.join(runs_dir, d, "jobs.json"))]
         if runs:
-            return os.path.abspath(max(runs, key=os.path.getmtime))
+            newest = max(runs, key=os.path.getmtime)
+            keep_group(newest)
+            return os.path.abspath(newest)
     raise RequestError(f"run: no runs under {runs_dir}; give a run directory")
 
 
@@ -161,7 +206,8 @@ LOCK_RETRY_S = 1.0      # how long an exclusive locker retries while a lock_held
 def lock_exclusive(fd, retry_s=LOCK_RETRY_S):
     """flock(LOCK_EX) without blocking on a real holder: retried for `retry_s` seconds, since a
     lock_held probe holds a shared lock for microseconds. Raises BlockingIOError when another
-    process holds it."""
+    process holds it, StorageError (one line naming the directory: no_flock_error) on a file
+    system without flock."""
     deadline = time.monotonic() + retry_s
     while True:
         try:
@@ -171,3 +217,100 @@ def lock_exclusive(fd, retry_s=LOCK_RETRY_S):
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.01)    # a probe lets go within microseconds; a real holder keeps it
+        except OSError as exc:
+            if exc.errno in NO_FLOCK:
+                raise no_flock_error(_fd_dir(fd), exc) from None
+            raise
+
+
+def _owner_name(uid):
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_private(path: str, st: Optional[os.stat_result] = None, what: str = "study or run directory") -> None:
+    """Refuse (StorageError, one line naming the path, its owner and mode) a study or run
+    directory, or a file the toolkit opens in one, that is a symbolic link, that another user owns
+    or that group or others may write: a name in a shared runs dir can be taken first by anyone
+    who may write there (study names come from the spec), and their files must never be run,
+    truncated or trusted. `st`: the path's lstat (or its descriptor's fstat), if already known."""
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise StorageError(f"{what} {path}: cannot be read ({exc.strerror})") from None
+    euid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symbolic link"
+    elif st.st_uid != euid:
+        why = f"belongs to another user, not to you ({_owner_name(euid)})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = "may be written by " + ("its group and others" if st.st_mode & stat.S_IWGRP and
+                                     st.st_mode & stat.S_IWOTH else "others" if st.st_mode & stat.S_IWOTH
+                                     else "its group")
+    else:
+        return
+    raise StorageError(f"{what} {path} {why} (owner {_owner_name(st.st_uid)}, mode "
+                       f"{stat.filemode(st.st_mode)} {stat.S_IMODE(st.st_mode):04o}); refused: only what you own "
+                       "and nobody else may write is used (choose another --runs-dir or study name, or remove "
+                       "it)")
+
+
+# flock's errors on a file system that has no flock: Lustre mounted noflock (ENOSYS), NFS without
+# lockd (ENOLCK), others (EOPNOTSUPP)
+NO_FLOCK = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP)
+
+
+def no_flock_error(directory: str, exc: OSError) -> StorageError:
+    """The one line of a lock that the file system of `directory` cannot take."""
+    return StorageError(f"{directory}: its file system does not lock files (flock: {exc.strerror or exc}), "
+                        "which the runs directory needs so that nothing is submitted twice; mount it with "
+                        "flock (Lustre: -o flock; NFS: with lockd running) or choose a --runs-dir "
+                        "(RECSYS_RUNS_DIR, defaults.runs_dir) on a file system that has it")
+
+
+def _fd_dir(fd):
+    try:
+        return os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return "the runs directory"
+
+
+def open_lock(path: str, private_dir: bool = True) -> int:
+    """Open (creating it, mode 0644 under the umask) the lock file `path`, never through a link
+    (O_NOFOLLOW), and refuse in one line (check_private) a lock file, or with `private_dir` its
+    directory, that another user owns or may write. Returns the descriptor (not locked yet:
+    lock_exclusive). `private_dir=False`: a lock in the runs dir itself, which may be shared."""
+    directory = os.path.dirname(path) or "."
+    if private_dir:
+        check_private(directory)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            check_private(path, what="lock file")       # a planted link: said as such
+        raise StorageError(f"cannot open the lock {path}: {exc.strerror}") from None
+    try:
+        check_private(path, os.fstat(fd), what="lock file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def holding(path: str, retry_s: float = LOCK_RETRY_S, private_dir: bool = True) -> Iterator[int]:
+    """The lock file `path` opened (open_lock) and held exclusively (lock_exclusive) for the
+    block; yields its descriptor. BlockingIOError when another process holds it."""
+    fd = open_lock(path, private_dir)
+    try:
+        lock_exclusive(fd, retry_s)
+        yield fd
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -27,6 +27,7 @@ from jobs.runs import rundir
 from jobs.runs.atomic import write_text
 from jobs.runs.records import PARTIAL, SUBMITTED, JobRecord, RequestRecord, RunRecord
 
+from . import frozen
 from .spec import StudyError
 
 ALLOCATIONS = "allocations"
@@ -38,6 +39,8 @@ MARGIN_S = 60
 def _plan_points(spec, profile, record, todo, points, point_request):
     """[(PointRecord, resolved requests, JobSpec)]: each point planned as its separate job is,
     without requeueing (a point the allocation did not finish is submitted again by the study)."""
+    if record.code:
+        frozen.verify(record.code, record.study_dir)      # the copy its points run, as recorded
     out = []
     for point in todo:
         resolved, specs = plan([point_request(points[point.id], spec, profile, record.code)], profile,
@@ -72,9 +75,10 @@ def _holding(run_dirs):
     a run alone while its submitter lives)."""
     with contextlib.ExitStack() as stack:
         for run_dir in run_dirs:
-            fd = os.open(os.path.join(run_dir, rundir.SUBMIT_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = rundir.open_lock(os.path.join(run_dir, rundir.SUBMIT_LOCK))   # never a link, nor another's
             stack.callback(os.close, fd)
             rundir.lock_exclusive(fd)
+            os.set_inheritable(fd, True)    # held by sbatch too, for as long as it runs (jobs.submit)
         yield
 
 

@@ -9,13 +9,17 @@ module sits above report and compare: they know it only as the hooks `study repo
 
 The index is rewritten whole (temporary name, then rename) under an flock on
 <runs dir>/studies-index.lock, so two studies whose reports are written at the same moment both
-land in it. A study whose directory is gone stays listed, as gone.
+land in it. A study whose directory is gone stays listed, as gone. The index is no more readable
+than the most private study it lists (each entry records who may read its study, `readers`):
+0600, or 0640 with the group when every study it lists is readable by that one group (the
+profile's runs_group). The runs dir may be shared: only this user's own lock and index are
+written (another user's is refused in one line, and the report goes on without the history).
 """
 
 import contextlib
-import fcntl
 import os
 import re
+import stat
 import time
 import warnings
 
@@ -69,20 +73,63 @@ def finished(report):
 
 @contextlib.contextmanager
 def _locked(runs_dir):
+    """The index's lock held (rundir.holding: never through a link, this user's own; the runs dir
+    itself may be shared, so only the lock file is checked)."""
+    path = os.path.join(runs_dir, LOCK)
     try:
-        fd = os.open(os.path.join(runs_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with rundir.holding(path, retry_s=LOCK_WAIT_S, private_dir=False):
+            yield
+    except BlockingIOError:
+        raise StorageError(f"study history: {path} held for more than {LOCK_WAIT_S:g} s by another "
+                           "process") from None
+
+
+def _readers(study_dir):
+    """Who besides its owner may read a study: its group's id when the group may (the profile's
+    runs_group), else None (its owner only)."""
+    try:
+        st = os.stat(study_dir)
+    except OSError:
+        return None
+    if st.st_mode & stat.S_IROTH:
+        return "all"
+    return st.st_gid if st.st_mode & stat.S_IRGRP else None
+
+
+def _access(studies):
+    """(mode, gid or None) of an index listing `studies`: no more readable than the most private
+    of them (an entry from before `readers` was recorded counts as private to its owner)."""
+    readers = [e.get("readers") for e in studies]
+    if readers and all(r == "all" for r in readers):
+        return 0o644, None
+    groups = {r for r in readers if r != "all"}     # a study everyone may read, its group may too
+    if len(groups) == 1 and isinstance(next(iter(groups)), int):
+        return 0o640, next(iter(groups))
+    return 0o600, None
+
+
+def _write_index(runs_dir, studies):
+    """The index rewritten whole, then given the mode and group its studies allow (_access),
+    changed through a descriptor opened without following a link: never another user's file."""
+    path = index_path(runs_dir)
+    if os.path.lexists(path):
+        rundir.check_private(path, what="study history: the index")
+    mode, gid = _access(studies)
+    write_json(path, {"version": HISTORY_VERSION, "studies": studies}, mode=0o600)
+    if mode == 0o600:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise StorageError(f"study history: cannot open {os.path.join(runs_dir, LOCK)}: {exc.strerror}") from None
+        raise StorageError(f"study history: cannot open {path}: {exc.strerror}") from None
     try:
-        try:
-            rundir.lock_exclusive(fd, retry_s=LOCK_WAIT_S)
-        except BlockingIOError:
-            raise StorageError(f"study history: {os.path.join(runs_dir, LOCK)} held for more than "
-                               f"{LOCK_WAIT_S:g} s by another process") from None
-        yield
+        rundir.check_private(path, os.fstat(fd), what="study history: the index")
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        raise StorageError(f"study history: cannot give {path} its mode {mode:04o}: {exc.strerror}") from None
     finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
@@ -109,8 +156,8 @@ def add(record, report):
     try:
         with _locked(runs_dir):
             studies = [e for e in load(runs_dir) if e.get("study_dir") != record.study_dir]
-            studies.append(entry(record, report))
-            write_json(index_path(runs_dir), {"version": HISTORY_VERSION, "studies": studies})
+            studies.append(dict(entry(record, report), readers=_readers(record.study_dir)))
+            _write_index(runs_dir, studies)
     except (StorageError, RequestError) as exc:
         warnings.warn(f"study history: {exc}", ResultsNotSaved, stacklevel=2)
 

@@ -33,10 +33,11 @@ from jobs.schedulers import backend_for, capabilities
 from jobs.errors import RequestError, ResultsNotSaved, SlurmCommandError, StorageError, SubmitError
 from jobs.polling import poll_until
 from jobs.runs import enginelog, rundir
-from jobs.runs.atomic import write_json, write_text
-from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, typed_fields
+from jobs.runs.atomic import storage_error, write_json, write_text
+from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, resolved_path, typed_fields
 from jobs.status import poll_many
 from jobs.submit import load, submit
+from slurm.atomicfile import fsync_dir
 
 from . import allocation, frozen
 from .spec import StudyError, expand, is_study_dir, spec_yaml
@@ -123,7 +124,8 @@ class StudyRecord(Record):
     version: int = STUDY_VERSION
 
     def save(self, durable=False):
-        """`durable`: flushed to disk first (a point's run dir recorded before its sbatch)."""
+        """`durable`: flushed to disk first (a point's run dir recorded before its sbatch). Paths are
+        written absolute, with the study's own `study_dir`: load finds them again after a move."""
         write_json(os.path.join(self.study_dir, "study.json"), self.to_dict(), durable=durable)
 
     @classmethod
@@ -134,10 +136,25 @@ class StudyRecord(Record):
             raise RequestError(f"study: {study_dir!r} is not a study directory ({exc.strerror})") from None
         path = os.path.join(study_dir, "study.json")
         values = typed_fields(cls, data, path)
-        values["points"] = [PointRecord(**typed_fields(PointRecord, p, path, "points[]"))
-                            for p in data.get("points", [])]
-        values["study_dir"] = os.path.abspath(study_dir)    # the directory may have moved
+        values["points"] = [typed_fields(PointRecord, p, path, "points[]") for p in data.get("points", [])]
+        here = os.path.abspath(study_dir)       # the directory may have moved: paths inside it follow
+        _study_paths(values, lambda p: resolved_path(p, here, values.get("study_dir")))
+        values["points"] = [PointRecord(**p) for p in values["points"]]
+        values["study_dir"] = here
+        rundir.keep_group(here)     # what a status or report of the owner writes stays the group's to read
         return cls(**values)
+
+
+def _study_paths(data, fix):
+    """Pass every path inside the study that study.json holds (a point's run dirs, its
+    allocations' run dirs, the frozen code's directory) through `fix`, in place."""
+    for point in data.get("points", []):
+        point["runs"] = [fix(r) for r in point.get("runs", [])]
+        point["allocation"] = {fix(k): fix(v) for k, v in point.get("allocation", {}).items()}
+        for key in ("code", "profile"):
+            point[key] = {fix(k): v for k, v in point.get(key, {}).items()}
+    if isinstance(data.get("code"), dict) and isinstance(data["code"].get("dir"), str):
+        data["code"] = dict(data["code"], dir=fix(data["code"]["dir"]))
 
 
 @dataclass
@@ -316,6 +333,7 @@ def open_study(spec, profile, study_dir, points=None):
     else:
         try:
             os.makedirs(os.path.join(study_dir, "points"), exist_ok=True)
+            fsync_dir(os.path.dirname(os.path.abspath(study_dir)))    # its entry outlives a crash of the host
         except OSError as exc:
             raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
         write_text(os.path.join(study_dir, "study.yaml"), spec_yaml(spec))
@@ -370,6 +388,8 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     if study_dir is None:
         rundir.check_runs_dir(runs_dir or rundir.default_runs_dir(profile))
         study_dir = default_study_dir(spec, runs_dir, profile)
+    if os.path.lexists(study_dir):     # someone else's (or a link) is refused before anything in it is read
+        rundir.check_private(study_dir, what="study directory")
     profile = _study_profile(study_dir, profile, refresh_code, log)
     if max_concurrent is None and profile.shared_nodes:
         max_concurrent = 1
@@ -497,7 +517,7 @@ def _frozen_code(record, refresh, log, profile=None):
     than `profile` (a refresh by another `run` since this one read the study) is refused."""
     change = {}
     if record.code is None or refresh:
-        code = frozen.freeze(record.study_dir)
+        code = frozen.freeze(record.study_dir, group=(profile.defaults or {}).get("runs_group") if profile else None)
         if record.code is not None and record.code["sha256"] != code["sha256"]:
             change.update({"from": record.code["sha256"], "to": code["sha256"], "at": code["frozen_at"]})
             log(f"code refreshed: {record.code['sha256'][:16]} -> {code['sha256'][:16]}; points submitted from "
@@ -519,6 +539,8 @@ def _frozen_code(record, refresh, log, profile=None):
     if change:
         record.code_changes.append(change)
         record.save()
+    if record.code is not None:
+        frozen.verify(record.code, record.study_dir)      # before any point runs it (and before each point)
     return record.code
 
 
@@ -529,6 +551,8 @@ def _study_profile(study_dir, profile, refresh, log):
     if refresh or not is_study_dir(study_dir):
         return profile
     record = StudyRecord.load(study_dir)
+    if record.code:
+        frozen.verify(record.code, record.study_dir)      # a changed copy is refused before Slurm is asked anything
     if record.profile_copy is None or record.profile != profile.name:     # open_study refuses another profile
         return profile
     copy = frozen.load_frozen_profile(record.study_dir, record.profile_copy)
@@ -579,6 +603,8 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
                 point.add_attempt(run_dir, record)
                 record.save(durable=True)
 
+        if record.code:
+            frozen.verify(record.code, record.study_dir)      # before every use: a changed copy is refused
         return submit([point_request(points[point.id], spec, profile, record.code)], profile, runs_dir=points_dir,
                       log=log, on_run_dir=recorded)
 
@@ -616,32 +642,41 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
 def _submitting(study_dir, group=None):
     """Hold the study's submission lock (study_dir/run.lock, flock): two `study run`s of one
     study at a time would each see the other's points as missing and submit them again. A new
-    study directory is created private (rundir.make_private_dir)."""
+    study directory is created private (rundir.make_private_dir); an existing one, and its lock,
+    must be this user's and writable by nobody else (rundir.open_lock: a study name is
+    predictable, so anyone who may write the runs dir could have made it first)."""
     try:
         if not os.path.isdir(study_dir):
             with contextlib.suppress(FileExistsError):
                 rundir.make_private_dir(study_dir, group, parents=True)
-        handle = open(os.path.join(study_dir, "run.lock"), "a+")
+        elif group:
+            rundir.group_umask()    # what this run writes into the group's study stays readable by it
     except OSError as exc:
         raise RequestError(f"--runs-dir: cannot create {study_dir!r}: {exc.strerror}") from None
-    with handle:
+    path = os.path.join(study_dir, "run.lock")
+    fd = rundir.open_lock(path)
+    try:
         try:
-            rundir.lock_exclusive(handle.fileno())     # a watcher's probe holds it for microseconds
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            rundir.lock_exclusive(fd)     # a watcher's probe holds it for microseconds
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
             raise StudyError(f"study: {study_dir} is being submitted by {holder}; nothing submitted "
                              "(`recsys-submit study status --watch` follows it)") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"`recsys-submit study run` pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
+        line = f"`recsys-submit study run` pid {os.getpid()} on {socket.gethostname()}\n".encode()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, line, 0)
+        except OSError as exc:     # a full disk, a quota: one line, nothing submitted
+            raise storage_error(path, exc) from None
         try:
             yield
         finally:
-            handle.seek(0)
-            handle.truncate()
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _ask_config(backend):

@@ -365,31 +365,23 @@ def expand(spec, profile):
         if other is not point:
             raise StudyError(f"{spec.source}: points: point {point.id} appears twice (variants "
                              f"{shown(other.variant_label)} and {shown(point.variant_label)} give one id)")
-    parser = engine_args.parser()
     checked = set()
     for point in points:
         if tuple(point.engine_args) not in checked:     # repeats and sizes share most argv
-            check_engine_args(spec, point, parser)
+            check_engine_args(spec, point)
             checked.add(tuple(point.engine_args))
     return points
 
 
-def check_engine_args(spec, point, parser=None):
-    """Let the engine's own parser refuse a flag (unknown flag, bad value) before submission.
-    recsys.train parses its flags without importing TensorFlow."""
-    import contextlib
-    import io
-
-    if parser is None:
-        parser = engine_args.parser()
+def check_engine_args(spec, point):
+    """Let the engine refuse a flag (unknown flag, bad value) before submission, with the one check
+    that submit, --dry-run and render make (jobs.planning.engine_args.check; the data is the
+    study's, checked when it runs). recsys.train checks without importing TensorFlow."""
     argv = ["--model", spec.model, "--run-mode", "benchmark"] + list(point.engine_args)
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
-            parser.parse_args(argv)
-    except SystemExit:
-        message = next((line for line in err.getvalue().splitlines() if line.strip()), "rejected")
-        message = message.split("error: ", 1)[-1]
+        engine_args.check(argv, 1, check_data=False, check_existence=False)
+    except RequestError as exc:
+        message = str(exc).split("(after `--`): ", 1)[-1]
         raise StudyError(f"{spec.source}: point {point.id}: the engine rejects its flags: {message}") from None
 
 

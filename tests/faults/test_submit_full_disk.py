@@ -28,6 +28,14 @@ def small_fs(tmp_path):
         yield mount
 
 
+@pytest.fixture
+def roomy_fs(tmp_path):
+    """Room for a study's frozen code copy (about 0.6 MB of recsys/ and slurm/, and growing): the
+    fault fills the file system itself at the point it injects, so its size only has to fit that."""
+    with small_tmpfs(tmp_path / "small", "4m") as mount:
+        yield mount
+
+
 def temporaries(root):
     return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files if ".tmp." in f]
 
@@ -44,7 +52,8 @@ def test_no_room_for_the_records_refuses_before_submitting(slurm_cluster, cli, s
     assert not os.path.exists(small_fs / "runs") or os.listdir(small_fs / "runs") == []
 
 
-def test_disk_full_between_sbatch_and_the_record(slurm_cluster, cli, small_fs, tmp_path):
+def test_disk_full_between_sbatch_and_the_record(slurm_cluster, cli, roomy_fs, tmp_path):
+    small_fs = roomy_fs
     runs = small_fs / "runs"
     env = dict(cli.env, RECSYS_RUNS_DIR=str(runs), RECSYS_MIN_FREE_MB="0.2",
                RECSYS_FAULT_AT="sbatch-returned", RECSYS_FAULT_CMD=fill_command(small_fs))

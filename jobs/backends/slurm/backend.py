@@ -162,15 +162,9 @@ class SlurmBackend(Backend):
                 raise commands.failed("scancel", proc)
         return ids
 
-    def requeue(self, run_dir, jobs):
-        from . import commands
+    def requeue(self, run_dir, jobs, log=None, timeout=None):
+        """Checkpoint, then requeue (jobs.backends.slurm.requeue): no trained step lost, and a job
+        that ended meanwhile is refused by Slurm rather than run again."""
+        from .requeue import requeue_with_checkpoint
 
-        ids = [j.job_id for j in jobs]
-        if ids:
-            proc = commands.run(["scontrol", "requeue", ",".join(ids)])
-            if proc.returncode != 0:
-                raise commands.failed("scontrol requeue", proc)
-            cache = os.path.join(run_dir, "status.json")
-            if os.path.exists(cache):
-                os.remove(cache)
-        return ids
+        return requeue_with_checkpoint(run_dir, jobs, log=log, timeout=timeout) if jobs else []

@@ -5,6 +5,9 @@ transient live in one module. sbatch is retried on transient controller failures
 retry after an attempt that may have reached the controller first asks squeue whether it went
 through (every job carries a unique `--comment=recsys:<token>`), so a job is never submitted
 twice; giving up says whether the job went in, did not, or (controller unreachable) cannot tell.
+sbatch inherits the submitter's submit locks (jobs.submit marks them inheritable), so a submitter
+killed while sbatch still runs leaves its lock held until sbatch itself has exited: nobody
+settles the run as "never submitted" while its job may still go in (jobs.recovery).
 """
 
 import os
@@ -32,12 +35,14 @@ def _env():
     return None  # inherit os.environ (SLURM_CONF, PATH), read at call time
 
 
-def run(args, timeout=120, check=False):
-    """Run one Slurm client command; returns CompletedProcess (text)."""
+def run(args, timeout=120, check=False, inherit=False):
+    """Run one Slurm client command; returns CompletedProcess (text). `inherit`: the command
+    inherits the file descriptors this process marked inheritable (sbatch: the submit locks)."""
     import subprocess   # lazily: `render` never runs a Slurm command
 
     try:
-        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=_env())
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=_env(),
+                              close_fds=not inherit)
     except FileNotFoundError:
         raise error(f"{args[0]}: command not found (is Slurm installed and on PATH?)") from None
     except subprocess.TimeoutExpired:
@@ -122,7 +127,8 @@ def sbatch(script, token, args=(), retries=None, backoff=None, log=None):
                     continue        # cannot tell whether it went through: do not submit again yet
                 if found:
                     return found
-        proc = run(["sbatch", "--parsable"] + list(args) + [str(script)], timeout=120)
+        # inherit: the submit lock stays held while sbatch runs, even when its submitter is killed
+        proc = run(["sbatch", "--parsable"] + list(args) + [str(script)], timeout=120, inherit=True)
         if proc.returncode == 0:
             job_id = proc.stdout.strip().splitlines()[-1].split(";")[0].strip()
             if re.match(r"^\d+$", job_id):
