@@ -428,18 +428,8 @@ def test_study_project_on_a_study_directory_calibrates_on_its_measured_point(tmp
 def test_published_calibration_marks_the_published_rows(tmp_path, capsys):
     """Wide & Deep on the reference Outbrain feature spec, calibrated on NVIDIA's 1-GPU row (DGX
     A100, tf32, XLA): the published 8-GPU row is marked beside its band (docs/studies.md's row)."""
-    from preproc.outbrain import features as F
-
-    data = tmp_path / "outbrain"
-    data.mkdir()
-    spec = F.feature_spec_dict(F.feature_layout("reference", *F.default_sizes("reference")),
-                               ["train.parquet"], ["test.parquet"], {})
-    (data / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
-    path = tmp_path / "wd.yaml"
-    path.write_text(yaml.safe_dump({"version": 1, "name": "wd", "model": "wide_deep", "scaling": "strong",
-                                    "batch_size": 131072, "gpus": [1, 8], "data_path": str(data),
-                                    "engine_args": ["--xla"]}))
-    code, out, _ = run_cli(capsys, str(path), "--profile", "dgxa100", "--gpus", "8", "--published", "--json")
+    path = _wide_deep_spec(tmp_path)
+    code, out, _ = run_cli(capsys, path, "--profile", "dgxa100", "--gpus", "8", "--published", "--json")
     assert code == 0
     proj = json.loads(out)
     assert "wide_deep_tf2 (commit 7b673991, 2022-09-05)" in proj["calibration"]["source"]
@@ -447,7 +437,7 @@ def test_published_calibration_marks_the_published_rows(tmp_path, capsys):
     eight = next(p for p in proj["points"] if p["gpus"] == 8)
     [row] = eight["published"]
     assert row["throughput"] == 5369859.03 and row["vs_band"]["error"] == pytest.approx(-0.476, abs=1e-3)
-    code, _, err = run_cli(capsys, str(path), "--profile", "dgx2", "--gpus", "8", "--published")
+    code, _, err = run_cli(capsys, path, "--profile", "dgx2", "--gpus", "8", "--published")
     assert code == 2 and "NVIDIA published no 1-GPU wide_deep row on dgx2" in err
 
 

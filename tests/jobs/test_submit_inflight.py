@@ -22,6 +22,7 @@ import sys
 import pytest
 
 from jobs.runs.rundir import SUBMIT_LOCK, lock_held
+from tests.faults.test_submit_crash import queue_by_token
 from tests.jobs.study_helpers import TINY_NCF, write_spec
 from tests.waiting import wait_for
 from submit_helpers import REPO
@@ -70,17 +71,6 @@ def killed_in_sbatch(cli, env, waiting, *args):
 def jobs_json(run_dir):
     with open(os.path.join(run_dir, "jobs.json")) as handle:
         return json.load(handle)
-
-
-def queue_by_token(cluster):
-    """{token: [job ids]} of every job the controller knows whose comment is recsys:<token>."""
-    out = {}
-    proc = cluster.run(["squeue", "-h", "-a", "--states=all", "-o", "%i|%k"], check=True)
-    for line in proc.stdout.splitlines():
-        job_id, _, comment = line.partition("|")
-        if comment.startswith("recsys:"):
-            out.setdefault(comment[len("recsys:"):], []).append(job_id.strip())
-    return out
 
 
 def release_and_wait(release, run_dir):
