@@ -122,9 +122,33 @@ def pytest_configure(config):
         os.environ[RESULTS_ENV] = str(path)
 
 
+_FILE_SECONDS: dict = {}
+FILE_TABLE_ROWS = 30
+
+
+def pytest_runtest_logreport(report):
+    """Seconds per test file (setup, call and teardown; under xdist the controller gets every
+    worker's reports): where the suite's time goes, printed at the end."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def _file_table(terminalreporter):
+    total = sum(_FILE_SECONDS.values())
+    if not total:
+        return
+    terminalreporter.section(f"time per test file (top {FILE_TABLE_ROWS}; {total:.0f} s in all, "
+                             f"summed over the workers)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:FILE_TABLE_ROWS]:
+        terminalreporter.write_line(f"{seconds:8.1f} s {100 * seconds / total:5.1f} %  {path}")
+
+
+@pytest.hookimpl(trylast=True)         # after the slowest durations: the end of CI's output
 def pytest_terminal_summary(terminalreporter, config):
-    """The reliability table of the faults this run injected, printed once (by the controller)."""
+    """The reliability table of the faults this run injected, and the time per test file,
+    printed once (by the controller)."""
     if _controller(config):
+        _file_table(terminalreporter)
         from tests.faults.record import load
         from tests.faults.report import markdown
         results = load()

@@ -87,8 +87,10 @@ def test_cancel_subcommand(cli, slurm_cluster):
     out = cli("cancel", run_dir, check=True).stdout
     assert record["jobs"][0]["job_id"] in out
     assert slurm_cluster.wait_job(record["jobs"][0]["job_id"]) == "CANCELLED"
-    final = json.loads(cli("status", run_dir, "--json", check=True).stdout)
-    assert set(final["jobs"][0]["tasks"].values()) == {"CANCELLED"}
+    status = cli("status", run_dir, "--json")
+    assert status.returncode == 1       # a cancelled run did not complete: `status RUN && next` stops
+    final = json.loads(status.stdout)
+    assert set(final["jobs"][0]["tasks"].values()) == {"CANCELLED"} and final["done"]
 
 
 def test_status_is_one_squeue_call_per_poll(slurm_env, tmp_path, monkeypatch):
