@@ -206,10 +206,8 @@ def _flags(model):
     return [*SMALL[model], *drop, "--epochs", "2"]
 
 
-# two ranks only: a rank restores the same dropout and negative-sampling state at one rank, where
-# test_checkpoint.py compares a restore bit for bit (each case is three engine runs; the one-rank
-# twins took 385 s of a loaded two-worker run)
-@pytest.mark.parametrize("model,ranks", [pytest.param("wide_deep", 2, marks=pytest.mark.horovod),
+@pytest.mark.parametrize("model,ranks", [("wide_deep", 1), ("ncf", 1),
+                                         pytest.param("wide_deep", 2, marks=pytest.mark.horovod),
                                          pytest.param("ncf", 2, marks=pytest.mark.horovod),
                                          pytest.param("dlrm", 2, marks=pytest.mark.horovod)])
 def test_restore_is_bitwise_with_dropout(model, ranks, tiny_data, tmp_path):
