@@ -270,6 +270,20 @@ def reference_study(model, profile):
     return published.reference_spec(model, load(profile))
 
 
+def study_examples():
+    """{name: description} of the example study specs the package ships."""
+    from .study import examples
+
+    return examples.descriptions()
+
+
+def write_study_example(name, path=None):
+    """Write the shipped example spec `name` to `path` (default ./NAME.yaml, never over a file); the path."""
+    from .study import examples
+
+    return examples.write(name, path or f"{name}{examples.SUFFIX}")
+
+
 def published_results(model=None, profile=None):
     """NVIDIA's published throughput rows (those studies are matched against), filtered by model and
     by a profile's platform, each with the profiles on the search path of that platform."""

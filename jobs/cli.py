@@ -247,12 +247,13 @@ def build_parser():
 
 def _study_parser(sub):
     study = _sub(sub, "study", "scaling studies: run a sweep spec, follow it, report it",
-                 epilog="examples:\n  recsys-submit study run docs/studies/dlrm-strong.yaml --profile mysite\n"
+                 epilog="examples:\n  recsys-submit study init dlrm-strong      # writes dlrm-strong.yaml\n"
+                        "  recsys-submit study run dlrm-strong.yaml --profile mysite\n"
                         "  recsys-submit study status --watch\n  recsys-submit study report\n"
                         "  recsys-submit study compare baseline candidate --fail-if-slower 10")
     st_sub = study.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
     run = _sub(st_sub, "run", "submit every missing or failed point of a study; print its dir",
-               epilog="examples:\n  recsys-submit study run docs/studies/dlrm-strong.yaml --profile mysite\n"
+               epilog="examples:\n  recsys-submit study run dlrm-strong.yaml --profile mysite    # `study init` wrote it\n"
                       "  recsys-submit study run --profile local --model ncf --gpus 1,2 --batch-size 512 "
                       "--steps 20\n\nArguments after `--` (quick sweeps) go to every point's engine.")
     run.add_argument("spec", nargs="?", help="study spec YAML (docs/studies.md); or give --model and --gpus")
@@ -293,6 +294,12 @@ def _study_parser(sub):
     quick.add_argument("--time", help="time limit of each point's job")
     quick.add_argument("--data-path", help="dataset directory (default: synthetic data)")
     quick.add_argument("--name", help="study name (its directory under the runs dir)")
+    init = _sub(st_sub, "init", "write an example study spec shipped with the package, to edit and run",
+                epilog="examples:\n  recsys-submit study init --list\n  recsys-submit study init dlrm-strong\n"
+                       "  recsys-submit study run dlrm-strong.yaml --profile mysite --dry-run")
+    init.add_argument("example", nargs="?", default="dlrm-strong", help="the example's name (default dlrm-strong)")
+    init.add_argument("--out", help="where to write it (default ./EXAMPLE.yaml; an existing file is never replaced)")
+    init.add_argument("--list", action="store_true", help="list the examples instead")
     status = _sub(st_sub, "status", "points done / running / pending / failed (one Slurm call per poll)",
                   epilog="examples:\n  recsys-submit study status\n  recsys-submit study status STUDY --watch")
     status.add_argument("study", nargs="?", help="study dir or name (default: newest)")
@@ -469,6 +476,8 @@ def _cmd_study(api, args, engine_args):
         return _cmd_screen(api, args, engine_args)
     if args.action == "reference":
         return _cmd_reference(api, args)
+    if args.action == "init":
+        return _cmd_init(api, args)
     if args.action == "project":
         return _cmd_project(api, args)
     study_dir = api.find_study(args.study, args.runs_dir, wait=args.action == "status" and args.watch)
@@ -618,6 +627,15 @@ def _study_dry_run(api, spec, profile):
               f"{pub}  engine: {shlex.join(p.engine_args)}")
     if placeholder:
         print(f"{PROG}: warning: {placeholder}", file=sys.stderr)
+    return 0
+
+
+def _cmd_init(api, args):
+    if args.list:
+        for name, description in api.study_examples().items():
+            print(f"{name:<20} {description}")
+        return 0
+    print(f"wrote {api.write_study_example(args.example, args.out)}")
     return 0
 
 

@@ -80,9 +80,11 @@ def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=N
         since[0] = None
         return result
 
+    # a job's logs appearing or its engine's summary bring the next poll forward (jobs.polling)
     return poll_until(once, lambda result: result is not None and result["done"],
                       on_poll=(lambda result: result is not None and on_poll(result)) if on_poll else None,
-                      first=first, factor=factor, ceiling=ceiling, timeout=timeout)
+                      first=first, factor=factor, ceiling=ceiling, timeout=timeout,
+                      wake=lambda: enginelog.activity([run_dir]))
 
 
 def run_failed(result):

@@ -54,6 +54,43 @@ def job_logs(run_dir, key, tags=None):
     return sorted(glob.glob(os.path.join(logs, f"{glob.escape(key)}-*{SUFFIX}")), key=os.path.getmtime)
 
 
+SUMMARY_TAIL_BYTES = 1 << 16    # a summary record is a few KiB; the engine writes it last
+
+
+def ends_with_summary(path):
+    """Whether the engine log's last complete line is a `summary` record (the run has ended)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - SUMMARY_TAIL_BYTES))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    lines = [line for line in tail.splitlines() if line.strip()]
+    try:
+        return bool(lines) and json.loads(lines[-1]).get("type") == "summary"
+    except (ValueError, AttributeError):
+        return False
+
+
+def activity(run_dirs):
+    """What changes when a job of these runs starts or ends, read without the scheduler: the names
+    in each run dir and its logs/ (a job's batch output and rank logs appear as it starts), and
+    which engine logs end with their summary (written as the engine ends). Steady logging does
+    not change it, so a watcher woken by it does not poll the scheduler at every log line."""
+    names, ended = [], []
+    for run_dir in run_dirs:
+        for path in (run_dir, os.path.join(run_dir, "logs")):
+            try:
+                names += sorted(os.path.join(path, name) for name in os.listdir(path))
+            except OSError:
+                names.append((path, None))
+        ended += [p for p in glob.glob(os.path.join(glob.escape(run_dir), "logs", f"*{SUFFIX}"))
+                  if ends_with_summary(p)]
+    return tuple(map(str, names)), tuple(sorted(ended))
+
+
 def summary(paths):
     """The last `summary` record of the logs (a requeued job appends; the last run counts) of a
     version this reader knows; None when there is none."""

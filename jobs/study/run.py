@@ -818,11 +818,13 @@ def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None, grace
     poll: a running `study run` adds attempts and points to it."""
     grace = start_grace() if grace is None else grace
     unattended = {"since": None}    # when points were first seen missing with nobody submitting
+    waiting = {"run_dirs": []}      # the run dirs of the points last seen pending or running
 
     def once():
         held = lock_held(study_dir)     # before the record: a run that let go has saved its points
         status = poll(StudyRecord.load(study_dir))
         status.submitting = held
+        waiting["run_dirs"] = [p.run_dir for p in status.points if p.run_dir and p.state in (RUNNING, PENDING)]
         if held or not status.counts[MISSING]:
             unattended["since"] = None
         elif unattended["since"] is None:
@@ -834,7 +836,9 @@ def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None, grace
             return False
         return not status.counts[MISSING] or time.monotonic() - unattended["since"] >= grace
 
-    return poll_until(once, finished, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout)
+    # a point's job starting or its engine ending brings the next poll forward (jobs.polling)
+    return poll_until(once, finished, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout,
+                      wake=lambda: enginelog.activity(waiting["run_dirs"]))
 
 
 def progress_line(status, width=30):

@@ -95,3 +95,32 @@ def test_the_base_install_still_runs_the_smoke_payload_and_profiles_naming_pytho
     res = _submit(base_install, tmp_path, "train", "--profile", "shared-venv", "--model", "dlrm", "--dry-run",
                   "--", "--synthetic")
     assert res.returncode == 0 and "/shared/venv/bin/python -m recsys.train" in res.stdout, res.stderr
+
+
+def test_the_documented_study_spec_ships_with_the_package(base_install, tmp_path):
+    """README's `study run ... dlrm-strong.yaml` from a pip install (issue 48 item 5): `study init`
+    writes the packaged example (the checkout's docs/studies/dlrm-strong.yaml links to it), which a
+    dry run on a site profile accepts; an existing file is never replaced."""
+    env = {"PATH": f"{base_install}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def cli(*args):
+        return subprocess.run([str(base_install / "recsys-submit"), *args], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path, env=env)
+
+    listed = cli("study", "init", "--list")
+    assert listed.returncode == 0 and listed.stdout.startswith("dlrm-strong "), listed.stderr
+    res = cli("study", "init", "dlrm-strong")
+    assert res.returncode == 0 and res.stdout == "wrote dlrm-strong.yaml\n", res.stderr
+    written = (tmp_path / "dlrm-strong.yaml").read_text()
+    assert written == (REPO / "docs" / "studies" / "dlrm-strong.yaml").read_text()
+    assert (REPO / "docs" / "studies" / "dlrm-strong.yaml").resolve() == \
+        REPO / "jobs" / "study" / "examples" / "dlrm-strong.yaml"
+    dry = cli("study", "run", "dlrm-strong.yaml", "--profile", "dgxa100", "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert dry.returncode == 0 and "study dlrm-strong on profile dgxa100: 4 point(s)" in dry.stdout, dry.stderr
+    (tmp_path / "dlrm-strong.yaml").write_text("mine\n")
+    again = cli("study", "init", "dlrm-strong")
+    assert again.returncode == 2 and again.stderr == ("recsys-submit: error: study init: dlrm-strong.yaml exists; "
+                                                      "give another --out or remove it\n"), again.stderr
+    assert (tmp_path / "dlrm-strong.yaml").read_text() == "mine\n"
+    typo = cli("study", "init", "dlrm-strnog")
+    assert typo.returncode == 2 and "did you mean 'dlrm-strong'?" in typo.stderr and typo.stderr.count("\n") == 1

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -126,3 +127,23 @@ def test_local_after_waits_for_a_running_local_job_and_refuses_unknown_ids(tmp_p
               if path.endswith(".rank0.log")
               for line in open(os.path.join(first_dir, "logs", path)) if line.startswith("BYE"))
     assert after["start"] >= end > before["start"]
+
+
+def test_a_foreground_local_job_says_how_it_goes(tmp_path):
+    """A long local job in the foreground prints a progress line every PROGRESS_S (30 s; 0.5 s
+    here): elapsed time and the newest line of its output (issue 48 item 8: a 2 min 38 s
+    preprocessing run printed nothing until it ended)."""
+    from jobs.backends.local.states import PROGRESS_S, wait_for
+    from jobs.runs.records import RunRecord
+
+    assert PROGRESS_S == 30.0
+    proc = _run(tmp_path, "benchmark", "--profile", "local", "--model", "hello", "--gpus-per-node", "1",
+                "--time", "5", "--no-wait", "--", "--sleep", "4")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = _run_dir(proc)
+    lines = []
+    state = wait_for(run_dir, RunRecord.load(run_dir).jobs[0], progress=lines.append, every=0.5)
+    assert state == "COMPLETED"
+    assert len(lines) >= 3, lines
+    assert all(re.fullmatch(r"local job main \(pid \d+\) running 0:00:0\d(; last output: .+)?", x) for x in lines), lines
+    assert any("last output: HELLO " in x for x in lines), lines

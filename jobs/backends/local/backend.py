@@ -84,7 +84,7 @@ class LocalBackend(Backend):
             jobs.append(record)
             if log:
                 log(f"local job {spec.key} (pid {job.job_id}) started; logs in {run_dir}/logs")
-            if wait and wait_for(run_dir, record) != states.COMPLETED:
+            if wait and wait_for(run_dir, record, progress=log) != states.COMPLETED:
                 break       # afterok: later array tasks and jobs do not start
         return jobs
 

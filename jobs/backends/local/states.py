@@ -5,6 +5,8 @@ says success with exit 0, FAILED otherwise, CANCELLED when it ended without resu
 import glob
 import os
 import pickle
+import re
+import time
 
 from jobs import states
 from jobs.polling import poll_until
@@ -62,7 +64,48 @@ def after_state(submitit_folder, job_id):
     return results_state(results) if results else states.CANCELLED
 
 
-def wait_for(run_dir, job):
-    """Wait for a job of this run to end; its final state."""
-    return poll_until(lambda: job_state(folder(run_dir), job.job_id, job.ntasks),
-                      lambda state: state != states.RUNNING, first=0.2, factor=1.0, ceiling=0.2)
+PROGRESS_S = 30.0      # a foreground job's progress line, this often (a plain line: a terminal and a log file alike)
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")     # terminal escapes, control characters
+
+
+def wait_for(run_dir, job, progress=None, every=PROGRESS_S):
+    """Wait for a job of this run to end; its final state. `progress(line)`, when given, gets a
+    line every `every` s while the job runs: its elapsed time and the newest line of its output."""
+    start = time.monotonic()
+    said = [start]
+
+    def once():
+        state = job_state(folder(run_dir), job.job_id, job.ntasks)
+        now = time.monotonic()
+        if progress and state == states.RUNNING and now - said[0] >= every:
+            said[0] = now
+            progress(progress_line(run_dir, job, now - start))
+        return state
+
+    return poll_until(once, lambda state: state != states.RUNNING, first=0.2, factor=1.0, ceiling=0.2)
+
+
+def progress_line(run_dir, job, elapsed_s):
+    """`local job main (pid 123) running 0:01:30; last output: <line>` (its rank 0 log's newest line,
+    control characters dropped, at most 160 characters)."""
+    seconds = int(elapsed_s)
+    line = f"local job {job.key} (pid {job.job_id}) running {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    last = _newest_line(glob.glob(os.path.join(glob.escape(run_dir), "logs", f"{glob.escape(job.key)}-*.rank0.log")))
+    return f"{line}; last output: {last}" if last else line
+
+
+def _newest_line(paths, tail=4096):
+    """The last non-empty line of the newest file (a carriage return starts a line: progress bars)."""
+    try:
+        path = max(paths, key=os.path.getmtime)
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - tail))
+            text = handle.read().decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+    lines = [_CONTROL.sub("", part).strip() for part in re.split(r"[\r\n]", text)]
+    lines = [part for part in lines if part]
+    if not lines:
+        return None
+    return lines[-1] if len(lines[-1]) <= 160 else lines[-1][:157] + "..."

@@ -1,0 +1,58 @@
+"""The example study specs shipped in the package (jobs/study/examples/*.yaml), so the documented
+`study run SPEC` works from a pip install as from a checkout (docs/studies/dlrm-strong.yaml is a
+link to the packaged copy): `recsys-submit study init NAME` writes one where the user works."""
+from __future__ import annotations
+
+import difflib
+import os
+from importlib import resources
+from typing import Dict, List
+
+from jobs.errors import RequestError
+
+SUFFIX = ".yaml"
+
+
+def _folder():
+    return resources.files("jobs.study") / "examples"
+
+
+def names() -> List[str]:
+    """The shipped examples' names, sorted."""
+    return sorted(p.name[:-len(SUFFIX)] for p in _folder().iterdir() if p.name.endswith(SUFFIX))
+
+
+def text(name: str) -> str:
+    """The example spec `name` as shipped; an unknown name is one line naming the known ones."""
+    if name not in names():
+        close = difflib.get_close_matches(name, names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RequestError(f"study init: no example {name!r}{hint}; examples: {', '.join(names())}")
+    return (_folder() / f"{name}{SUFFIX}").read_text(encoding="utf-8")
+
+
+def descriptions() -> Dict[str, str]:
+    """{name: its `description:` line} of every example."""
+    out = {}
+    for name in names():
+        found = [line.split(":", 1)[1].strip() for line in text(name).splitlines() if line.startswith("description:")]
+        out[name] = found[0] if found else ""
+    return out
+
+
+def write(name: str, path: str) -> str:
+    """Write example `name` to `path` (never over an existing file); the path written."""
+    content = text(name).encode("utf-8")
+    tmp = f"{path}.init-{os.getpid()}.tmp"
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as handle:
+            handle.write(content)
+        os.link(tmp, path)          # whole or not at all, and never over a file that appeared meanwhile
+    except FileExistsError:
+        raise RequestError(f"study init: {path} exists; give another --out or remove it") from None
+    except OSError as exc:
+        raise RequestError(f"study init: cannot write {path}: {exc.strerror}") from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return path
