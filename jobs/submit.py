@@ -19,6 +19,7 @@ import sys
 
 from . import faultpoints
 from .errors import RequestError, SlurmCommandError, StorageError, SubmitError
+from .planning.container_paths import registry_image_warning
 from .planning.plan import plan, run_name
 from .planning.requeue import lead_time_warning
 from .profiles import Profile, load_profile
@@ -138,9 +139,9 @@ def _records(backend, dry, specs, resolved, profile, run_dir, log):
         dry = backend.dry_run(specs, run_dir, dry.wait, check=False)
     try:
         for spec in specs:
-            warning = lead_time_warning(spec, run_dir)
-            if warning:
-                log(f"warning: {warning}")
+            for warning in (lead_time_warning(spec, run_dir), registry_image_warning(spec, profile)):
+                if warning:
+                    log(f"warning: {warning}")
         RequestRecord(requests=[r.request.to_dict() for r in resolved], profile=profile.as_dict()).save(run_dir)
         record = RunRecord(run_dir=run_dir, profile=profile.name, profile_path=profile.path,
                            scheduler=backend.scheduler, accounting=backend.accounting(), foreground=dry.wait,

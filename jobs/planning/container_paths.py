@@ -132,3 +132,22 @@ def check_preprocess(res, stage_args):
             raise RequestError(f"--rapids-jar {jar}: not inside the container of profile {profile.name} (no mount "
                                f"covers it; mounts: {mounts.describe(profile)}) and its image does not declare "
                                "rapids (container.provides): mount the jar's directory or use an image with it")
+
+
+def registry_image_warning(spec, profile):
+    """One line when a multinode job's container image is a registry reference: pyxis then imports
+    it on every node of every job (an NGC image is about 10 GB; the registry's credentials must be on
+    the compute nodes). Sites import it once to a squashfs file on the shared file system and name
+    that file; the line gives the `enroot import` command for this image."""
+    container = profile.container
+    if container is None or spec.nodes <= 1 or container.image.startswith(("/", "./")):
+        return None
+    image = container.image.split("://", 1)[-1]
+    first, _, rest = image.partition("/")
+    # enroot's docker URI puts a registry host (a name with a dot or a port) before a '#'
+    source = f"docker://{first}#{rest}" if rest and ("." in first or ":" in first) else f"docker://{image}"
+    name = image.rsplit("/", 1)[-1].replace(":", "+")
+    return (f"job {spec.key}: each of its {spec.nodes} nodes imports the registry image {container.image} "
+            f"(about 10 GB for an NGC image; the registry's credentials on every node); import it once to the "
+            f"shared file system, `enroot import -o /shared/images/{name}.sqsh {source}`, and name that file "
+            f"as the profile's container.image")

@@ -169,3 +169,31 @@ def test_chain_hands_its_output_over_at_the_host_path(tmp_path):
     assert [s.key for s in specs] == ["preprocess", "train"]
     with pytest.raises(RequestError, match=r"^--data-path /data/criteo \(host path \S+/datasets/criteo\): no such"):
         plan(chain[1:], profile, submitting=True)
+
+
+def test_a_multinode_job_on_a_registry_image_is_warned_with_the_import_command(tmp_path):
+    """Issue 47 item 6: every node of a multinode job imports a registry image (about 10 GB, the
+    registry's credentials on the compute nodes); a squashfs file on the shared file system is
+    imported once. The warning gives the enroot command for this image; one node, or a file, says nothing."""
+    from jobs.planning.container_paths import registry_image_warning
+
+    host = tmp_path / "lustre"
+    _dataset(host / "datasets" / "criteo" / "parquet")
+    (host / "checkpoints").mkdir()
+    pod = _profile(tmp_path, "pod", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"])
+    request = JobRequest(kind="train", model="dlrm", nodes=2, engine_args=["--data-path", "/data/criteo/parquet"])
+    _, [spec] = plan([request], pod, submitting=True)
+    line = registry_image_warning(spec, pod)
+    assert line == ("job main: each of its 2 nodes imports the registry image nvcr.io/nvidia/tensorflow:23.12-tf2-py3 "
+                    "(about 10 GB for an NGC image; the registry's credentials on every node); import it once to the "
+                    "shared file system, `enroot import -o /shared/images/tensorflow+23.12-tf2-py3.sqsh "
+                    "docker://nvcr.io#nvidia/tensorflow:23.12-tf2-py3`, and name that file as the profile's "
+                    "container.image")
+    _, [one] = plan([JobRequest(kind="train", model="dlrm", nodes=1,
+                                engine_args=["--data-path", "/data/criteo/parquet"])], pod, submitting=True)
+    assert registry_image_warning(one, pod) is None
+    squashed = _profile(tmp_path, "squashed", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"],
+                        extra="  image: /shared/images/tensorflow+23.12-tf2-py3.sqsh\n")
+    _, [spec] = plan([request], squashed, submitting=True)
+    assert registry_image_warning(spec, squashed) is None
+    assert registry_image_warning(spec, load_profile("ci")) is None          # no container
