@@ -41,6 +41,12 @@ def parse_time(text, what="--time"):
         "(use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
 
 
+def elapsed_clock(seconds):
+    """`H:MM:SS` of an elapsed time (progress lines: `elapsed 0:02:51`)."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def format_time(seconds):
     """`D-HH:MM:SS` (or `HH:MM:SS` under a day) for #SBATCH --time; UNLIMITED for None."""
     if seconds is None:

@@ -57,14 +57,18 @@ def job_logs(run_dir, key, tags=None):
 SUMMARY_TAIL_BYTES = 1 << 16    # a summary record is a few KiB; the engine writes it last
 
 
+def tail_text(path, nbytes):
+    """The last `nbytes` of a file, decoded (bad bytes replaced). Raises OSError."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - nbytes))
+        return handle.read().decode("utf-8", errors="replace")
+
+
 def ends_with_summary(path):
     """Whether the engine log's last complete line is a `summary` record (the run has ended)."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - SUMMARY_TAIL_BYTES))
-            tail = handle.read().decode("utf-8", errors="replace")
+        tail = tail_text(path, SUMMARY_TAIL_BYTES)
     except OSError:
         return False
     lines = [line for line in tail.splitlines() if line.strip()]

@@ -9,6 +9,7 @@ from importlib import resources
 from typing import Dict, List
 
 from jobs.errors import RequestError
+from slurm import atomicfile
 
 SUFFIX = ".yaml"
 
@@ -42,17 +43,15 @@ def descriptions() -> Dict[str, str]:
 
 def write(name: str, path: str) -> str:
     """Write example `name` to `path` (never over an existing file); the path written."""
-    content = text(name).encode("utf-8")
-    tmp = f"{path}.init-{os.getpid()}.tmp"
+    content, tmp = text(name), None
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as handle:
-            handle.write(content)
+        tmp = atomicfile.stage(path, content)     # the tree's one temporary scheme (slurm/atomicfile.py)
         os.link(tmp, path)          # whole or not at all, and never over a file that appeared meanwhile
     except FileExistsError:
         raise RequestError(f"study init: {path} exists; give another --out or remove it") from None
     except OSError as exc:
         raise RequestError(f"study init: cannot write {path}: {exc.strerror}") from None
     finally:
-        if os.path.lexists(tmp):
+        if tmp is not None:
             os.unlink(tmp)
     return path

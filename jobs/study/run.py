@@ -35,6 +35,7 @@ from jobs.polling import poll_until
 from jobs.runs import enginelog, rundir
 from jobs.runs.atomic import storage_error, write_json, write_text
 from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, resolved_path, typed_fields
+from jobs.slurmtime import elapsed_clock
 from jobs.status import poll_many
 from jobs.submit import load, submit
 from slurm.atomicfile import fsync_dir
@@ -846,12 +847,11 @@ def progress_line(status, width=30):
     total = len(status.points) or 1
     finished = status.counts[DONE] + status.counts[FAILED]
     filled = int(width * finished / total)
-    elapsed = int(status.elapsed_s)
     parts = [f"[{'#' * filled}{'-' * (width - filled)}]", f"{status.counts[DONE]}/{total} done"]
     for key in (RUNNING, PENDING, UNKNOWN, FAILED, MISSING):
         if status.counts.get(key):
             parts.append(f"{status.counts[key]} {key}")
     if status.submitting:
         parts.append("`study run` submitting")
-    parts.append(f"elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
+    parts.append(f"elapsed {elapsed_clock(status.elapsed_s)}")
     return "  ".join(parts)

@@ -10,6 +10,8 @@ import time
 
 from jobs import states
 from jobs.polling import poll_until
+from jobs.runs.enginelog import tail_text
+from jobs.slurmtime import elapsed_clock
 
 CONTROLLER = "submitit.local._local"     # the module a submitit local controller runs
 
@@ -88,8 +90,7 @@ def wait_for(run_dir, job, progress=None, every=PROGRESS_S):
 def progress_line(run_dir, job, elapsed_s):
     """`local job main (pid 123) running 0:01:30; last output: <line>` (its rank 0 log's newest line,
     control characters dropped, at most 160 characters)."""
-    seconds = int(elapsed_s)
-    line = f"local job {job.key} (pid {job.job_id}) running {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    line = f"local job {job.key} (pid {job.job_id}) running {elapsed_clock(elapsed_s)}"
     last = _newest_line(glob.glob(os.path.join(glob.escape(run_dir), "logs", f"{glob.escape(job.key)}-*.rank0.log")))
     return f"{line}; last output: {last}" if last else line
 
@@ -97,11 +98,7 @@ def progress_line(run_dir, job, elapsed_s):
 def _newest_line(paths, tail=4096):
     """The last non-empty line of the newest file (a carriage return starts a line: progress bars)."""
     try:
-        path = max(paths, key=os.path.getmtime)
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - tail))
-            text = handle.read().decode("utf-8", errors="replace")
+        text = tail_text(max(paths, key=os.path.getmtime), tail)
     except (OSError, ValueError):
         return None
     lines = [_CONTROL.sub("", part).strip() for part in re.split(r"[\r\n]", text)]
