@@ -133,7 +133,7 @@ def cmd_run(args) -> int:
         log.info("%s", line)
     report = nvt.run(args.input, config, args.output, num_files=args.num_files, overwrite=args.overwrite,
                      bad_row_policy=args.bad_rows, runtime=runtime, max_bad_rows=args.max_bad_rows)
-    print(json.dumps({k: report[k] for k in ("rows", "cardinalities", "bad_rows", "models", "timings_s")}))
+    print(json.dumps({k: report[k] for k in ("rows", "cardinalities", "bad_rows", "models", "warnings", "timings_s")}))
     return 0
 
 

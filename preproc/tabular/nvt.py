@@ -39,7 +39,7 @@ import numpy as np
 from preproc.dataio import bad_rows
 from preproc.dataio.output import atomic_dir, input_files, verify_against_spec
 from preproc.errors import PreprocError
-from preproc.tabular import read, split
+from preproc.tabular import content, read, split
 from preproc.tabular.config import LABEL, TabularConfig, parse_config
 from preproc.tabular.spec import SPEC, feature_spec, spec_file, stored
 from slurm.yamlfile import YamlFileError, load_yaml_file
@@ -152,9 +152,11 @@ def run(input_path: str, config: TabularConfig, output: str, num_files: int = 1,
         return _run(files, config, output, num_files, overwrite, bad_row_policy, runtime, max_bad_rows)
 
 
-def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list, max_bad_rows: float = MAX_BAD_ROWS):
+def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list, max_bad_rows: float = MAX_BAD_ROWS,
+          check_content: bool = True):
     """One pass: the label's values (refused unless 0/1), bad rows per file with their reasons
-    (enforced), time value counts, longest lists. -> (good rows, facts)."""
+    (enforced), time value counts, longest lists, and (``check_content``: a table to fit on, not
+    new rows) what each column holds (preproc.tabular.content). -> (good rows, facts)."""
     import dask
     import pandas as pd
 
@@ -166,6 +168,8 @@ def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list, max_b
              "label_other": parsed["_label_other"].dropna().value_counts()}
     if config.split_method == "time":
         tasks["times"] = good["_time"].value_counts()
+    if check_content:
+        tasks["content"] = content.tasks(good, config)
     lists = [m.column for m in config.multihot if m.max_hotness is None]
     if lists:
         tasks["lists"] = good.map_partitions(longest_lists, lists,
@@ -180,6 +184,11 @@ def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list, max_b
                                            details=details)
     facts["rows"] = sum(c for _, c in counts.values())
     facts["bad_rows"] = sum(b for b, _ in counts.values())
+    facts["warnings"] = []
+    if check_content and facts["rows"] > facts["bad_rows"]:
+        facts["warnings"] = content.check(facts["content"], facts["rows"] - facts["bad_rows"], config)
+    for line in facts["warnings"]:
+        log.warning("tabular: %s", line)
     hotness = {m.column: m.max_hotness for m in config.multihot}
     for c in lists:
         hotness[c] = max([int(s[c]) for s in facts["lists"]] + [1])
@@ -257,7 +266,7 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
         _write_yaml(tmp / CONFIG_FILE, config.to_dict())
         report = {"rows": dict(expected), "cardinalities": cardinalities, "numerical": stats,
                   "bad_rows": facts["bad_rows"], "bad_rows_per_file": facts["bad_report"], "runtime": runtime.mode,
-                  "models": list(config.models), "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+                  "models": list(config.models), "warnings": facts["warnings"], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
         (tmp / "report.json").write_text(json.dumps(report, indent=1))
     log.info("tabular: wrote %s: %s", final, report["rows"])
     return report
@@ -346,7 +355,7 @@ def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_pol
     from merlin.io import Dataset
 
     parsed, _ = read.input_frame(files, config)
-    good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files, max_bad_rows)
+    good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files, max_bad_rows, check_content=False)
     good = good.map_partitions(lambda f: f.assign(_test=np.ones(len(f), bool)),
                                meta=good._meta.assign(_test=np.zeros(0, bool)))
     if "_time" in good.columns:

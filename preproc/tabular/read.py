@@ -36,13 +36,17 @@ from preproc.tabular.split import group_ids, time_values
 BLOCK_BYTES = 64 << 20
 MAP = "map"
 OTHER, MISSING = 2, 3          # _label_kind of a label neither 0 nor 1, and of a missing one
+DECIMAL_COMMA = "a decimal comma (3,5: write 3.5, or convert the file)"
+SEPARATORS = (";", "\t", "|", ",")   # what a header cut at the wrong separator shows inside one name
+CONTINUOUS_LABEL_VALUES = 10   # more distinct numbers than this in a label: a continuous value, not classes
 
 
 def bad_reasons(config: TabularConfig) -> list[str]:
     """Why a row is bad, per column: ``_why`` is 1 + the index in this list."""
     out = [f"label {config.label!r}: missing", f"label {config.label!r}: neither 0 nor 1"]
     for c in config.numerical:
-        out += [f"numerical {c.column!r}: not a number", f"numerical {c.column!r}: infinite"]
+        out += [f"numerical {c.column!r}: not a number", f"numerical {c.column!r}: infinite",
+                f"numerical {c.column!r}: {DECIMAL_COMMA}"]
     if config.map:
         out.append(f"map {config.map!r}: missing")
     if config.time:
@@ -52,6 +56,39 @@ def bad_reasons(config: TabularConfig) -> list[str]:
 
 def _code(reasons: list, column: str, what: str) -> int:
     return reasons.index(next(r for r in reasons if r.endswith(f"{column!r}: {what}"))) + 1
+
+
+def header_names(path: Path, separator: str) -> list[str]:
+    """The CSV header's names as written (pandas renames a repeated name ``x.1``)."""
+    import csv
+    import io
+
+    from pandas.io.common import get_handle
+
+    with get_handle(str(path), "r", compression="infer", encoding="utf-8", errors="replace") as handle:
+        line = handle.handle.readline()
+    return [name.strip() for name in next(csv.reader(io.StringIO(line), delimiter=separator), [])]
+
+
+def check_unique_names(path: Path, names: list[str]) -> None:
+    """A column named twice is refused in one line: reading would silently pick one of the two."""
+    seen: dict = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            raise PreprocError(f"{path}: the header names column {name!r} twice (columns {seen[name] + 1} and "
+                               f"{index + 1}): rename one")
+        seen[name] = index
+
+
+def separator_hint(names: list[str], config: TabularConfig) -> str:
+    """When the header reads as one name holding another separator: the ``csv`` key that reads it."""
+    if len(names) != 1:
+        return ""
+    for sep in SEPARATORS:
+        if sep != config.csv_separator and sep in names[0]:
+            shown, quoted = ("tab", '"\\t"') if sep == "\t" else (repr(sep), f"'{sep}'")
+            return f"; the header looks separated by {shown}: set `csv: {{separator: {quoted}}}` in {config.source}"
+    return ""
 
 
 def input_format(files: list[Path], config: TabularConfig) -> str:
@@ -69,13 +106,17 @@ def file_columns(path: Path, fmt: str, separator: str) -> list[str]:
         import pyarrow.parquet as pq
 
         try:
-            return list(pq.read_schema(path).names)
+            names = list(pq.read_schema(path).names)
         except Exception as exc:  # pyarrow raises several types for a damaged file
             raise PreprocError(f"{path}: not a readable parquet file: {str(exc).splitlines()[0]}") from None
+        check_unique_names(path, names)
+        return names
     try:
         header = pd.read_csv(path, sep=separator, nrows=0, compression="infer")
+        names = header_names(path, separator)
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise PreprocError(f"{path}: no readable CSV header line: {str(exc).splitlines()[0]}") from None
+    check_unique_names(path, names)
     return [str(c) for c in header.columns]
 
 
@@ -83,11 +124,12 @@ def check_columns(files: list[Path], fmt: str, config: TabularConfig) -> None:
     """Every configured column in every file, and of a type its role can read (parquet), else one
     line naming the file and the column."""
     for path in files:
-        have = set(file_columns(path, fmt, config.csv_separator))
+        names = file_columns(path, fmt, config.csv_separator)
+        have = set(names)
         missing = [c for c in config.input_columns if c not in have]
         if missing:
             raise PreprocError(f"{path}: has no column {missing[0]!r} (named in {config.source}; "
-                               f"columns: {', '.join(sorted(have)[:20])})")
+                               f"columns: {', '.join(sorted(have)[:20])}){separator_hint(names, config)}")
         if fmt == "parquet":
             check_types(path, config)
 
@@ -146,6 +188,13 @@ def _missing(values: pd.Series, tokens: tuple) -> pd.Series:
     elif tokens:
         out |= values.astype(str).isin(tokens)
     return out
+
+
+def decimal_commas(values: pd.Series) -> np.ndarray:
+    """Where a value is a number written with a decimal comma (``3,5``, ``-0,25``)."""
+    if not (values.dtype == object or pd.api.types.is_string_dtype(values.dtype)):
+        return np.zeros(len(values), dtype=bool)
+    return values.astype(str).str.strip().str.fullmatch(r"[+-]?\d*,\d+").fillna(False).to_numpy(dtype=bool)
 
 
 def _cell_text(v) -> str:
@@ -215,6 +264,7 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
         number = pd.to_numeric(values.where(~gone), errors="coerce").astype("float64")
         gone |= values.astype(str).str.strip().str.lower().eq("nan")          # a written NaN is missing
         finite = np.isfinite(number.to_numpy())
+        flag(~gone.to_numpy() & ~finite & decimal_commas(values), c.column, DECIMAL_COMMA)
         flag(~gone.to_numpy() & np.isinf(number.to_numpy()), c.column, "infinite")
         flag(~gone.to_numpy() & ~finite, c.column, "not a number")
         out[c.column] = number.where(~gone & finite).to_numpy()
@@ -271,6 +321,7 @@ def check_labels(kinds: pd.Series, others: pd.Series, config: TabularConfig) -> 
     values seen and the ``positive`` key that maps them: dropped row by row it would leave one class."""
     if not len(others):
         return
+    continuous_label(kinds, others, config)
     seen = {"0": int(kinds.get(0, 0)), "1": int(kinds.get(1, 0))}
     seen.update({str(k): int(v) for k, v in others.items()})
     seen = {k: v for k, v in sorted(seen.items(), key=lambda kv: -kv[1]) if v}
@@ -281,6 +332,19 @@ def check_labels(kinds: pd.Series, others: pd.Series, config: TabularConfig) -> 
     raise PreprocError(f"{config.source}: label column {config.label!r} must hold the two classes 0 and 1; "
                        f"values seen: {shown}{more}: map them with `label: {{column: {config.label}, positive: "
                        f"[{yaml_value(suggest)}]}}` (the values in `positive` -> 1, every other value -> 0)")
+
+
+def continuous_label(kinds: pd.Series, others: pd.Series, config: TabularConfig) -> None:
+    """A label of many distinct numbers (a rating, a price) is a value to regress, not two classes:
+    no ``positive`` list maps it, so the one line says what to do instead."""
+    numbers = pd.to_numeric(pd.Series(list(others.index)), errors="coerce")
+    distinct = len(others) + sum(1 for k in (0, 1) if int(kinds.get(k, 0)))
+    if numbers.isna().any() or distinct <= CONTINUOUS_LABEL_VALUES:
+        return
+    raise PreprocError(f"{config.source}: label column {config.label!r} holds {distinct} distinct numbers from "
+                       f"{label_text(numbers.min())} to {label_text(numbers.max())}, a continuous value: the "
+                       "models here are binary classifiers; add a 0/1 column to the table (e.g. 1 where "
+                       f"{config.label} >= a threshold of your choice) and name it as `label`")
 
 
 def yaml_value(text: str) -> str:
