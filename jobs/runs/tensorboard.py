@@ -104,10 +104,25 @@ def profile_command(named, port=DEFAULT_PORT, executable="tensorboard"):
     return [executable, "--logdir", common, "--port", str(int(port)), "--host", "localhost"]
 
 
-def tunnel_line(port=DEFAULT_PORT, user=None, host=None):
+LOCAL_NAMES = ("localhost", "localhost.localdomain", "localhost6", "ip6-localhost")
+
+
+def this_host(fqdn: str | None = None, hostname: str | None = None) -> str:
+    """The name a laptop reaches this node by: the fully qualified name when the resolver knows one,
+    else the host name (``getfqdn`` gives ``localhost`` where /etc/hosts maps the name to 127.0.1.1
+    or to nothing), else ``LOGIN_NODE`` for the user to replace."""
+    fqdn = socket.getfqdn() if fqdn is None else fqdn
+    hostname = socket.gethostname() if hostname is None else hostname
+    for name in (fqdn, hostname):
+        if name and name.lower() not in LOCAL_NAMES:
+            return name
+    return "LOGIN_NODE"
+
+
+def tunnel_line(port: int = DEFAULT_PORT, user: str | None = None, host: str | None = None) -> str:
     """What a user runs on their laptop to reach TensorBoard on this (login) node."""
     user = user or getpass.getuser()
-    host = host or socket.getfqdn()
+    host = host or this_host()
     return (f"ssh -N -L {int(port)}:localhost:{int(port)} {shlex.quote(f'{user}@{host}')}"
             f"   # then open http://localhost:{int(port)}")
 

@@ -44,6 +44,17 @@ def test_run_command_names_every_job_and_prints_the_tunnel(tmp_path, capsys, mon
     assert not any("--logdir " in line for line in out)          # no trace: no Profile-tab command
 
 
+@pytest.mark.parametrize("fqdn, hostname, shown", [
+    ("login1.example.org", "login1", "login1.example.org"),
+    ("localhost", "login1", "login1"),                # issue 48 item 9: was root@localhost
+    ("localhost.localdomain", "login1", "login1"),
+    ("localhost", "localhost", "LOGIN_NODE")])        # nothing known: a placeholder, never localhost
+def test_the_tunnel_names_the_host_a_laptop_can_reach(fqdn, hostname, shown):
+    assert tb.this_host(fqdn, hostname) == shown
+    assert tb.tunnel_line(6006, user="root", host=tb.this_host(fqdn, hostname)).startswith(
+        f"ssh -N -L 6006:localhost:6006 root@{shown}   # then open")
+
+
 def test_study_command_names_points_by_id_from_their_latest_attempt(tmp_path, capsys):
     runs = tmp_path / "runs"
     old = _run_dir(runs / "p-old", jobs=("main-1",))
