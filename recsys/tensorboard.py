@@ -150,6 +150,17 @@ def optimizer_figures(groups, loss_scaler):
     return out
 
 
+def mark_run(logdir):
+    """An event file without figures in a traced rank's directory, unless it has one: TensorBoard's
+    profile plugin (2.15, ``generate_runs``) lists traces only under runs, directories that hold an
+    event file, and a rank outside ``--tensorboard-ranks`` (or under ``--no-tensorboard``) writes none
+    otherwise, so its trace was listed by the study report and never shown."""
+    if any(name.startswith("events.out.tfevents.") for name in os.listdir(logdir)):
+        return
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    EventFileWriter(logdir, filename_suffix=".profile").close()
+
+
 class ProfileWindow:
     """tf.profiler over steps ``start``..``end`` (global step numbers, inclusive) into ``logdir``.
 
@@ -193,6 +204,7 @@ class ProfileWindow:
         import tensorflow as tf
         if not self.running:
             os.makedirs(self.logdir, exist_ok=True)
+            mark_run(self.logdir)
             tf.profiler.experimental.start(self.logdir)
             self.running = True
         with tf.profiler.experimental.Trace("train", step_num=step, _r=1):

@@ -2,7 +2,9 @@
 own loader and the XSpace proto that ships with TensorFlow (recsys/tensorboard.py)."""
 from __future__ import annotations
 
+import gzip
 import json
+import shlex
 import shutil
 import socket
 import subprocess
@@ -138,3 +140,42 @@ def test_recsys_submit_tensorboard_start_serves_the_job_by_name(restored_run):
     assert f"ssh -N -L {port}:localhost:{port}" in printed, printed[-2000:]
     # the run has a trace, which this TensorBoard's Profile tab cannot see: the command that can
     assert f"tensorboard --logdir {out / 'logs' / 'tensorboard'} --port {port}" in printed, printed[-2000:]
+
+
+def _profile_runs(port):
+    """The profile plugin's run list (gzip-compressed JSON), or None while it is not serving or empty."""
+    try:
+        with urllib.request.urlopen(f"http://localhost:{port}/data/plugin/profile/runs", timeout=5) as r:
+            body = r.read()
+    except OSError:
+        return None
+    return json.loads(gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body) or None
+
+
+def test_a_traced_rank_without_figures_opens_in_the_profile_tab(tmp_path):
+    """Issue 48 item 9: a rank that traces but writes no figures (outside --tensorboard-ranks, the
+    default for every rank but 0; here --no-tensorboard, the same path) still opens in the Profile
+    tab of the command `recsys-submit tensorboard` prints: its directory gets an event file of no
+    figures, without which TensorBoard's profile plugin does not list the rank's trace."""
+    log = tmp_path / "logs" / "main-5.engine.jsonl"
+    res = run_train([*RUN, "--max-steps", "4", "--profile-steps", "2-3", "--no-tensorboard", "--log-path", log])
+    assert res.returncode == 0, res.stderr[-3000:]
+    rank = tmp_path / "logs" / "tensorboard" / "main-5" / "rank0"
+    assert len(traces(rank)) == 1
+    assert not accumulator(rank).Tags()["scalars"]                  # --no-tensorboard: still no figures
+    (tmp_path / "jobs.json").write_text("{}")
+    printed = subprocess.run([sys.executable, "-m", "jobs.cli", "tensorboard", str(tmp_path)], cwd=REPO,
+                             env=base_env(), capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    profile = shlex.split(lines[lines.index(next(x for x in lines if x.startswith("# the Profile tab"))) + 1])
+    port = _free_port()
+    argv = [sys.executable, "-m", "tensorboard.main", *profile[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    tb = subprocess.Popen(argv, cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        runs = wait_for(lambda: _profile_runs(port), timeout=120, what="TensorBoard's profile plugin listing the run")
+    finally:
+        tb.terminate()
+        tb.wait(timeout=60)
+    assert any(run.startswith("main-5/rank0/") for run in runs), runs
