@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The install without root: a virtual environment with the pinned training stack and Horovod built
+# The install without root: a virtual environment with the tested training stack (setup.cfg's extras
+# at install/constraints.txt's versions) and Horovod built
 # against the MPI, CUDA and NCCL this shell has loaded (on a managed DGX node, its modules:
 # `module load cuda nccl hpcx`). tests/install.sh (root, test machines) installs the test cluster's
 # system packages, then runs this script. docs/dgx.md, "Bare metal without root".
@@ -18,7 +19,8 @@ extras=""
 mode=install
 cache=${RECSYS_WHEEL_CACHE:-$HOME/.cache/recsys-submit/wheels}
 HOROVOD_VERSION=0.28.1
-TF_VERSION=2.15.1
+TF_VERSION=2.15.1   # install/constraints.txt's tensorflow(-cpu)
+constraints=$here/install/constraints.txt
 
 log() { printf '[install %(%H:%M:%S)T] %s\n' -1 "$*"; }
 die() { printf 'install/user-env.sh: %s\n' "$*" >&2; exit 2; }
@@ -160,8 +162,8 @@ all_extras=$tf_extra${extras:+,$extras}
 whl_dir=$(wheel_dir)
 
 if [ "$mode" = plan ]; then
-  printf 'user:        %s\nmachine:     %s\npython:      %s (%s)\nvenv:        %s\nextras:      %s\nmpicc:       %s\nhorovod:     %s\nhorovod build: %s\nwheel cache: %s\n' \
-    "$(id -un)" "$machine" "$python" "$pyver" "$venv" "$all_extras" "${mpicc:-none}" \
+  printf 'user:        %s\nmachine:     %s\npython:      %s (%s)\nvenv:        %s\nextras:      %s (versions: %s)\nmpicc:       %s\nhorovod:     %s\nhorovod build: %s\nwheel cache: %s\n' \
+    "$(id -un)" "$machine" "$python" "$pyver" "$venv" "$all_extras" "$constraints" "${mpicc:-none}" \
     "$([ $horovod_ready = 1 ] && echo "already in the venv" || echo "$HOROVOD_VERSION, $horovod_flags")" "$gpu_reason" "$whl_dir"
   exit 0
 fi
@@ -180,8 +182,9 @@ if [ "$tf_extra" = gpu ] && "$py" -m pip show -q tensorflow-cpu >/dev/null 2>&1;
   log "replacing tensorflow-cpu by tensorflow[and-cuda] (they share one tensorflow/ directory)"
   "$py" -m pip uninstall -q -y tensorflow-cpu tensorflow
 fi
-log "pip install -e .[$all_extras]"
-"$py" -m pip install -q -e "$here[$all_extras]"
+# setup.cfg's ranges at the tested versions (install/constraints.txt)
+log "pip install -c install/constraints.txt -e .[$all_extras]"
+"$py" -m pip install -q -c "$constraints" -e "$here[$all_extras]"
 
 # Horovod must be built against the installed TensorFlow with MPI, without build isolation (its
 # build imports TensorFlow). cmake comes from PyPI when the machine has none (no root needed).
@@ -200,7 +203,7 @@ if ! "$py" -c 'import horovod.tensorflow' 2>/dev/null; then
   fi
   "$py" -m pip install -q --no-deps "$whl_dir"/horovod-$HOROVOD_VERSION-*.whl
   [ -f "$whl_dir/horovod-build.json" ] && cp "$whl_dir/horovod-build.json" "$venv/horovod-build.json"
-  "$py" -m pip install -q cloudpickle psutil pyyaml packaging cffi
+  "$py" -m pip install -q -c "$constraints" cloudpickle psutil pyyaml packaging cffi
 fi
 "$py" -m pip check
 [ -f "$venv/horovod-build.json" ] && log "horovod build flags ($venv/horovod-build.json): $(cat "$venv/horovod-build.json")"

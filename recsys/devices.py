@@ -28,7 +28,7 @@ from slurm.cpulist import parse_cpulist
 
 DEVICE_ENV = "RECSYS_DEVICE"
 MODES = ("auto", "cpu", "gpu")
-# What the [gpu] extra installs (setup.cfg): the fix offered for a CPU-only TensorFlow.
+# What the [gpu] extra installs (at install/constraints.txt's release): the fix offered for a CPU-only TensorFlow.
 GPU_INSTALL = "pip install 'recsys-submit[gpu]' (tensorflow[and-cuda]==2.15.1) instead of the [train] extra"
 # Distributions that are CPU-only builds by name.
 CPU_DISTRIBUTIONS = ("tensorflow-cpu", "tf-nightly-cpu", "tensorflow-cpu-aws", "intel-tensorflow",

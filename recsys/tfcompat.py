@@ -28,7 +28,7 @@ from recsys.errors import EngineError
 # The TensorFlow releases the engine runs on (tests/compat/run.sh checks both ends).
 OLDEST = (2, 12)
 NEWEST = (2, 20)
-# The version setup.cfg's [train] extra pins (the fix offered for a version outside the range).
+# The TensorFlow install/constraints.txt pins for the [train] extra (the fix offered for a version outside the range).
 PINNED = "2.15.1"
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 # Set to 1 to run on a TensorFlow outside OLDEST..NEWEST anyway (one warning instead of a refusal).

@@ -3,8 +3,8 @@
 The RAPIDS Accelerator jar loads only on the Spark versions it has a shim for: 24.12.1 stops at
 Spark 3.5.3, so with pyspark 3.5.9 the plugin refuses to load on the first GPU job. The pair here
 is what cluster_profiles/images/spark-rapids.Dockerfile builds (it downloads IMAGE_RAPIDS from
-this file and installs setup.cfg's [preproc] pyspark, which tests/jobs/test_image_pairs.py holds
-equal to IMAGE_SPARK), what the image checks when it is built (`check-image`: the installed pyspark
+this file and installs the [preproc] extra with install/constraints.txt, whose pyspark
+tests/jobs/test_image_pairs.py holds equal to IMAGE_SPARK), what the image checks when it is built (`check-image`: the installed pyspark
 against the jar's own shim directories) and what a submission checks a `--rapids-jar` against
 (jobs.planning.container_paths: a jar whose Spark versions do not include the image's is refused
 in one line).
@@ -24,7 +24,7 @@ import re
 import sys
 import zipfile
 
-IMAGE_SPARK = "3.5.9"          # pyspark of the image: setup.cfg's [preproc] pin
+IMAGE_SPARK = "3.5.9"          # pyspark of the image: install/constraints.txt's pin
 IMAGE_RAPIDS = "26.08.0"       # the RAPIDS Accelerator (rapids-4-spark_2.12) the image downloads
 
 
@@ -108,7 +108,7 @@ def check_image(jar):
         return ["pyspark is not installed in this environment"]
     if spark != IMAGE_SPARK:
         faults.append(f"pyspark {spark} installed, but the image's pair is Spark {IMAGE_SPARK} with RAPIDS "
-                      f"{IMAGE_RAPIDS} (slurm/sparkrapids.py; setup.cfg's [preproc] pin)")
+                      f"{IMAGE_RAPIDS} (slurm/sparkrapids.py; install/constraints.txt's pin)")
     shims = jar_shims(jar)
     if shims is None:
         faults.append(f"{jar}: not a readable jar with Spark shims")

@@ -1,5 +1,5 @@
-# The preprocessing image of the dgxa100-pod-spark profile: Spark 3.5 (pyspark, as setup.cfg's
-# [preproc] extra pins it), Java 17, the RAPIDS Accelerator jar of the release slurm/sparkrapids.py
+# The preprocessing image of the dgxa100-pod-spark profile: Spark 3.5 (pyspark, as
+# install/constraints.txt pins it), Java 17, the RAPIDS Accelerator jar of the release slurm/sparkrapids.py
 # pairs with it, and this toolkit, on Ubuntu 22.04.
 #
 #   GPU image (the default base: the CUDA 12.2 runtime the RAPIDS jar's cudf needs):
@@ -19,11 +19,12 @@ RUN apt-get update \
       openjdk-17-jre-headless python3 python3-venv python3-pip procps curl ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
-# The toolkit and its [preproc] extra (pyspark, numpy, pandas, pyarrow at setup.cfg's pins), in a venv
-# that is first on PATH: `python` in the profile and in the job scripts is this one.
+# The toolkit and its [preproc] extra (pyspark, numpy, pandas, pyarrow at install/constraints.txt's
+# versions, the tested stack), in a venv that is first on PATH: `python` in the profile and in the
+# job scripts is this one.
 COPY . /opt/recsys-submit
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir "/opt/recsys-submit[preproc]"
+ && /opt/venv/bin/pip install --no-cache-dir -c /opt/recsys-submit/install/constraints.txt "/opt/recsys-submit[preproc]"
 
 # The RAPIDS Accelerator for Spark: the Scala 2.12 build (pyspark 3.5 is Scala 2.12), from Maven Central,
 # at the release slurm/sparkrapids.py pairs with the image's pyspark (the one place of the pair).

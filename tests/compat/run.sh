@@ -24,7 +24,8 @@ cache=${RECSYS_COMPAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/recsys-compat}
 python=${RECSYS_COMPAT_PYTHON:-python3}
 export PIP_CACHE_DIR=$cache/pip PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# What every stack needs besides TensorFlow: the engine's own imports (setup.cfg [train]).
+# What every stack needs besides TensorFlow: the engine's own imports (setup.cfg [train], at
+# install/constraints.txt's versions; not installed with that file: each stack pins its own TensorFlow).
 common="pyyaml==6.0.2 pandas==1.5.3 pyarrow==14.0.2"
 # stack -> "pip requirements | tf-keras requirement installed with --no-deps (or empty)".
 # numpy: TF 2.12 needs < 1.24, 2.13 <= 1.24.3, 2.14 - 2.17 < 2; 2.18 - 2.20 take 1.26 (pyarrow 14 needs numpy 1.x).

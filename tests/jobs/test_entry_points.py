@@ -1,8 +1,10 @@
 """The login-node install (`pip install recsys-submit`, no extras) in a fresh venv: every console
-script it ships either works or says in one line which extra to install (issue 48, item 1).
+script it ships either works or says in one line which extra to install (issue 48, item 1), and
+where the extra does not install, which Pythons and machines it supports (item 3).
 
 One venv per module (~15 s): the package is built as a wheel from a copy of the source (the
 checkout stays untouched) and installed with its base requirements only, as a user would."""
+import json
 import shutil
 import subprocess
 import sys
@@ -53,6 +55,43 @@ def test_an_engine_script_without_its_extra_names_it_in_one_line(base_install, s
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"{script}: error: ") and f"pip install 'recsys-submit{extra}'" in lines[0]
     assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def test_the_installed_metadata_says_where_each_extra_installs(base_install):
+    """What pip reads (issue 48 item 3): the supported Pythons and Linux as classifiers; each engine
+    extra's requirements as ranges, TensorFlow only on CPython 3.9-3.11 x86_64 Linux."""
+    res = _run(base_install, "python", "-c", "import importlib.metadata as m, json; d = m.metadata('recsys-submit'); "
+               "print(json.dumps({'cls': d.get_all('Classifier'), 'req': d.get_all('Requires-Dist')}))")
+    assert res.returncode == 0, res.stderr
+    meta = json.loads(res.stdout)
+    assert {c for c in meta["cls"] if c.startswith("Programming Language :: Python :: 3.")} == {
+        f"Programming Language :: Python :: 3.{m}" for m in (9, 10, 11)}
+    assert "Operating System :: POSIX :: Linux" in meta["cls"]
+    tf = [r for r in meta["req"] if r.startswith(("tensorflow-cpu", "tensorflow[and-cuda]"))]
+    assert len(tf) == 2 and all('platform_machine == "x86_64"' in r and 'python_version < "3.12"' in r
+                                and "<2.16" in r for r in tf), tf
+    assert not [r for r in meta["req"] if "==" in r.split(";")[0]], "ranges, not pins"
+
+
+@pytest.mark.parametrize("script, machine, python, words", [
+    ("recsys-train", "aarch64", None, ("Linux aarch64 (supported: Python 3.9-3.11 on Linux x86_64)", "NGC")),
+    ("recsys-train", "x86_64", (3, 13), ("Python 3.13 (supported: Python 3.9-3.11 on Linux x86_64)", "python3.11")),
+    ("recsys-preproc", "x86_64", (3, 12), ("Python 3.12 (supported: Python 3.9-3.11 on Linux x86_64 or aarch64)",
+                                           "spark-rapids.Dockerfile")),
+])
+def test_an_engine_script_on_an_unsupported_host_says_what_is_supported(base_install, script, machine, python,
+                                                                          words):
+    """The console script's own function, in the base install, on a host stood in for: platform.machine
+    and the version tuple the check reads (this box is CPython 3.11 on x86_64)."""
+    module, func = {"recsys-train": ("recsys.entry", "train"), "recsys-preproc": ("preproc.entry", "main")}[script]
+    stand_in = (f"import platform, sys; platform.machine = lambda: {machine!r}; "
+                f"sys.version_info = {tuple(python or sys.version_info[:2]) + (0,)!r}; "
+                f"sys.argv = [{script!r}, '--help']; from {module} import {func}; {func}()")
+    res = _run(base_install, "python", "-c", stand_in)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and res.stdout == "", res.stderr
+    assert lines[0].startswith(f"{script}: error: no [") and all(w in lines[0] for w in words), lines[0]
+    assert "Traceback" not in res.stderr
 
 
 def test_python_m_preproc_names_the_extra_too(base_install):

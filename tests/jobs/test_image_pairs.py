@@ -1,11 +1,10 @@
 """The preprocessing image's Spark and RAPIDS Accelerator pair (issue 47, item 5): kept in one place
-(slurm/sparkrapids.py), the recipe downloads that release and installs setup.cfg's pyspark, which
-is the pair's; the image's build-time check passes a jar with a shim for the installed pyspark and
+(slurm/sparkrapids.py), the recipe downloads that release and installs install/constraints.txt's
+pyspark, which is the pair's; the image's build-time check passes a jar with a shim for the installed pyspark and
 stops on one without (jars built here as zips with the parallel-world directories a RAPIDS jar
 has); a submission with a --rapids-jar whose release does not support the job's Spark is refused
 in one line before anything is planned."""
 
-import configparser
 import os
 import re
 import subprocess
@@ -40,9 +39,8 @@ def _jar(path, versions):
 def test_the_pair_is_supported_and_kept_in_one_place():
     assert sparkrapids.IMAGE_SPARK in sparkrapids.RAPIDS_SPARK[sparkrapids.IMAGE_RAPIDS]
     assert "3.5.9" not in sparkrapids.RAPIDS_SPARK["24.12.1"]                       # the old pin's fault
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(REPO, "setup.cfg"))
-    pins = dict(line.split("==") for line in cfg["options.extras_require"]["preproc"].split() if "==" in line)
+    with open(os.path.join(REPO, "install", "constraints.txt")) as f:
+        pins = dict(line.split("#")[0].strip().split("==") for line in f if "==" in line.split("#")[0])
     assert pins["pyspark"] == sparkrapids.IMAGE_SPARK
     recipe = open(RECIPE).read()
     assert "RAPIDS_VERSION" not in recipe and not re.search(r"\b2[0-9]\.[01][0-9]\.[0-9]\b", recipe)

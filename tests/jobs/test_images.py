@@ -1,8 +1,8 @@
 """The preprocessing image recipe (cluster_profiles/images/spark-rapids.Dockerfile, issue 34 item 7).
 
 No docker daemon runs on the test machines (`docker info`: cannot connect), so the image itself is
-not built here. What is checked: the recipe takes its Python pins from setup.cfg's [preproc] extra
-(Spark 3.5), puts the RAPIDS jar where the dgxa100-pod-spark profile and docs/dgx.md say, its CPU
+not built here. What is checked: the recipe installs setup.cfg's [preproc] extra at install/constraints.txt's
+versions (Spark 3.5), puts the RAPIDS jar where the dgxa100-pod-spark profile and docs/dgx.md say, its CPU
 twin is the same recipe on plain Ubuntu, and its own self-check line (what the profile declares the
 image holds) passes against this machine's venv and Java."""
 
@@ -23,6 +23,12 @@ RECIPE = os.path.join(REPO, "cluster_profiles", "images", "spark-rapids.Dockerfi
 JAR = "/opt/rapids/rapids-4-spark.jar"
 
 
+def _constraints():
+    """install/constraints.txt as {name: version}."""
+    with open(os.path.join(REPO, "install", "constraints.txt")) as f:
+        return dict(line.split("#")[0].strip().split("==") for line in f if "==" in line.split("#")[0])
+
+
 def _instructions():
     """The recipe's instructions, continuation lines joined."""
     text = re.sub(r"\\\n\s*", " ", open(RECIPE).read())
@@ -34,9 +40,12 @@ def test_recipe_pins_come_from_setup_cfg():
     assert steps[0] == "ARG BASE=nvcr.io/nvidia/cuda:12.2.2-runtime-ubuntu22.04" and steps[1] == "FROM ${BASE}"
     pip = [s for s in steps if "pip install" in s]
     assert len(pip) == 1 and '"/opt/recsys-submit[preproc]"' in pip[0] and "==" not in pip[0]
+    # setup.cfg's ranges at the tested versions, as every installer of the tree installs them
+    assert "-c /opt/recsys-submit/install/constraints.txt " in pip[0]
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(REPO, "setup.cfg"))
-    pins = dict(line.split("==") for line in cfg["options.extras_require"]["preproc"].split() if "==" in line)
+    assert any(line.startswith("pyspark>=3.5,<3.6") for line in cfg["options.extras_require"]["preproc"].splitlines())
+    pins = _constraints()
     assert pins["pyspark"].startswith("3.5."), pins       # "Spark 3.5" as the profile and docs say
     assert any("openjdk-17-jre-headless" in s for s in steps)
     # the jar is where the profile's image declares RAPIDS and where docs/dgx.md's example points
