@@ -31,6 +31,7 @@ STEP_TAGS = {"loss": "train/loss", "samples_per_s": "train/samples_per_s", "step
 SUMMARY_TAGS = {"throughput_samples_per_s": "summary/throughput_samples_per_s",
                 "mean_step_time_ms": "summary/mean_step_time_ms", "p50_step_time_ms": "summary/p50_step_time_ms"}
 NOT_METRICS = {"type", "time", "step", "epoch"}
+BREAKDOWN_TAG = "step_breakdown"     # the Text tab's table of a benchmark's split-step phases
 
 
 def root_dir(config):
@@ -70,10 +71,28 @@ def scalars(record):
         out = [(f"eval/{k}", v) for k, v in record.items() if k not in NOT_METRICS]
     else:
         out = [(tag, record.get(key)) for key, tag in SUMMARY_TAGS.items()]
-        breakdown = record.get("step_breakdown") or {}
-        for which, prefix in (("mean", "breakdown"), ("slowest_rank", "breakdown_slowest_rank")):
-            out += [(f"{prefix}/{k}", v) for k, v in (breakdown.get(which) or {}).items() if k.endswith("_ms")]
     return step, [(tag, float(v)) for tag, v in out if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def breakdown_table(record):
+    """A summary's step breakdown as a Markdown table (phase, mean over ranks, slowest rank), or None.
+
+    It goes to TensorBoard's Text tab, not its Scalars: written once per run, each phase was a
+    one-point card, and a study's page opened with a wall of them above the loss curves."""
+    breakdown = (record.get("step_breakdown") or {}) if record.get("type") == "summary" else {}
+    mean, slowest = breakdown.get("mean") or {}, breakdown.get("slowest_rank") or {}
+    phases = [k for k in dict.fromkeys([*mean, *slowest]) if k.endswith("_ms")]
+    if not phases:
+        return None
+
+    def cell(figures, key):
+        value = figures.get(key)
+        return f"{value:.3f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    rank = slowest.get("rank")
+    lines = ["| phase | mean over ranks (ms) | slowest rank" + (f" ({rank})" if rank is not None else "") + " (ms) |",
+             "|---|---:|---:|"]
+    lines += [f"| {k[:-3]} | {cell(mean, k)} | {cell(slowest, k)} |" for k in phases]
+    return "\n".join(lines)
 
 
 class ScalarSink:
@@ -115,6 +134,11 @@ class ScalarSink:
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in figures])
         self._writer.add_event(event_pb2.Event(wall_time=record.get("time") or time.time(), step=step,
                                                summary=summary))
+        table = breakdown_table(record)
+        if table is not None:
+            from tensorboard.plugins.text.summary_v2 import text_pb
+            self._writer.add_event(event_pb2.Event(wall_time=record.get("time") or time.time(), step=step,
+                                                   summary=text_pb(BREAKDOWN_TAG, table)))
         if record.get("type") != "step":
             self._writer.flush()      # an evaluation or the end: on disk now
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, SMALL, base_env, mpirun_cmd, read_log, run_train, summary, train_cmd
+from tb_events import accumulator
 
 PHASES = ["input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder"]
 BENCH = ["--run-mode", "benchmark", "--benchmark-warmup-steps", "2", "--benchmark-steps", "4",
@@ -54,6 +55,14 @@ def test_one_rank_breakdown(tmp_path):
     assert b["mean"]["embedding_exchange_ms"] == 0 and b["mean"]["gradient_exchange_ms"] == 0
     assert b["bytes_per_step"] == {"embedding_exchange": 0, "gradient_exchange": 0}
     assert b["mean"]["compute_ms"] > 0 and b["mean"]["optimizer_ms"] > 0
+    # TensorBoard: the breakdown is one table in the Text tab, no one-point scalar cards (issue 48 item 9)
+    acc = accumulator(tmp_path / "tensorboard" / "log" / "rank0")
+    assert not [t for t in acc.Tags()["scalars"] if t.startswith("breakdown")]
+    assert "summary/throughput_samples_per_s" in acc.Tags()["scalars"]
+    (table,) = acc.Tensors("step_breakdown")
+    rows = table.tensor_proto.string_val[0].decode().splitlines()
+    assert rows[0].startswith("| phase | mean over ranks (ms) | slowest rank (0) (ms) |")
+    assert f"| compute | {b['mean']['compute_ms']:.3f} | {b['slowest_rank']['compute_ms']:.3f} |" in rows
 
 
 @pytest.mark.horovod

@@ -89,10 +89,12 @@ def test_figures_of_each_record_kind():
                "step_breakdown": {"mean": {"step_ms": 10.0, "compute_ms": 6.0},
                                   "slowest_rank": {"rank": 1, "step_ms": 12.0, "compute_ms": 7.0}}}
     step, figs = tb.scalars(summary)
-    assert step == 40 and dict(figs) == {"summary/throughput_samples_per_s": 5e4, "summary/mean_step_time_ms": 9.0,
-                                         "breakdown/step_ms": 10.0, "breakdown/compute_ms": 6.0,
-                                         "breakdown_slowest_rank/step_ms": 12.0,
-                                         "breakdown_slowest_rank/compute_ms": 7.0}
+    # the breakdown is a table in the Text tab, not one-point scalar cards above the curves (issue 48 item 9)
+    assert step == 40 and dict(figs) == {"summary/throughput_samples_per_s": 5e4, "summary/mean_step_time_ms": 9.0}
+    assert tb.breakdown_table(summary).splitlines() == [
+        "| phase | mean over ranks (ms) | slowest rank (1) (ms) |", "|---|---:|---:|",
+        "| step | 10.000 | 12.000 |", "| compute | 6.000 | 7.000 |"]
+    assert tb.breakdown_table({"type": "summary", "step": 40}) is None
     assert tb.scalars({"type": "checkpoint", "step": 3, "path": "x"}) == (None, [])
     assert tb.scalars({"type": "info", "message": "m"}) == (None, [])
 
