@@ -132,7 +132,8 @@ def _row(case, profile, from_gpus, gpus, precision, xla, calib, p, figure, sourc
     return {"middle": middle, "vs_middle": figure / middle - 1.0, "split": calib.split_source,
             "embedding_share": calib.embedding_share, "embedding_work_ratio": p.get("embedding_work_ratio"),
             "exchange_share": (p["phases_ms"]["embedding_exchange"] + p["phases_ms"]["gradient_exchange"])
-            / p["step_ms_serial"], "case": case, "profile": profile, "from_gpus": from_gpus, "gpus": gpus, "precision": precision,
+            / p["step_ms_serial"],
+            "case": case, "profile": profile, "from_gpus": from_gpus, "gpus": gpus, "precision": precision,
             "xla": xla, "calibration": calib.source, "low": p["throughput_low"], "high": p["throughput_high"],
             "dominant": p["dominant"], "figure": figure, "source": source, **band}
 

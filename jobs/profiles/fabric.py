@@ -228,7 +228,8 @@ def _gpu(ck, raw) -> Dict[str, Any]:
     ck.no_unknown(table, set(PRECISIONS), f"{p}.tflops.")
     tflops = {k: ck.collect(lambda k=k: ck.number(table, k, f"{p}.tflops.{k}")) for k in PRECISIONS if k in table}
     if not tflops:
-        ck.problems.append(ck.fail(f"{p}.tflops", "give the peak per precision, e.g. {fp32: 19.5, tf32: 156, amp: 312}"))
+        ck.problems.append(ck.fail(f"{p}.tflops",
+                                   "give the peak per precision, e.g. {fp32: 19.5, tf32: 156, amp: 312}"))
     return {"source": source, "tflops": tflops, "memory_gb_per_s": memory}
 
 

@@ -90,7 +90,8 @@ def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None)
     exchanges_in = base["gpus"] > 1 and not (bd and bd.get("mean", {}).get("step_ms"))
     calib = Calibration(gpus=base["gpus"], batch_per_gpu=base["batch_per_gpu"], scaled_ms=scaled, fixed_ms=fixed,
                         source=f"study {report.get('study')}, {base['gpus']} GPU(s): {how}", exchanges_in=exchanges_in,
-                        embedding_share=share, embedding_share_range=(share, share) if share is not None else (0.0, 0.0),
+                        embedding_share=share,
+                        embedding_share_range=(share, share) if share is not None else (0.0, 0.0),
                         split_source=split)
     return _with_repeats(calib, cell, timed), measured, variant
 

@@ -19,8 +19,9 @@ from jobs.profiles.fabric import bus_factor
 PHASES = ("compute", "embedding_exchange", "gradient_exchange")
 BYTES_PER_PARAM = 4
 PLANNER = [sys.executable, "-m", "recsys.plan_tables"]
-PROJECTION_VERSION = 4     # 2: calibration.curve, fabric.core_sharing; 3: calibration.exchanges_in/spread/noisy, model_size;
-#                            4: calibration.embedding_share/_range/split_source/embedding_work, points' compute_ms_range
+# 2: calibration.curve, fabric.core_sharing; 3: calibration.exchanges_in/spread/noisy, model_size;
+# 4: calibration.embedding_share/_range/split_source/embedding_work, points' compute_ms_range
+PROJECTION_VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -299,6 +299,9 @@ def test_study_project_from_a_spec_prints_and_writes_the_band(capsys, tmp_path):
     record = json.load(open(tmp_path / "projection.json"))
     assert [p["gpus"] for p in record["points"]] == [1, 16, 64, 512]
     assert open(tmp_path / "projection.csv").readline().startswith("gpus,nodes,")
+    # the compute split is stated, from the model's arithmetic on the profile's GPU rates
+    assert "Compute split (dense with the batch per GPU" in out and "312 TFLOPS (amp)" not in out
+    assert "156 TFLOPS (tf32)" in out and record["calibration"]["embedding_work"] > 0
     code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", "--step-ms", "6", "--json")
     assert code == 0 and json.loads(out)["profile"] == "dgxa100"
 
