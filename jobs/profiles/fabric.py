@@ -17,6 +17,10 @@ that collective. ``jobs.study.projection`` is its only reader. Standard library 
         source: "measured: ..."
         cores: 2
         slowdown: {1: 1.0, 2: 1.1, 4: 2.9, 8: 6.0}
+      gpu:                           # optional: one GPU's peak rates (the projection's compute split)
+        source: "NVIDIA A100 datasheet"
+        tflops: {fp32: 19.5, tf32: 156, amp: 312}
+        memory_gb_per_s: 2039
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ LEVELS = ("intra_node", "inter_node")
 COLLECTIVES = ("allreduce", "alltoall", "allgather")
 INTRA_LINKS = ("nvlink", "nvswitch", "pcie", "shared_memory", "loopback")
 INTER_LINKS = ("infiniband", "ethernet", "roce", "loopback")
-FABRIC_KEYS = {"source", "intra_node", "inter_node", "measured", "core_sharing"}
+FABRIC_KEYS = {"source", "intra_node", "inter_node", "measured", "core_sharing", "gpu"}
+GPU_KEYS = {"source", "tflops", "memory_gb_per_s"}
+PRECISIONS = ("fp32", "tf32", "amp")
 CORE_SHARING_KEYS = {"source", "cores", "slowdown"}
 LEVEL_KEYS = {"intra_node": {"link", "gb_per_s", "latency_us"},
               "inter_node": {"link", "nics", "nic_gb_per_s", "latency_us"}}
@@ -73,6 +79,16 @@ class Fabric:
     measured: Dict[str, Any] = field(default_factory=dict)
     # {"source": str, "cores": C, "slowdown": {k: one rank's step with k ranks on the C cores / alone}}
     core_sharing: Dict[str, Any] = field(default_factory=dict)
+    # {"source": str, "tflops": {precision: peak}, "memory_gb_per_s": x}: one GPU's peak rates
+    gpu: Dict[str, Any] = field(default_factory=dict)
+
+    def gpu_rates(self, precision: str):
+        """(peak FLOP/s, memory bytes/s) of one GPU at a precision (tf32 | fp32 | amp), or None
+        when the fabric states no `gpu:` rates for it."""
+        tflops = (self.gpu.get("tflops") or {}).get(precision)
+        if not tflops or not self.gpu.get("memory_gb_per_s"):
+            return None
+        return float(tflops) * 1e12, float(self.gpu["memory_gb_per_s"]) * 1e9
 
     def sharing_slowdown(self, ranks: int, cores: int) -> float:
         """How much slower a rank's compute runs with `ranks` ranks on a host's `cores` cores
@@ -175,13 +191,18 @@ def _measured(ck, raw) -> Dict[str, Any]:
     return out
 
 
+def _sourced(ck, raw, p: str, keys):
+    """(mapping, its source) of an optional fabric subsection: known keys only, a source required."""
+    data = ck.mapping(raw, p)
+    ck.no_unknown(data, keys, f"{p}.")
+    return data, ck.collect(lambda: ck.string(data, "source", f"{p}.source", required=True))
+
+
 def _core_sharing(ck, raw) -> Dict[str, Any]:
     if raw is None:
         return {}
     p = "fabric.core_sharing"
-    data = ck.mapping(raw, p)
-    ck.no_unknown(data, CORE_SHARING_KEYS, f"{p}.")
-    source = ck.collect(lambda: ck.string(data, "source", f"{p}.source", required=True))
+    data, source = _sourced(ck, raw, p, CORE_SHARING_KEYS)
     cores = ck.collect(lambda: ck.integer(data, "cores", f"{p}.cores", required=True, minimum=1))
     table = ck.collect(lambda: ck.mapping(data.get("slowdown"), f"{p}.slowdown"))
     slowdown = {}
@@ -195,6 +216,21 @@ def _core_sharing(ck, raw) -> Dict[str, Any]:
     if table is not None and not slowdown:
         ck.problems.append(ck.fail(f"{p}.slowdown", "give the measured factor per rank count, e.g. {1: 1.0, 4: 3.2}"))
     return {"source": source, "cores": cores, "slowdown": slowdown}
+
+
+def _gpu(ck, raw) -> Dict[str, Any]:
+    if raw is None:
+        return {}
+    p = "fabric.gpu"
+    data, source = _sourced(ck, raw, p, GPU_KEYS)
+    memory = ck.collect(lambda: _required_number(ck, data, "memory_gb_per_s", f"{p}.memory_gb_per_s"))
+    table = ck.collect(lambda: ck.mapping(data.get("tflops"), f"{p}.tflops")) or {}
+    ck.no_unknown(table, set(PRECISIONS), f"{p}.tflops.")
+    tflops = {k: ck.collect(lambda k=k: ck.number(table, k, f"{p}.tflops.{k}")) for k in PRECISIONS if k in table}
+    if not tflops:
+        ck.problems.append(ck.fail(f"{p}.tflops",
+                                   "give the peak per precision, e.g. {fp32: 19.5, tf32: 156, amp: 312}"))
+    return {"source": source, "tflops": tflops, "memory_gb_per_s": memory}
 
 
 def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
@@ -212,9 +248,11 @@ def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
     inter = ck.collect(lambda: _level(ck, data["inter_node"], "inter_node")) if data.get("inter_node") else None
     measured = ck.collect(lambda: _measured(ck, data.get("measured")), {})
     sharing = ck.collect(lambda: _core_sharing(ck, data.get("core_sharing")), {})
+    gpu = ck.collect(lambda: _gpu(ck, data.get("gpu")), {})
     if len(ck.problems) > before:
         return None
-    return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured, core_sharing=sharing)
+    return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured, core_sharing=sharing,
+                  gpu=gpu)
 
 
 # nccl-tests prints one row per size: size count type redop [root] | out-of-place: time algbw

@@ -7,7 +7,10 @@ A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states eve
   + its fixed time (the optimizer), or with a measured compute curve (one GPU at several
   batches) the calibration's step x curve(b) / curve(b0); x the core-sharing factor (profiles
   with `shared_nodes`: N ranks on one host's C cores; above C the fabric's measured slowdown,
-  else N/C), relative to the calibration's;
+  else N/C), relative to the calibration's; split (jobs.study.projection_split) into a dense part
+  scaled as above and an embedding part scaled with the slowest rank's share of the embedding
+  work in the engine's placement (its share from a breakdown's lookup phase, else the model's
+  arithmetic on the profile's `fabric.gpu` peak rates);
 - the embedding placement is the engine's own (``python -m recsys.plan_tables``: the planner
   recsys-train uses), and the slowest rank's tables set the alltoall bytes: ids and vector
   gradients it sends for the other ranks' tables, and its tables' vectors for every other rank;
@@ -16,7 +19,8 @@ A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states eve
 - a collective over a level costs latency + bytes x nccl-tests' bus factor / the level's bus
   bandwidth (fabric: nominal, or measured); inside a node and between nodes hierarchically;
 - the band runs from no overlap (compute + exchanges) to full overlap (the larger of the two),
-  with the calibration point's slowest and fastest repeat (a noisy calibration is flagged);
+  with the calibration point's slowest and fastest repeat (a noisy calibration is flagged) and
+  the compute split's range;
 - a calibration at N > 1 GPUs that still holds its exchanges (--step-ms with --calibration-gpus,
   a study without a breakdown) has them, projected at N, taken out before it is scaled;
 - one model size: a published row of a stated size is shown only beside a projection of it;
@@ -47,6 +51,7 @@ from .projection_model import (BYTES_PER_PARAM, GRADIENT_EXTRAS_BYTES, PHASES, P
                                gradient_bytes, layouts_of_argv, layouts_of_workload, project, project_point,
                                within)
 from .projection_output import CSV_COLUMNS, csv_text, figure, markdown, write  # noqa: F401 (the API)
+from .projection_split import arithmetic_split, breakdown_share, with_split  # noqa: F401 (the API)
 
 
 # ------------------------------------------------------------------ from a study's report
@@ -70,6 +75,7 @@ def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None)
     timed = cell["step_time_ms"]
     bd = cell.get("breakdown")
     scaled, fixed, how = timed, 0.0, f"timed step {timed:.3f} ms"
+    share, split = None, ""
     if bd and bd.get("mean", {}).get("step_ms"):
         ph = {k: v["ms"] for k, v in bd["mean"]["phases"].items()}
         k = timed / bd["mean"]["step_ms"]
@@ -77,9 +83,16 @@ def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None)
         fixed = ph.get("optimizer", 0.0) * k
         scaled = max(0.0, timed - exchanges - fixed)
         how += f", its breakdown's exchanges out and optimizer fixed (parts x timed/split step {k:.2f})"
+        share = breakdown_share(ph, scaled, k)
+        split = (f"measured: the step breakdown's lookup, {share:.2f} of the batch-proportional compute"
+                 if share is not None else "the step breakdown has no separate lookup term (its compute "
+                 "holds the lookups and the dense layers together)")
     exchanges_in = base["gpus"] > 1 and not (bd and bd.get("mean", {}).get("step_ms"))
     calib = Calibration(gpus=base["gpus"], batch_per_gpu=base["batch_per_gpu"], scaled_ms=scaled, fixed_ms=fixed,
-                        source=f"study {report.get('study')}, {base['gpus']} GPU(s): {how}", exchanges_in=exchanges_in)
+                        source=f"study {report.get('study')}, {base['gpus']} GPU(s): {how}", exchanges_in=exchanges_in,
+                        embedding_share=share,
+                        embedding_share_range=(share, share) if share is not None else (0.0, 0.0),
+                        split_source=split)
     return _with_repeats(calib, cell, timed), measured, variant
 
 
@@ -363,7 +376,7 @@ def _project_spec(spec, combo, label, profile, target, counts, calibration, meas
     `model_size`: the published calibration row's (only rows of that size are shown); `given`: a
     step time the user gave (refused, naming --calibration-gpus, where the engine's planner finds
     that the model does not fit the GPUs it was timed on, on the target's memory per rank)."""
-    from .published import check_data_path
+    from .published import check_data_path, platform_of, settings_of
     from .spec import point_args
     check_data_path(spec)
     published = _published_rows(spec, combo, profile, set(counts) | set(measured) | set(spec.gpus or []),
@@ -393,6 +406,10 @@ def _project_spec(spec, combo, label, profile, target, counts, calibration, meas
         layouts.update(layouts_of_argv(rest, planner, memory))
     if calibration.exchanges_in:
         calibration = _without_own_exchanges(calibration, layouts[calibration.gpus], target)
+    precision, _ = settings_of(spec.engine_args, combo, platform_of(profile))
+    if calibration.gpus in layouts:     # else a count past the profile: compute stays one term
+        calibration = with_split(calibration, layouts[calibration.gpus], spec.model, precision,
+                                 target.fabric.gpu_rates(precision))
     record = project(layouts, calibration, target, spec.scaling, spec.batch_size, spec.model,
                      source=f"{what}, variant {label}")
     record["model_size"] = model_size

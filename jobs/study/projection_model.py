@@ -19,7 +19,9 @@ from jobs.profiles.fabric import bus_factor
 PHASES = ("compute", "embedding_exchange", "gradient_exchange")
 BYTES_PER_PARAM = 4
 PLANNER = [sys.executable, "-m", "recsys.plan_tables"]
-PROJECTION_VERSION = 3     # 2: calibration.curve, fabric.core_sharing; 3: calibration.exchanges_in/spread/noisy, model_size
+# 2: calibration.curve, fabric.core_sharing; 3: calibration.exchanges_in/spread/noisy, model_size;
+# 4: calibration.embedding_share/_range/split_source/embedding_work, points' compute_ms_range
+PROJECTION_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ class Calibration:
     spread: Tuple[float, float] = (1.0, 1.0)
     spread_source: str = ""
     noisy: Optional[str] = None             # the repeats are further apart than a study report allows
+    # the compute split (jobs.study.projection_split): the share of the batch-proportional compute
+    # that is embedding work (None: not known, one term), the band's range of it, where it comes
+    # from, and the slowest rank's embedding work at this point (vector elements per step)
+    embedding_share: Optional[float] = None
+    embedding_share_range: Tuple[float, float] = (0.0, 0.0)
+    split_source: str = ""
+    embedding_work: int = 0
 
     def with_spread_over(self, step_ms: float) -> "Calibration":
         """The spread re-expressed on a compute of `step_ms` (after exchanges are taken out of the
@@ -73,14 +82,22 @@ class Calibration:
     def step_ms(self):
         return self.scaled_ms + self.fixed_ms
 
-    def compute_ms(self, batch_per_gpu: int) -> float:
+    def compute_ms(self, batch_per_gpu: int, work_ratio: Optional[float] = None,
+                   share: Optional[float] = None) -> float:
         """Compute per rank at a batch per GPU, before core sharing. One point (no curve): its
         batch-proportional part scaled with the batch plus its fixed part. A curve of >= 2
-        batches gives the shape, the calibration the level: step_ms x curve(b) / curve(b0)."""
+        batches gives the shape, the calibration the level: step_ms x curve(b) / curve(b0).
+        With a split (`share`, default the calibration's, of the batch-proportional part) and
+        `work_ratio` (the slowest rank's embedding work at this point over the calibration's):
+        that share scaled with the work ratio, the rest as above."""
+        share = self.embedding_share if share is None else share
+        emb = (share or 0.0) * self.scaled_ms if work_ratio is not None else 0.0
         pts = sorted({int(b): float(t) for b, t in self.curve}.items())
         if len(pts) < 2:
-            return self.scaled_ms * batch_per_gpu / self.batch_per_gpu + self.fixed_ms
-        return self.step_ms * curve_ms(pts, batch_per_gpu) / curve_ms(pts, self.batch_per_gpu)
+            dense = (self.scaled_ms - emb) * batch_per_gpu / self.batch_per_gpu + self.fixed_ms
+        else:
+            dense = (self.step_ms - emb) * curve_ms(pts, batch_per_gpu) / curve_ms(pts, self.batch_per_gpu)
+        return dense + emb * (work_ratio or 0.0)
 
 
 def affine_fit(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
@@ -302,6 +319,8 @@ class Projected:
     memory_gb_per_rank: Optional[float]
     fits: Optional[bool]
     embedding_work_slowest: int = 0         # embedding_work's slowest rank (vector elements per step)
+    embedding_work_ratio: Optional[float] = None    # that over the calibration point's (None: no split)
+    compute_ms_range: Tuple[float, float] = (0.0, 0.0)     # compute over the split's range (the band's)
     measured_throughput: Optional[float] = None
     published: List[Dict[str, Any]] = field(default_factory=list)
 
@@ -338,15 +357,22 @@ def exchanges_ms(layout, target: Target, n: int, batch_per_gpu: int) -> Dict[str
 
 def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
     g, nodes = _levels(n, target.gpus_per_node)
-    compute = calibration.compute_ms(batch_per_gpu) * core_share(target, n, calibration.gpus)
+    work = max(embedding_work(layout, n, batch_per_gpu))
+    ratio = work / calibration.embedding_work if calibration.embedding_work else None
+    sharing = core_share(target, n, calibration.gpus)
+    compute = calibration.compute_ms(batch_per_gpu, ratio) * sharing
+    spans = [compute] + [calibration.compute_ms(batch_per_gpu, ratio, s) * sharing
+                         for s in calibration.embedding_share_range]
     ex = exchanges_ms(layout, target, n, batch_per_gpu)
     emb, grad, sent, reduce, gather = (ex[k] for k in ("embedding_exchange", "gradient_exchange", "sent", "reduce",
                                                        "gather"))
     slowest = max(sent) if sent else 0
     phases = {"compute": compute, "embedding_exchange": emb, "gradient_exchange": grad}
     fast, slow = calibration.spread
-    serial = compute * slow + emb + grad           # the band's slow edge: no overlap, the slowest repeat
-    overlap = max(compute * fast, emb + grad)      # its fast edge: full overlap, the fastest repeat
+    # the band's slow edge: no overlap, the slowest repeat, the split's slowest end; its fast
+    # edge: full overlap, the fastest repeat, the split's fastest end
+    serial = max(spans) * slow + emb + grad
+    overlap = max(min(spans) * fast, emb + grad)
     samples = n * batch_per_gpu
     per_gpu0 = calibration.batch_per_gpu / calibration.step_ms * 1000.0
     high, low = samples / overlap * 1000.0, samples / serial * 1000.0
@@ -360,7 +386,8 @@ def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
                      gradient_allreduce_bytes=int(reduce) if n > 1 else 0,
                      gradient_allgather_bytes=int(gather) if n > 1 else 0,
                      memory_gb_per_rank=memory, fits=fits,
-                     embedding_work_slowest=max(embedding_work(layout, n, batch_per_gpu)))
+                     embedding_work_slowest=work, embedding_work_ratio=ratio,
+                     compute_ms_range=(min(spans), max(spans)))
 
 
 def project(layouts: Dict[int, Dict[str, Any]], calibration: Calibration, target: Target, scaling: str,

@@ -30,6 +30,9 @@ def markdown(record: Dict[str, Any]) -> str:
     if record.get("model_size"):
         lines[-1:-1] = [f"Model size: {record['model_size']} (the calibration row's); published rows of other sizes "
                         "are other tables and are not shown."]
+    if c.get("split_source"):
+        lines[-1:-1] = [f"Compute split (dense with the batch per GPU, embedding with the slowest rank's share of "
+                        f"the embedding work): {c['split_source']}."]
     if c.get("curve"):
         lines[-1:-1] = [f"Compute vs batch per GPU: {c['curve_source']}, log-log between the measured batches, "
                         "their affine fit outside."]

@@ -82,6 +82,10 @@ def test_a_profile_with_a_fabric_loads_back_from_its_as_dict(tmp_path):
      "fabric.measured.intra_node.allreduce.busbw_gb_per_s: required key is missing"),
     ({"source": "x"}, "fabric.intra_node: required key is missing"),
     ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
+      "gpu": {"source": "d", "tflops": {"fp64": 9.7}, "memory_gb_per_s": 900}}, "fabric.gpu.tflops.fp64: unknown key"),
+    ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
+      "gpu": {"source": "d", "tflops": {"fp32": 15.7}}}, "fabric.gpu.memory_gb_per_s: required key is missing"),
+    ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
       "core_sharing": {"source": "m", "cores": 2, "slowdown": {4: 0}}},
      "fabric.core_sharing.slowdown.4: 0 is not a positive factor"),
 ])
@@ -256,7 +260,12 @@ def test_a_measured_compute_curve_replaces_the_proportional_scaling(tmp_path):
         {"batch_per_gpu": b, "step_ms": t} for b, t in pts]}))
     record = P.run(STUDY + ".yaml", load_profile("dgxa100"), [2], compute_curve=str(path))
     by = {p["gpus"]: p["phases_ms"]["compute"] for p in record["points"]}
-    assert by == pytest.approx({1: 6.0, 2: 4.0})
+    # the dense part follows the curve's shape, the embedding part (the arithmetic split's share)
+    # the slowest rank's embedding work at 2 ranks over 1
+    c = record["calibration"]
+    emb, ratio = c["embedding_share"] * c["scaled_ms"], record["points"][1]["embedding_work_ratio"]
+    assert 0 < c["embedding_share"] < 1 and ratio > 0.5
+    assert by == pytest.approx({1: 6.0, 2: (6.0 - emb) * 4.0 / 6.0 + emb * ratio})
     assert "Compute vs batch per GPU: measured compute curve" in P.markdown(record)
 
 
@@ -290,6 +299,9 @@ def test_study_project_from_a_spec_prints_and_writes_the_band(capsys, tmp_path):
     record = json.load(open(tmp_path / "projection.json"))
     assert [p["gpus"] for p in record["points"]] == [1, 16, 64, 512]
     assert open(tmp_path / "projection.csv").readline().startswith("gpus,nodes,")
+    # the compute split is stated, from the model's arithmetic on the profile's GPU rates
+    assert "Compute split (dense with the batch per GPU" in out and "312 TFLOPS (amp)" not in out
+    assert "156 TFLOPS (tf32)" in out and record["calibration"]["embedding_work"] > 0
     code, out, _ = run_cli(capsys, STUDY + ".yaml", "--profile", "dgxa100", "--gpus", "8", "--step-ms", "6", "--json")
     assert code == 0 and json.loads(out)["profile"] == "dgxa100"
 
@@ -358,7 +370,13 @@ def test_validation_table_in_the_docs_is_what_the_bench_computes_now():
     for r in rows:
         assert r["low"] <= r["high"]
         assert r["ok"] == (r["inside"] or abs(r["error"]) <= 0.2)
+    # the compute split is stated per row: distributed-embeddings' small model at 16 GPUs scales its
+    # embedding part by the slowest rank's work (1/4.1 of 1 GPU's), its dense part by 1/16
+    de16 = next(r for r in rows if (r["case"], r["gpus"]) == ("DE synthetic small", 16))
+    assert de16["embedding_work_ratio"] == pytest.approx(1 / 4.1077, abs=1e-3) and 0 < de16["embedding_share"] < 1
+    assert "embedding share" in de16["split"]
     table = bench.markdown(rows)
+    assert "geometric-mean error of the band's middle" in table
     docs = open(os.path.join(ROOT, "docs", "studies.md")).read()
     assert table.strip() in docs
 
@@ -546,7 +564,11 @@ def test_a_step_time_at_n_gpus_has_its_own_exchanges_taken_out(capsys):
     four = by[4]["phases_ms"]
     assert by[4]["step_ms_serial"] == pytest.approx(2.0)
     assert four["compute"] == pytest.approx(2.0 - four["embedding_exchange"] - four["gradient_exchange"])
-    assert four["embedding_exchange"] > 0 and by[8]["phases_ms"]["compute"] == pytest.approx(four["compute"] / 2)
+    # the dense part halves (half the batch per GPU); the embedding part follows the slowest rank's work
+    c = rec["calibration"]
+    emb, ratio = c["embedding_share"] * c["scaled_ms"], by[8]["embedding_work_ratio"]
+    assert four["embedding_exchange"] > 0 and by[8]["phases_ms"]["compute"] == pytest.approx(
+        (four["compute"] - emb) / 2 + emb * ratio)
     assert "own exchanges at 4 GPUs" in rec["calibration"]["source"]
 
 
@@ -630,3 +652,69 @@ def test_the_slowest_ranks_embedding_work_follows_the_engines_placement():
     rec = P.project({16: layouts[16]}, P.Calibration(gpus=1, batch_per_gpu=65536, scaled_ms=67.355),
                     P.Target.of(load_profile("dgxa100-pod")), "strong", 65536, work.model)
     assert rec["points"][0]["embedding_work_slowest"] == max(sixteen)
+
+
+def _split_layout():
+    """A recorded planner answer, by hand: 4 tables of width 16 and hotness 10 on 2 ranks, three
+    on rank 0 and one on rank 1 (model parallel), 1,000,000 dense parameters."""
+    tables = [["g", f"t{i}", 1000, 16, 10, 4, True, 1] for i in range(4)]
+    return {"tables": tables, "slices": [[0, 0, 0, 16], [1, 0, 0, 16], [2, 0, 0, 16], [3, 1, 0, 16]],
+            "dense_params": 1_000_000, "sparse_as_dense": False, "rank_bytes": [1, 1]}
+
+
+def test_the_arithmetic_split_is_dense_flops_against_embedding_bytes():
+    """The model's own arithmetic per sample: 6 FLOPs per dense parameter at the peak FLOP rate
+    against 2 x 4 bytes per looked-up element at the memory bandwidth; the range has either part
+    at half its peak; no peak rates: not known, the range all-dense to all-embedding."""
+    from jobs.study import projection_split as S
+    layout = _split_layout()
+    assert S.lookup_elements(layout) == 4 * 10 * 16
+    dense, emb = 6e6 / 156e12, 2 * 4 * 640 / 2039e9
+    share, rng, source = S.arithmetic_split(layout, "wide_deep", "tf32", (156e12, 2039e9))
+    assert share == pytest.approx(emb / (dense + emb))
+    assert rng == pytest.approx((emb / (emb + 2 * dense), 2 * emb / (2 * emb + dense)))
+    assert rng[0] < share < rng[1] and "156 TFLOPS (tf32)" in source and "2039 GB/s" in source
+    # DLRM's dot interaction: 5 vectors (4 tables + the bottom MLP), 10 pairs of width 16, x2 FLOPs x3
+    assert S.interaction_flops(layout, "dlrm") == 3 * 5 * 4 * 16 and S.interaction_flops(layout, "ncf") == 0
+    assert S.arithmetic_split(layout, "dlrm", "fp32", None)[:2] == (None, (0.0, 1.0))
+    assert load_profile("dgx1").fabric.gpu_rates("tf32") is None        # no TF32 on V100
+    assert load_profile("dgxa100-pod").fabric.gpu_rates("amp") == (312e12, 2039e9)
+
+
+def test_embedding_compute_follows_the_slowest_ranks_work_and_the_split_widens_the_band():
+    """Compute = dense part x the batch per GPU ratio + embedding part x the slowest rank's work
+    ratio (rank 0: 3 of 4 tables for the global batch, 0.75 of the 1-GPU work where the batch per
+    GPU halves); the split's range moves the band's edges, not its middle term."""
+    from jobs.study import projection_split as S
+    layout, one = _split_layout(), dict(_split_layout(), slices=[])
+    for t in one["tables"]:
+        t[6] = False
+    assert P.embedding_work(layout, 2, 256) == [2 * 256 * 10 * 16 * 3, 2 * 256 * 10 * 16]
+    base = P.Calibration(gpus=1, batch_per_gpu=512, scaled_ms=10.0, fixed_ms=2.0)
+    calib = S.with_split(base, one, "wide_deep", "tf32", (156e12, 2039e9))
+    assert calib.embedding_work == 512 * 640 and "embedding share" in calib.split_source
+    target = P.Target.of(load_profile("dgxa100"))
+    p = P.project_point(layout, calib, target, 2, 256)
+    emb = calib.embedding_share * 10.0
+    assert p.embedding_work_ratio == pytest.approx(0.75)
+    assert p.phases_ms["compute"] == pytest.approx((10.0 - emb) / 2 + 2.0 + emb * 0.75)
+    lo, hi = (pytest.approx((10.0 - s * 10) / 2 + 2.0 + s * 10 * 0.75) for s in calib.embedding_share_range)
+    assert p.compute_ms_range == (lo, hi)
+    exchanges = p.phases_ms["embedding_exchange"] + p.phases_ms["gradient_exchange"]
+    assert p.step_ms_serial == pytest.approx(p.compute_ms_range[1] + exchanges)
+    assert p.step_ms_overlap == pytest.approx(max(p.compute_ms_range[0], exchanges))
+    # one term (no split): the old rule, batch-proportional
+    assert P.project_point(layout, base, target, 2, 256).phases_ms["compute"] == pytest.approx(7.0)
+
+
+def test_a_breakdown_without_a_lookup_term_says_so_and_one_with_it_is_measured():
+    """The recorded study's breakdown has no lookup phase: the split is the arithmetic, and the
+    calibration says why; a breakdown that times the lookup gives the share itself."""
+    from jobs.study import projection_split as S
+    calib, _, _ = P.calibration_of_report(recorded_report())
+    assert calib.embedding_share is None and "no separate lookup term" in calib.split_source
+    record = P.run(STUDY + ".yaml", load_profile("ci"), [2], report=recorded_report())
+    assert "no separate lookup term" in record["calibration"]["split_source"]
+    assert "not known" in P.markdown(record) and tuple(record["calibration"]["embedding_share_range"]) == (0.0, 1.0)
+    assert S.breakdown_share({"compute": 3.0, "embedding_lookup": 1.0}, 4.0, 2.0) == pytest.approx(0.5)
+    assert S.breakdown_share({"compute": 3.0}, 4.0, 2.0) is None
