@@ -110,7 +110,8 @@ def test_plan_as_a_user_without_root(open_dir):
     assert res.returncode == 0, res.stderr
     plan = dict(line.split(":", 1) for line in res.stdout.splitlines())
     assert plan["user"].strip() == "nobody" and plan["venv"].strip() == str(venv)
-    assert plan["extras"].strip() == "train,preproc"          # the CPU build here: no GPU listed
+    # the CPU build here: no GPU listed; the exact versions from the constraints file (issue 48 item 3)
+    assert plan["extras"].strip() == f"train,preproc (versions: {REPO / 'install' / 'constraints.txt'})"
     assert plan["mpicc"].strip() == os.path.realpath(shutil.which("mpicc"))
     assert "HOROVOD_WITH_MPI=1" in plan["horovod"] and not venv.exists()
     locked = tmp_path / "locked"

@@ -104,8 +104,11 @@ class Task:
                            reader=self.config.reader)
 
     def steps_per_epoch(self):
+        """Training steps in an epoch; under ``--run-mode evaluate`` 1, without reading the training
+        files: evaluation steps no schedule, and its dataset may have no training mapping (or none
+        that holds a batch of the reference --batch-size)."""
         if self._steps is None:
-            self._steps = self._train_reader().num_batches
+            self._steps = 1 if self.config.mode == "evaluate" else self._train_reader().num_batches
         return self._steps
 
     def sample_batch(self):
@@ -116,7 +119,20 @@ class Task:
         split-binary reads), and the destructor holds the GIL they wait for. A Wide & Deep engine hung
         there once (2026-11-26: the main thread in the prefetch iterator's destructor, two generator
         threads in GeneratorDataset waiting)."""
-        return tf.nest.map_structure(tf.convert_to_tensor, next(iter(self._train_reader().numpy_batches())))
+        batch = next(iter(self._sample_reader().numpy_batches()), None)
+        if batch is None:                       # this rank's share of a small test mapping is empty
+            batch = next(iter(self._train_reader().numpy_batches()))
+        return tf.nest.map_structure(tf.convert_to_tensor, batch)
+
+    def _sample_reader(self):
+        """The reader of the batch that builds the model: the training data's, or under ``--run-mode
+        evaluate`` the test data's at the evaluation batch, the only mapping evaluation reads (a
+        `tabular apply` dataset has no other, and a small table's training files hold no batch of
+        the reference --batch-size, which evaluation does not use)."""
+        if self.config.mode != "evaluate" or "test" not in self.spec.mappings():
+            return self._train_reader()
+        return make_reader(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
+                           reader=self.config.reader)
 
     def _sum(self, arr):
         return self.dist.allreduce_sum(np.asarray(arr, dtype=np.float64))
