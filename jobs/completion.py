@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 SHELLS = ("bash", "zsh")
 _FUNCTION = "_recsys_submit_complete"
@@ -20,23 +20,41 @@ _FUNCTION = "_recsys_submit_complete"
 Node = Tuple[List[str], List[str], Dict[str, List[str]]]     # subcommands, flags, {flag: choices}
 
 
-def command_tree(parser: argparse.ArgumentParser, path: str = "") -> Dict[str, Node]:
-    """{command path ("" for the top, "/study/run"): (subcommands, flags, {flag: choices})}."""
-    subcommands: List[str] = []
-    flags: List[str] = []
-    choices: Dict[str, List[str]] = {}
-    tree = {}
+def subcommands(parser: argparse.ArgumentParser) -> List[Tuple[str, argparse.ArgumentParser, Optional[str]]]:
+    """[(name, parser, one-line help)] of a parser's subcommands, in the order they were added."""
+    found = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                subcommands.append(name)
-                tree.update(command_tree(sub, f"{path}/{name}"))
-        elif action.option_strings:
-            flags.extend(action.option_strings)
-            if action.choices:
-                for flag in action.option_strings:
-                    choices[flag] = [str(c) for c in action.choices]
-    tree[path] = (subcommands, flags, choices)
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            found += [(name, sub, helps.get(name)) for name, sub in action.choices.items()]
+    return found
+
+
+def walk(parser: argparse.ArgumentParser,
+         path: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], argparse.ArgumentParser, Optional[str]]]:
+    """(command path, parser, one-line help) of `parser` and of every subcommand below it, depth
+    first in the order they were added: the one walk of a CLI (completion here, jobs.clidoc's
+    reference pages)."""
+    yield path, parser, None
+    for name, sub, text in subcommands(parser):
+        for sub_path, node, node_help in walk(sub, path + (name,)):
+            yield sub_path, node, text if node is sub else node_help
+
+
+def command_tree(parser: argparse.ArgumentParser, path: str = "") -> Dict[str, Node]:
+    """{command path ("" for the top, "/study/run"): (subcommands, flags, {flag: choices})}."""
+    tree = {}
+    for names, node, _ in walk(parser):
+        flags: List[str] = []
+        choices: Dict[str, List[str]] = {}
+        for action in node._actions:
+            if action.option_strings and not isinstance(action, argparse._SubParsersAction):
+                flags.extend(action.option_strings)
+                if action.choices:
+                    for flag in action.option_strings:
+                        choices[flag] = [str(c) for c in action.choices]
+        tree[path + "".join(f"/{name}" for name in names)] = ([name for name, _, _ in subcommands(node)], flags,
+                                                               choices)
     return tree
 
 

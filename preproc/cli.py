@@ -95,7 +95,8 @@ def stage_list(dataset: str) -> list[tuple[str, str]]:
     return [(choice.dest, choice.help or "") for choice in stages._choices_actions]
 
 
-def _usage() -> str:
+def usage() -> str:
+    """What ``python -m preproc --help`` prints: the datasets and the one-line help of each stage."""
     lines = ["usage: python -m preproc DATASET STAGE [flags]",
              "Preprocess a recommender dataset with Spark into a feature-spec dataset for recsys-train.",
              "Help of one dataset: python -m preproc DATASET --help; of one stage: python -m preproc DATASET STAGE --help",
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        print(usage())
         return 0 if argv else 2
     try:
         parser = build_parser(argv[0])
