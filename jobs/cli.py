@@ -878,7 +878,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         return 130
     except (api.RequestError, api.ProfileError) as exc:     # one line for every error we know
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [exc]:    # a file's every mistake, a line each
+            print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     except (api.SubmitError, api.SlurmCommandError, api.StorageError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ is created or submitted: bad input is one line naming the spec key or the point 
 exit 2). Running the points is jobs.study.run's; the table and plot are jobs.study.report's.
 """
 
+import difflib
 import hashlib
 import itertools
 import os
@@ -121,138 +122,207 @@ class StudySpec:
 
     @classmethod
     def from_dict(cls, data, source="spec"):
-        """Check every key of a spec mapping; StudyError names the key at fault."""
-        def fail(key, message):
-            raise StudyError(f"{source}: {key}: {message}")
-
+        """Check every key of a spec mapping; StudyError names the key at fault, and carries every
+        mistake of the spec (``problems``, in the order of the keys' checks), each one line."""
         if not isinstance(data, dict):
             raise StudyError(f"{source}: a study spec is a mapping of keys ({', '.join(KEYS)})")
+        ck = _Checks(source)
         # a value is shown only through shown(): a YAML alias bomb or a nested value printed
         # with !r took exponential time (slurm/yamlfile.py)
         for key in data:
             if key not in KEYS:
-                fail(keyname(key), f"unknown key (known: {', '.join(KEYS)})")
-        version = data.get("version", SPEC_VERSION)
-        if isinstance(version, bool) or version != SPEC_VERSION:
-            fail("version", f"{shown(version)} is not a spec version this recsys-submit reads ({SPEC_VERSION})")
+                with ck:
+                    close = difflib.get_close_matches(str(key), sorted(KEYS), n=1) if isinstance(key, str) else []
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    ck.fail(keyname(key), f"unknown key ({hint}known: {', '.join(KEYS)})")
+        with ck:
+            version = data.get("version", SPEC_VERSION)
+            if isinstance(version, bool) or version != SPEC_VERSION:
+                ck.fail("version", f"{shown(version)} is not a spec version this recsys-submit reads ({SPEC_VERSION})")
         model = data.get("model")
-        if not isinstance(model, str) or model not in MODELS:
-            fail("model", f"{shown(model)} is not one of {', '.join(MODELS)}")
+        with ck:
+            if not isinstance(model, str) or model not in MODELS:
+                ck.fail("model", f"{shown(model)} is not one of {', '.join(MODELS)}")
         name = data.get("name") or model
-        if not isinstance(name, str) or slug(name) != name:
-            fail("name", f"{shown(name)}: use only letters, digits, '.', '_' and '-' (at most 64)")
+        with ck:
+            if not isinstance(name, str) or slug(name) != name:
+                ck.fail("name", f"{shown(name)}: use only letters, digits, '.', '_' and '-' (at most 64)")
         scaling = data.get("scaling", "strong")
-        if not isinstance(scaling, str) or scaling not in MODES:
-            fail("scaling", f"{shown(scaling)} is not one of {', '.join(MODES)}")
+        with ck:
+            if not isinstance(scaling, str) or scaling not in MODES:
+                ck.fail("scaling", f"{shown(scaling)} is not one of {', '.join(MODES)}")
         ints = {}
         for key, default in (("batch_size", 4096), ("repeats", 1), ("steps", 100), ("warmup_steps", 20),
                              ("breakdown_steps", 20)):
             value = data.get(key, default)
             least = 0 if key in ("warmup_steps", "breakdown_steps") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                fail(key, f"{shown(value)} is not a {'non-negative' if least == 0 else 'positive'} integer")
-            ints[key] = value
+            with ck:
+                if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                    ck.fail(key, f"{shown(value)} is not a {'non-negative' if least == 0 else 'positive'} integer")
+                ints[key] = value
         gpus, points = data.get("gpus"), data.get("points")
-        if gpus is not None and points is not None:
-            fail("points", "give either gpus or points, not both")
-        if gpus is None and points is None:
-            fail("points", "no points: give gpus: [1, 2, 4, ...] or points: [{nodes: 1, gpus_per_node: 1}, ...]")
-        if gpus is not None:
-            if not isinstance(gpus, list) or not gpus:
-                fail("gpus", "empty point list; give GPU counts such as [1, 2, 4, 8]")
-            for value in gpus:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    fail("gpus", f"{shown(value)} is not a positive GPU count")
-            seen = set()
-            for value in gpus:
-                if value in seen:
-                    fail("gpus", f"repeats the count {value} (use repeats: for repeated runs)")
-                seen.add(value)
-        if points is not None:
-            if not isinstance(points, list) or not points:
-                fail("points", "empty point list")
-            clean = []
-            for i, point in enumerate(points):
-                if not isinstance(point, dict) or "nodes" not in point:
-                    fail(f"points[{i}]", f"expected {{nodes: N, gpus_per_node: G}}, got {shown(point)}")
-                for key in point:
-                    if key not in ("nodes", "gpus_per_node"):
-                        fail(f"points[{i}].{keyname(key)}", "unknown key (known: nodes, gpus_per_node)")
-                    value = point[key]
+        sizes = None                     # the number of sizes, once gpus or points is good
+        with ck:
+            if gpus is not None and points is not None:
+                ck.fail("points", "give either gpus or points, not both")
+            if gpus is None and points is None:
+                ck.fail("points", "no points: give gpus: [1, 2, 4, ...] or points: [{nodes: 1, gpus_per_node: 1}, ...]")
+            if gpus is not None:
+                if not isinstance(gpus, list) or not gpus:
+                    ck.fail("gpus", "empty point list; give GPU counts such as [1, 2, 4, 8]")
+                for value in gpus:
                     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                        fail(f"points[{i}].{key}", f"{shown(value)} is not a positive integer")
-                clean.append({"nodes": point["nodes"], "gpus_per_node": point.get("gpus_per_node")})
-            points = clean
+                        ck.fail("gpus", f"{shown(value)} is not a positive GPU count")
+                seen = set()
+                for value in gpus:
+                    if value in seen:
+                        ck.fail("gpus", f"repeats the count {value} (use repeats: for repeated runs)")
+                    seen.add(value)
+                sizes = len(gpus)
+            if points is not None:
+                points = _points(points, ck)
+                sizes = len(points)
         variants = data.get("variants") or {}
-        if not isinstance(variants, dict):
-            fail("variants", "a mapping of engine setting -> list of values, e.g. {amp: [false, true]}")
+        with ck:
+            if not isinstance(variants, dict):
+                variants = {}
+                ck.fail("variants", "a mapping of engine setting -> list of values, e.g. {amp: [false, true]}")
         for key, values in variants.items():
-            if not isinstance(key, str) or not key.replace("_", "").replace("-", "").isalnum():
-                fail(f"variants.{keyname(key)}", "not an engine setting name")
-            if not isinstance(values, list) or not values:
-                fail(f"variants.{key}", "give a non-empty list of values")
-            for value in values:
-                if not isinstance(value, (bool, int, float, str)):
-                    fail(f"variants.{key}", f"{shown(value)} is not a plain value")
-            if key == "precision":
-                for value in values:
-                    if value not in PRECISION:
-                        fail("variants.precision", f"{shown(value)} is not one of {', '.join(PRECISION)}")
+            with ck:
+                _check_variant(key, values, ck)
         engine_args = data.get("engine_args") or []
-        if not isinstance(engine_args, list) or not all(isinstance(a, (str, int, float)) for a in engine_args):
-            fail("engine_args", "a list of engine flags and values, e.g. ['--embedding-dim', '16']")
-        if len(engine_args) > MAX_ENGINE_ARGS:
-            fail("engine_args", f"{len(engine_args)} entries, more than {MAX_ENGINE_ARGS}")
-        engine_args = [str(a) for a in engine_args]
-        for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--breakdown-steps",
-                     "--run-mode", "--mode", "--model", "--profile-steps"):
-            if any(a == flag or a.startswith(flag + "=") for a in engine_args):
-                fail("engine_args", f"{flag} is set by the study (use its own key)")
+        with ck:
+            if not isinstance(engine_args, list) or not all(isinstance(a, (str, int, float)) for a in engine_args):
+                ck.fail("engine_args", "a list of engine flags and values, e.g. ['--embedding-dim', '16']")
+            if len(engine_args) > MAX_ENGINE_ARGS:
+                ck.fail("engine_args", f"{len(engine_args)} entries, more than {MAX_ENGINE_ARGS}")
+            engine_args = [str(a) for a in engine_args]
+            for flag in ("--batch-size", "--benchmark-steps", "--benchmark-warmup-steps", "--breakdown-steps",
+                         "--run-mode", "--mode", "--model", "--profile-steps"):
+                if any(a == flag or a.startswith(flag + "=") for a in engine_args):
+                    ck.fail("engine_args", f"{flag} is set by the study (use its own key)")
         data_path = data.get("data_path")
         synthetic = data.get("synthetic")
-        if data_path is not None and not isinstance(data_path, str):
-            fail("data_path", f"{shown(data_path)} is not a path")
-        if synthetic is not None and not isinstance(synthetic, bool):
-            fail("synthetic", f"{shown(synthetic)} is not true or false")
-        if data_path and synthetic:
-            fail("synthetic", "give data_path or synthetic: true, not both")
+        with ck:
+            if data_path is not None and not isinstance(data_path, str):
+                ck.fail("data_path", f"{shown(data_path)} is not a path")
+        with ck:
+            if synthetic is not None and not isinstance(synthetic, bool):
+                ck.fail("synthetic", f"{shown(synthetic)} is not true or false")
+            if data_path and synthetic:
+                ck.fail("synthetic", "give data_path or synthetic: true, not both")
         time = data.get("time")
-        if time is not None:
-            if isinstance(time, bool) or not isinstance(time, (str, int)) or len(str(time)) > 32:
-                fail("time", f"{shown(time)} is not a Slurm time limit such as \"04:00:00\"")
-            try:
-                parse_time(str(time), "time")
-            except RequestError as exc:
-                raise StudyError(f"{source}: {exc}") from None
-            time = str(time)
+        with ck:
+            if time is not None:
+                if isinstance(time, bool) or not isinstance(time, (str, int)) or len(str(time)) > 32:
+                    ck.fail("time", f"{shown(time)} is not a Slurm time limit such as \"04:00:00\"")
+                try:
+                    parse_time(str(time), "time")
+                except RequestError as exc:
+                    ck.add(f"{source}: {exc}")
+                time = str(time)
         placement = data.get("placement")
-        if placement is not None and (not isinstance(placement, str) or placement not in PLACEMENTS):
-            fail("placement", f"{shown(placement)} is not one of {', '.join(PLACEMENTS)}")
+        with ck:
+            if placement is not None and (not isinstance(placement, str) or placement not in PLACEMENTS):
+                ck.fail("placement", f"{shown(placement)} is not one of {', '.join(PLACEMENTS)}")
         profile_steps = data.get("profile_steps")
-        if profile_steps is not None:
-            start, _, end = str(profile_steps).partition("-") if isinstance(profile_steps, str) else ("", "", "")
-            if len(profile_steps if isinstance(profile_steps, str) else "") > 24 \
-                    or not (start.isdigit() and end.isdigit()) or not 1 <= int(start) <= int(end):
-                fail("profile_steps", f"{shown(profile_steps)} is not START-END benchmark steps, e.g. \"30-32\"")
-            if int(end) > ints["warmup_steps"] + ints["steps"]:
-                fail("profile_steps", f"{profile_steps}: a point runs {ints['warmup_steps'] + ints['steps']} "
-                                      "benchmark steps (warmup_steps + steps)")
-            profile_steps = str(profile_steps)
+        with ck:
+            if profile_steps is not None:
+                profile_steps = _profile_steps(profile_steps, ints, ck)
         description = data.get("description") or ""
-        if isinstance(description, (list, dict)):
-            fail("description", f"must be text, got {shown(description)}")
-        sizes = len(gpus if gpus is not None else points)
-        count = sizes * ints["repeats"]
-        for values in variants.values():
-            count *= len(values)
-            if count > MAX_POINTS:
-                break
-        if count > MAX_POINTS:
-            fail("points", f"more than {MAX_POINTS} points (sizes x variant combinations x repeats)")
+        with ck:
+            if isinstance(description, (list, dict)):
+                ck.fail("description", f"must be text, got {shown(description)}")
+        with ck:
+            if sizes is not None and "repeats" in ints:
+                count = sizes * ints["repeats"]
+                for values in variants.values():
+                    count *= len(values) if isinstance(values, list) else 1
+                    if count > MAX_POINTS:
+                        break
+                if count > MAX_POINTS:
+                    ck.fail("points", f"more than {MAX_POINTS} points (sizes x variant combinations x repeats)")
+        ck.raise_problems()
         return cls(name=name, model=model, scaling=scaling, gpus=gpus, points=points, variants=variants,
                    time=time, data_path=data_path, synthetic=synthetic, engine_args=engine_args,
                    description=str(description), placement=placement, profile_steps=profile_steps,
                    source=source, **ints)
+
+
+class _Checks:
+    """Every mistake of a spec, not only the first: each ``with ck:`` block checks one key, and a
+    ``fail`` records its one line and leaves that block (the later keys are still checked)."""
+
+    class _Left(Exception):
+        pass
+
+    def __init__(self, source):
+        self.source = source
+        self.problems: List[str] = []
+
+    def add(self, line):
+        self.problems.append(line)
+        raise self._Left
+
+    def fail(self, key, message):
+        self.add(f"{self.source}: {key}: {message}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        return kind is self._Left            # the block's first mistake ends the block, not the check
+
+    def raise_problems(self):
+        if self.problems:
+            error = StudyError(self.problems[0])
+            error.problems = list(self.problems)
+            raise error
+
+
+def _points(points, ck):
+    """``points:`` as ``[{nodes, gpus_per_node}]`` (StudySpec.from_dict's check of that key)."""
+    if not isinstance(points, list) or not points:
+        ck.fail("points", "empty point list")
+    clean = []
+    for i, point in enumerate(points):
+        if not isinstance(point, dict) or "nodes" not in point:
+            ck.fail(f"points[{i}]", f"expected {{nodes: N, gpus_per_node: G}}, got {shown(point)}")
+        for key in point:
+            if key not in ("nodes", "gpus_per_node"):
+                ck.fail(f"points[{i}].{keyname(key)}", "unknown key (known: nodes, gpus_per_node)")
+            value = point[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                ck.fail(f"points[{i}].{key}", f"{shown(value)} is not a positive integer")
+        clean.append({"nodes": point["nodes"], "gpus_per_node": point.get("gpus_per_node")})
+    return clean
+
+
+def _check_variant(key, values, ck):
+    """One ``variants:`` entry: an engine setting name and a non-empty list of plain values."""
+    if not isinstance(key, str) or not key.replace("_", "").replace("-", "").isalnum():
+        ck.fail(f"variants.{keyname(key)}", "not an engine setting name")
+    if not isinstance(values, list) or not values:
+        ck.fail(f"variants.{key}", "give a non-empty list of values")
+    for value in values:
+        if not isinstance(value, (bool, int, float, str)):
+            ck.fail(f"variants.{key}", f"{shown(value)} is not a plain value")
+    if key == "precision":
+        for value in values:
+            if value not in PRECISION:
+                ck.fail("variants.precision", f"{shown(value)} is not one of {', '.join(PRECISION)}")
+
+
+def _profile_steps(profile_steps, ints, ck):
+    """``profile_steps:`` as "START-END" inside the point's benchmark steps."""
+    start, _, end = str(profile_steps).partition("-") if isinstance(profile_steps, str) else ("", "", "")
+    if len(profile_steps if isinstance(profile_steps, str) else "") > 24 \
+            or not (start.isdigit() and end.isdigit()) or not 1 <= int(start) <= int(end):
+        ck.fail("profile_steps", f"{shown(profile_steps)} is not START-END benchmark steps, e.g. \"30-32\"")
+    total = ints.get("warmup_steps", 20) + ints.get("steps", 100)
+    if int(end) > total:
+        ck.fail("profile_steps", f"{profile_steps}: a point runs {total} benchmark steps (warmup_steps + steps)")
+    return str(profile_steps)
 
 
 def load_spec(path):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from jobs.profiles import load_profile
-from jobs.study.spec import StudyError, expand, load_spec, spec_from_flags
+from jobs.study.spec import KEYS, StudyError, expand, load_spec, spec_from_flags
 
 pytestmark = pytest.mark.fast
 
@@ -177,3 +177,21 @@ def test_only_a_state_slurm_reported_as_terminal_fails_a_point(tmp_path):
     assert attempt(PARTIAL, uncertain=True)[0] == run.UNKNOWN
     assert attempt(PARTIAL) == (run.FAILED, "not submitted: job 'main' refused")
     assert attempt(SUBMITTED)[0] == run.FAILED
+
+
+def test_a_spec_with_three_mistakes_reports_all_three(tmp_path, capsys):
+    """Issue 44 item 3: a study spec is checked like a profile, every mistake at once, each one line
+    with its key, an unknown key with a "did you mean" (it stopped at the first mistake, no hint)."""
+    from jobs import cli
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: dlrm\ngpus: [1, 2]\nrepeat: 3\nbatch_size: -4\nvariants: {precision: [fp16]}\n")
+    with pytest.raises(StudyError) as err:
+        load_spec(str(spec))
+    assert err.value.problems == [
+        f"{spec}: repeat: unknown key (did you mean 'repeats'? known: {', '.join(KEYS)})",
+        f"{spec}: batch_size: -4 is not a positive integer",
+        f"{spec}: variants.precision: 'fp16' is not one of tf32, fp32, amp"]
+    assert str(err.value) == err.value.problems[0]
+    assert cli.main(["study", "run", str(spec), "--profile", "ci", "--dry-run"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"recsys-submit: error: {p}" for p in err.value.problems]
