@@ -10,13 +10,13 @@
     comparison, paths = compare_studies([baseline_dir, record.study_dir])  # compare.{md,csv,json,png}
 """
 
-from .errors import RequestError, SlurmCommandError, StorageError, SubmitError
+from .errors import RequestError, SlurmCommandError, StorageError, SubmitError, ToolkitError
 from .planning.request import JobRequest, build_chain
 from .profiles import ProfileError, list_profiles
 from .schedulers import backend_class, capabilities
 from .submit import dry_run, load, render_plan, render_text, submit
 
-__all__ = ["JobRequest", "build_chain", "RequestError", "SubmitError", "SlurmCommandError", "StorageError",
+__all__ = ["JobRequest", "build_chain", "ToolkitError", "RequestError", "SubmitError", "SlurmCommandError", "StorageError",
            "ProfileError", "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
            "log_files", "cancel", "requeue", "find_run", "load_profile", "list_profiles", "runs_in_foreground",
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",

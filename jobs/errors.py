@@ -2,15 +2,17 @@
 
 Every error a user can cause (bad flag, impossible request, failed sbatch) is raised as one of
 these with a single-line message naming the flag, key or job involved; the CLI prints it and
-exits non-zero. Profile errors come from jobs.profiles.ProfileError (same convention).
+exits non-zero. Profile errors come from jobs.profiles.ProfileError (same convention). Every one
+derives from slurm.errors.ToolkitError, the toolkit's one base class (jobs.api.ToolkitError).
 """
+from slurm.errors import ToolkitError
 
 
-class RequestError(ValueError):
+class RequestError(ToolkitError, ValueError):
     """The job request is invalid; raised before anything is submitted."""
 
 
-class SubmitError(RuntimeError):
+class SubmitError(ToolkitError, RuntimeError):
     """Slurm refused or failed a submission (after retries of transient failures). `uncertain`:
     the controller could not be asked whether the job went in after all."""
 
@@ -19,7 +21,7 @@ class SubmitError(RuntimeError):
         self.uncertain = uncertain
 
 
-class SlurmCommandError(RuntimeError):
+class SlurmCommandError(ToolkitError, RuntimeError):
     """A scheduler command (squeue, sacct, scancel, ...) failed. `transient`: the controller did
     not answer (restarting, overloaded), so asking again later may work; the backend that ran
     the command decides (jobs.backends.slurm.commands)."""
@@ -29,7 +31,7 @@ class SlurmCommandError(RuntimeError):
         self.transient = transient
 
 
-class StorageError(RuntimeError):
+class StorageError(ToolkitError, RuntimeError):
     """A record or script could not be written (a full disk, a quota, a read-only or foreign
     directory): one line naming the file and, for a full disk, the free space left; nothing of
     the file is left behind (jobs.runs.atomic)."""

@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv[1:])
         status = args.func(args)
     except PreprocError as exc:
-        print(f"preproc: error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [exc]:     # a config's every mistake, a line each
+            print(f"preproc: error: {problem}", file=sys.stderr)
         return getattr(exc, "exit_status", 2)
     except KeyboardInterrupt:
         print("preproc: interrupted", file=sys.stderr)

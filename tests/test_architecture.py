@@ -72,3 +72,23 @@ def test_loading_a_profile_imports_no_module_of_the_execution_layer():
     execution = ("jobs.api", "jobs.cli", "jobs.submit", "jobs.status", "jobs.study", "jobs.planning",
                  "jobs.backends", "jobs.runs")
     assert [m for m in loaded if m.startswith(execution)] == [], loaded
+
+
+@pytest.mark.fast
+def test_every_error_the_toolkit_raises_on_purpose_has_one_base():
+    """Issue 44 item 4: one base class (slurm.errors.ToolkitError, exported as jobs.api.ToolkitError)
+    for the submission layer's, the profiles', the YAML reader's and the preprocessing's errors,
+    each keeping its builtin base for callers that catch that."""
+    from jobs import api
+    from jobs.errors import SlurmCommandError, StorageError, SubmitError
+    from jobs.study.spec import StudyError
+    from preproc.errors import OutputError, PreprocError
+    from slurm.errors import ToolkitError
+    from slurm.yamlfile import YamlFileError
+
+    assert api.ToolkitError is ToolkitError
+    for cls, builtin in ((api.RequestError, ValueError), (StudyError, ValueError), (api.ProfileError, ValueError),
+                         (SubmitError, RuntimeError), (SlurmCommandError, RuntimeError),
+                         (StorageError, RuntimeError), (YamlFileError, ValueError), (PreprocError, ValueError),
+                         (OutputError, ValueError)):
+        assert issubclass(cls, ToolkitError) and issubclass(cls, builtin), cls

@@ -19,6 +19,7 @@ from jobs.schedulers import SCHEDULERS, capabilities  # the scheduler names and 
 from jobs.slurmtime import parse_time  # sbatch's time-limit semantics, the one parser
 from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
 from slurm.cpulist import parse_cpulist
+from slurm.errors import ToolkitError
 from slurm.yamlfile import control_char, printable, typename  # one home for the YAML words, one-line messages
 
 from .fabric import fabric_from_raw
@@ -33,7 +34,7 @@ __all__ = [
 MPI_TYPES = ("pmix", "pmi2", "none")
 
 
-class ProfileError(ValueError):
+class ProfileError(ToolkitError, ValueError):
     """A profile could not be found, parsed or validated (one-line message)."""
 
     def __init__(self, file: Any, key: str, problem: str):

@@ -8,7 +8,6 @@ is created or submitted: bad input is one line naming the spec key or the point 
 exit 2). Running the points is jobs.study.run's; the table and plot are jobs.study.report's.
 """
 
-import difflib
 import hashlib
 import itertools
 import os
@@ -23,7 +22,7 @@ from jobs.planning.plan import plan
 from jobs.planning.request import JobRequest, slug
 from jobs.slurmtime import parse_time
 from jobs.vocabulary import MODELS
-from slurm.yamlfile import YamlFileError, keyname, load_yaml_file, shown
+from slurm.yamlfile import Problems, YamlFileError, keyname, load_yaml_file, shown, unknown_key
 
 SPEC_VERSION = 1
 MODES = ("strong", "weak")
@@ -126,15 +125,13 @@ class StudySpec:
         mistake of the spec (``problems``, in the order of the keys' checks), each one line."""
         if not isinstance(data, dict):
             raise StudyError(f"{source}: a study spec is a mapping of keys ({', '.join(KEYS)})")
-        ck = _Checks(source)
+        ck = Problems(source, StudyError)
         # a value is shown only through shown(): a YAML alias bomb or a nested value printed
         # with !r took exponential time (slurm/yamlfile.py)
         for key in data:
             if key not in KEYS:
                 with ck:
-                    close = difflib.get_close_matches(str(key), sorted(KEYS), n=1) if isinstance(key, str) else []
-                    hint = f"did you mean {close[0]!r}? " if close else ""
-                    ck.fail(keyname(key), f"unknown key ({hint}known: {', '.join(KEYS)})")
+                    ck.fail(keyname(key), unknown_key(key, KEYS))
         with ck:
             version = data.get("version", SPEC_VERSION)
             if isinstance(version, bool) or version != SPEC_VERSION:
@@ -247,37 +244,6 @@ class StudySpec:
                    time=time, data_path=data_path, synthetic=synthetic, engine_args=engine_args,
                    description=str(description), placement=placement, profile_steps=profile_steps,
                    source=source, **ints)
-
-
-class _Checks:
-    """Every mistake of a spec, not only the first: each ``with ck:`` block checks one key, and a
-    ``fail`` records its one line and leaves that block (the later keys are still checked)."""
-
-    class _Left(Exception):
-        pass
-
-    def __init__(self, source):
-        self.source = source
-        self.problems: List[str] = []
-
-    def add(self, line):
-        self.problems.append(line)
-        raise self._Left
-
-    def fail(self, key, message):
-        self.add(f"{self.source}: {key}: {message}")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        return kind is self._Left            # the block's first mistake ends the block, not the check
-
-    def raise_problems(self):
-        if self.problems:
-            error = StudyError(self.problems[0])
-            error.problems = list(self.problems)
-            raise error
 
 
 def _points(points, ck):

@@ -58,7 +58,7 @@ import os
 from typing import Optional
 
 from preproc.errors import PreprocError
-from slurm.yamlfile import YamlFileError, control_char, keyname, load_yaml_file, shown
+from slurm.yamlfile import Problems, YamlFileError, control_char, keyname, load_yaml_file, shown, unknown_key
 
 TRANSFORMS = ("standard", "log", "none")
 SPLIT_METHODS = ("random", "time")
@@ -150,51 +150,103 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
     """A TabularConfig from the parsed YAML ``raw`` (``source`` names it in errors). A value is
     shown only through ``shown`` (a nested value printed whole can take exponential time)."""
 
-    def fail(key, problem):
-        raise PreprocError(f"{source}: {key}: {problem}")
-
+    ck = Problems(source, PreprocError)
+    fail = ck.fail
     if not isinstance(raw, dict):
-        fail("top level", "must be a mapping with at least `label` and one feature column list")
-    unknown = [k for k in raw if k not in KEYS]
-    if unknown:
-        fail(keyname(unknown[0]), f"unknown key (known: {', '.join(KEYS)})")
-    threshold = _int(raw.get("threshold", 1), "threshold", fail, minimum=0)
-    label, positive = _label(raw.get("label"), fail)
-    categorical = tuple(Categorical(**_entry(e, f"categorical[{i}]", fail, {"threshold": threshold}))
-                        for i, e in enumerate(_list(raw, "categorical", fail)))
-    multihot = []
-    for i, e in enumerate(_list(raw, "multihot", fail)):
-        item = _entry(e, f"multihot[{i}]", fail, {"threshold": threshold, "separator": "|", "max_hotness": None})
-        if not isinstance(item["separator"], str) or not item["separator"]:
-            fail(f"multihot[{i}].separator", "must be a non-empty string")
-        if item["max_hotness"] is not None:
-            item["max_hotness"] = _int(item["max_hotness"], f"multihot[{i}].max_hotness", fail, minimum=1)
-        multihot.append(MultiHot(**item))
-    numerical = []
-    for i, e in enumerate(_list(raw, "numerical", fail)):
-        item = _entry(e, f"numerical[{i}]", fail, {"transform": "standard"})
-        if item["transform"] not in TRANSFORMS:
-            fail(f"numerical[{i}].transform", f"{shown(item['transform'])} is not one of {', '.join(TRANSFORMS)}")
-        numerical.append(Numerical(**item))
+        raise PreprocError(f"{source}: top level: must be a mapping with at least `label` and one feature column list")
+    for key in raw:
+        if key not in KEYS:
+            with ck:
+                fail(keyname(key), unknown_key(key, KEYS))
+    threshold = 1
+    with ck:
+        threshold = _int(raw.get("threshold", 1), "threshold", fail, minimum=0)
+    label = positive = None
+    with ck:
+        label, positive = _label(raw.get("label"), fail)
+    categorical, multihot, numerical = [], [], []
+    entries = []
+    with ck:
+        entries = _list(raw, "categorical", fail)
+    for i, e in enumerate(entries):
+        with ck:
+            categorical.append(Categorical(**_entry(e, f"categorical[{i}]", fail, {"threshold": threshold})))
+    entries = []
+    with ck:
+        entries = _list(raw, "multihot", fail)
+    for i, e in enumerate(entries):
+        with ck:
+            item = _entry(e, f"multihot[{i}]", fail, {"threshold": threshold, "separator": "|", "max_hotness": None})
+            if not isinstance(item["separator"], str) or not item["separator"]:
+                fail(f"multihot[{i}].separator", "must be a non-empty string")
+            if item["max_hotness"] is not None:
+                item["max_hotness"] = _int(item["max_hotness"], f"multihot[{i}].max_hotness", fail, minimum=1)
+            multihot.append(MultiHot(**item))
+    entries = []
+    with ck:
+        entries = _list(raw, "numerical", fail)
+    for i, e in enumerate(entries):
+        with ck:
+            item = _entry(e, f"numerical[{i}]", fail, {"transform": "standard"})
+            if item["transform"] not in TRANSFORMS:
+                fail(f"numerical[{i}].transform", f"{shown(item['transform'])} is not one of {', '.join(TRANSFORMS)}")
+            numerical.append(Numerical(**item))
     for key in ("map", "time"):
-        if raw.get(key) is not None:
-            _column(raw[key], key, fail)
+        with ck:
+            if raw.get(key) is not None:
+                _column(raw[key], key, fail)
     features = [c.column for c in categorical] + [m.column for m in multihot] + [n.column for n in numerical]
-    if not features:
-        fail("categorical/multihot/numerical", "no feature column given")
-    named = [label] + features + [c for c in (raw.get("map"), raw.get("time")) if c]
-    twice = sorted(c for c, n in collections.Counter(named).items() if n > 1)
-    if twice:
-        fail(keyname(twice[0]), "column named twice (label, features, map and time must be different columns)")
-    if LABEL in features:
-        fail(LABEL, f"a feature column may not be called {LABEL!r} (the output's label column)")
+    with ck:
+        if not features and not ck.lines:
+            fail("categorical/multihot/numerical", "no feature column given")
+        named = [label] + features + [c for c in (raw.get("map"), raw.get("time")) if isinstance(c, str)]
+        twice = sorted(c for c, n in collections.Counter(n for n in named if n is not None).items() if n > 1)
+        if twice:
+            fail(keyname(twice[0]), "column named twice (label, features, map and time must be different columns)")
+        if LABEL in features:
+            fail(LABEL, f"a feature column may not be called {LABEL!r} (the output's label column)")
+    method, fraction, seed = "random", 0.2, 0
+    with ck:
+        method, fraction, seed = _split(raw, fail)
+    user = item = None
+    with ck:
+        user, item = _ncf(raw.get("ncf"), categorical, fail)
+    models = ()
+    with ck:
+        models = _models(raw.get("models"), categorical, multihot, numerical, raw.get("ncf"), fail)
+    fmt = raw.get("format")
+    with ck:
+        if fmt is not None and fmt not in FORMATS:
+            fail("format", f"{shown(fmt)} is not one of {', '.join(FORMATS)}")
+    separator = ","
+    with ck:
+        csv = raw.get("csv") or {}
+        if not isinstance(csv, dict) or any(k != "separator" for k in csv):
+            fail("csv", "must be a mapping {separator} (CSV files start with a header line)")
+        separator = csv.get("separator", ",")
+        if not isinstance(separator, str) or len(separator) != 1:
+            fail("csv.separator", f"must be one character, got {shown(separator)}")
+    missing = []
+    with ck:
+        missing = raw.get("missing_values") or []
+        if not isinstance(missing, list) or not all(isinstance(v, (str, int, float)) for v in missing):
+            fail("missing_values", "must be a list of values")
+    ck.raise_problems()
+    return TabularConfig(label=label, positive=positive, categorical=tuple(categorical), multihot=tuple(multihot),
+                         numerical=tuple(numerical), map=raw.get("map"), time=raw.get("time"),
+                         split_method=method, test_fraction=float(fraction), seed=seed, models=tuple(models),
+                         ncf_user=user, ncf_item=item, format=fmt, csv_separator=separator,
+                         missing_values=tuple(str(v) for v in missing), source=source)
 
+
+def _split(raw, fail):
+    """``split:`` -> (method, test fraction, seed)."""
     split = raw.get("split") or {}
     if not isinstance(split, dict):
         fail("split", "must be a mapping {method, test_fraction, seed}")
     bad = [k for k in split if k not in ("method", "test_fraction", "seed")]
     if bad:
-        fail(f"split.{keyname(bad[0])}", "unknown key (known: method, test_fraction, seed)")
+        fail(f"split.{keyname(bad[0])}", unknown_key(bad[0], ("method", "test_fraction", "seed")))
     method = split.get("method", "time" if raw.get("time") else "random")
     if method not in SPLIT_METHODS:
         fail("split.method", f"{shown(method)} is not one of {', '.join(SPLIT_METHODS)}")
@@ -203,24 +255,30 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
     fraction = split.get("test_fraction", 0.2)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         fail("split.test_fraction", f"must be a number in (0, 1), got {shown(fraction)}")
-    seed = _int(split.get("seed", 0), "split.seed", fail, minimum=0)
+    return method, fraction, _int(split.get("seed", 0), "split.seed", fail, minimum=0)
 
-    ncf = raw.get("ncf")
-    user = item = None
-    if ncf is not None:
-        if not isinstance(ncf, dict) or set(ncf) != {"user", "item"}:
-            fail("ncf", "must be {user: column, item: column}")
-        user, item = ncf["user"], ncf["item"]
-        cats = [c.column for c in categorical]
-        for key, col in (("user", user), ("item", item)):
-            if col not in cats:
-                fail(f"ncf.{key}", f"{shown(col)} is not one of the categorical columns")
-        if user == item:
-            fail("ncf", "user and item must be different columns")
-    models = raw.get("models")
-    if models is None:      # the models that read this table; a model the user did not name is never blamed
-        # Wide & Deep reads any feature column (numericals alone feed its deep MLP and the wide
-        # part's linear term), so the list is never empty; DLRM's interaction needs categoricals.
+
+def _ncf(ncf, categorical, fail):
+    """``ncf: {user, item}`` -> (user column, item column), or (None, None)."""
+    if ncf is None:
+        return None, None
+    if not isinstance(ncf, dict) or set(ncf) != {"user", "item"}:
+        fail("ncf", "must be {user: column, item: column}")
+    user, item = ncf["user"], ncf["item"]
+    cats = [c.column for c in categorical]
+    for key, col in (("user", user), ("item", item)):
+        if col not in cats:
+            fail(f"ncf.{key}", f"{shown(col)} is not one of the categorical columns")
+    if user == item:
+        fail("ncf", "user and item must be different columns")
+    return user, item
+
+
+def _models(models, categorical, multihot, numerical, ncf, fail):
+    """``models:``, by default the models that read this table; a model the user did not name is
+    never blamed. Wide & Deep reads any feature column (numericals alone feed its deep MLP and the
+    wide part's linear term), so the list is never empty; DLRM's interaction needs categoricals."""
+    if models is None:
         models = [m for m, reads in (("wide_deep", True),
                                      ("dlrm", bool(numerical and categorical and not multihot)),
                                      ("ncf", bool(ncf))) if reads]
@@ -236,24 +294,7 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
         fail("models", "dlrm needs numerical and categorical columns")
     if "ncf" in models and not ncf:
         fail("models", "ncf needs the `ncf: {user, item}` key")
-
-    fmt = raw.get("format")
-    if fmt is not None and fmt not in FORMATS:
-        fail("format", f"{shown(fmt)} is not one of {', '.join(FORMATS)}")
-    csv = raw.get("csv") or {}
-    if not isinstance(csv, dict) or any(k != "separator" for k in csv):
-        fail("csv", "must be a mapping {separator} (CSV files start with a header line)")
-    separator = csv.get("separator", ",")
-    if not isinstance(separator, str) or len(separator) != 1:
-        fail("csv.separator", f"must be one character, got {shown(separator)}")
-    missing = raw.get("missing_values") or []
-    if not isinstance(missing, list) or not all(isinstance(v, (str, int, float)) for v in missing):
-        fail("missing_values", "must be a list of values")
-    return TabularConfig(label=label, positive=positive, categorical=categorical, multihot=tuple(multihot),
-                         numerical=tuple(numerical), map=raw.get("map"), time=raw.get("time"),
-                         split_method=method, test_fraction=float(fraction), seed=seed, models=tuple(models),
-                         ncf_user=user, ncf_item=item, format=fmt, csv_separator=separator,
-                         missing_values=tuple(str(v) for v in missing), source=source)
+    return models
 
 
 def _int(value, key, fail, minimum):

@@ -157,3 +157,25 @@ def test_semicolon_file_with_decimal_commas_says_what_to_change(cli, tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and not (tmp_path / "out").exists()
     assert "(numerical 'x': a decimal comma (3,5: write 3.5, or convert the file): 200 row(s) (t.csv row 0" in err
+
+
+@pytest.mark.fast
+def test_a_config_with_three_mistakes_reports_all_three(tmp_path, capsys):
+    """Issue 44 item 3: the tabular config is checked as study specs are (slurm.yamlfile.Problems):
+    every mistake, a line each, an unknown key with "did you mean" (it stopped at the first)."""
+    from preproc.cli import main
+
+    (tmp_path / "cfg.yaml").write_text("label: y\ncategorical: [c]\nnumerical: [{column: x, transform: sqrt}]\n"
+                                       "split: {test_fraction: 1.5}\nmissing_value: [NA]\n")
+    with pytest.raises(PreprocError) as err:
+        parse_config(yaml.safe_load((tmp_path / "cfg.yaml").read_text()), "cfg.yaml")
+    assert err.value.problems == [
+        "cfg.yaml: missing_value: unknown key (did you mean 'missing_values'? known: "
+        + ", ".join(__import__("preproc.tabular.config", fromlist=["KEYS"]).KEYS) + ")",
+        "cfg.yaml: numerical[0].transform: 'sqrt' is not one of standard, log, none",
+        "cfg.yaml: split.test_fraction: must be a number in (0, 1), got 1.5"]
+    table(5).to_csv(tmp_path / "t.csv", index=False)
+    assert main(["tabular", "run", "--input", str(tmp_path / "t.csv"), "--config", str(tmp_path / "cfg.yaml"),
+                 "--output", str(tmp_path / "out"), "--dry-run"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"preproc: error: {tmp_path / 'cfg.yaml'}: ") for line in lines)
