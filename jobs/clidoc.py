@@ -79,7 +79,7 @@ def argument_tables(parser: argparse.ArgumentParser) -> List[str]:
                    if a.help != argparse.SUPPRESS and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
         if not actions:
             continue
-        lines += ["", f"*{_DEFAULT_GROUPS.get(group.title, group.title)}*", "",
+        lines += ["", f"*{_DEFAULT_GROUPS.get(str(group.title), group.title)}*", "",
                   "| argument | default | help |", "|---|---|---|"]
         lines += [f"| `{invocation(parser, a)}` | {_default(a)} | {_help(parser, a)} |" for a in actions]
     return lines

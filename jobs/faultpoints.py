@@ -16,9 +16,10 @@ import os
 import signal
 import subprocess
 import threading
+from typing import Dict
 
 POINTS = ("intent-recorded", "sbatch-returned", "job-recorded")
-_COUNTS = {}
+_COUNTS: Dict[str, int] = {}
 _LOCK = threading.Lock()
 
 

@@ -25,8 +25,8 @@ def poll_until(poll_once: Callable[[], T], done: Callable[[T], bool], on_poll: O
     `wake()`: a cheap probe, read every `wake_every` s while waiting; when its value differs from
     the one read after the last poll, the next poll is at once and the back-off restarts at
     `first` (what the probe watches has just changed, so the state may have too)."""
-    first = float(first or os.environ.get("RECSYS_POLL_FIRST", "2"))
-    ceiling = float(ceiling or os.environ.get("RECSYS_POLL_MAX", "60"))
+    first = float(first) if first else float(os.environ.get("RECSYS_POLL_FIRST") or "2")
+    ceiling = float(ceiling) if ceiling else float(os.environ.get("RECSYS_POLL_MAX") or "60")
     delay, start = first, time.monotonic()
     while True:
         result = poll_once()

@@ -65,6 +65,7 @@ class Level:
     def per_gpu_gb_per_s(self, gpus_per_node: int) -> float:
         if self.gb_per_s is not None:
             return float(self.gb_per_s)
+        assert self.nics is not None and self.nic_gb_per_s is not None    # checked when the fabric was read
         return float(self.nics) * float(self.nic_gb_per_s) / max(1, gpus_per_node)
 
 
@@ -249,7 +250,7 @@ def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
     measured = ck.collect(lambda: _measured(ck, data.get("measured")), {})
     sharing = ck.collect(lambda: _core_sharing(ck, data.get("core_sharing")), {})
     gpu = ck.collect(lambda: _gpu(ck, data.get("gpu")), {})
-    if len(ck.problems) > before:
+    if len(ck.problems) > before or intra is None:
         return None
     return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured, core_sharing=sharing,
                   gpu=gpu)

@@ -226,8 +226,8 @@ DEFAULTS_ENV = {"hang_timeout": "RECSYS_HANG_TIMEOUT", "startup_timeout": "RECSY
 def defaults_env(defaults) -> Dict[str, str]:
     """The environment a profile's hang and stall defaults give its jobs."""
     values = {key: (defaults or {}).get(key) for key in DEFAULTS_ENV}
-    return {var: str(int(values[key]) if isinstance(values[key], bool) else values[key])
-            for key, var in DEFAULTS_ENV.items() if values[key] is not None}
+    return {var: str(int(value) if isinstance(value, bool) else value)
+            for key, var in DEFAULTS_ENV.items() if (value := values[key]) is not None}
 
 
 def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> Optional[NodeType]:
@@ -269,7 +269,7 @@ def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> 
     numa, owner = numa
     gpu_numa = get(lambda: _gpu_numa(ck, data, p, gpus, numa))
     gpu_cores = get(lambda: _gpu_cores(ck, data, p, gpus, cores, owner, gpu_numa)) if gpu_numa is not None else None
-    if len(ck.problems) > before:
+    if len(ck.problems) > before or gpu_cores is None:      # a None part has its problem recorded
         return None
     return NodeType(
         name=name, gpus=gpus, gpu_model=gpu_model, gpu_memory_gb=gpu_memory_gb,
@@ -321,12 +321,12 @@ def _numa(ck: Checker, data, p: str, shape, ht_offset):
         numa[nid] = cpus
     if bad:
         return None
-    for nid, cpus in numa.items():
+    for node, cpus in numa.items():
         for c in cpus:
-            if c >= cores and (ht_offset is None or owner.get(c - ht_offset) != nid):
-                raise ck.fail(f"{p}.numa_cpus.{nid}",
+            if c >= cores and (ht_offset is None or owner.get(c - ht_offset) != node):
+                raise ck.fail(f"{p}.numa_cpus.{node}",
                               f"cpu {c} is neither a physical core (< {cores}) nor the HT "
-                              f"sibling of a core of NUMA node {nid}")
+                              f"sibling of a core of NUMA node {node}")
     for c in range(cores):
         if c not in owner:
             raise ck.fail(f"{p}.numa_cpus", f"core {c} is in no NUMA node")
@@ -351,7 +351,8 @@ def _gpu_cores(ck: Checker, data, p: str, gpus: int, cores: int, owner, gpu_numa
     gpu_cores_raw = ck.typed(data, "gpu_cores", list, f"{p}.gpu_cores", default=[])
     if len(gpu_cores_raw) != gpus:
         raise ck.fail(f"{p}.gpu_cores", f"has {len(gpu_cores_raw)} entries for {gpus} GPUs")
-    gpu_cores, used = [], {}
+    gpu_cores: List[List[int]] = []
+    used: Dict[int, int] = {}
     for i, raw_set in enumerate(gpu_cores_raw):
         key = f"{p}.gpu_cores[{i}]"
         cset = ck.cpulist(raw_set, key)

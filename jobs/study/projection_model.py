@@ -76,7 +76,8 @@ class Calibration:
         """The spread re-expressed on a compute of `step_ms` (after exchanges are taken out of the
         step the spread was measured on): the same ms either side, a larger share of less time."""
         k = self.step_ms / step_ms if step_ms > 0 else 1.0
-        return replace(self, spread=tuple(1.0 + (f - 1.0) * k for f in self.spread))
+        low, high = self.spread
+        return replace(self, spread=(1.0 + (low - 1.0) * k, 1.0 + (high - 1.0) * k))
 
     @property
     def step_ms(self):
@@ -381,7 +382,7 @@ def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
     return Projected(gpus=n, nodes=nodes, gpus_per_node=g, batch_per_gpu=batch_per_gpu, phases_ms=phases,
                      step_ms_overlap=overlap, step_ms_serial=serial, throughput_high=high, throughput_low=low,
                      efficiency_high=high / n / per_gpu0, efficiency_low=low / n / per_gpu0,
-                     dominant=max(phases, key=phases.get), embedding_bytes_slowest=int(slowest),
+                     dominant=max(phases, key=lambda name: phases[name]), embedding_bytes_slowest=int(slowest),
                      embedding_bytes_mean=(sum(sent) / len(sent)) if sent else 0.0,
                      gradient_allreduce_bytes=int(reduce) if n > 1 else 0,
                      gradient_allgather_bytes=int(gather) if n > 1 else 0,

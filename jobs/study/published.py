@@ -256,7 +256,7 @@ def reference_spec(model, profile) -> Tuple[StudySpec, str]:
         raise RequestError(f"--model: the published {model} sizes on {platform} ({sizes}) keep neither the "
                            "global batch nor the batch per GPU; no single study spec runs them")
     full = load().full_precision(platform)
-    variants = {"precision": [full, "amp"]}
+    variants: Dict[str, list] = {"precision": [full, "amp"]}
     xla = sorted({r.xla for r in found if r.xla is not None})
     if xla:
         variants["xla"] = xla

@@ -54,7 +54,9 @@ def requeue_with_checkpoint(run_dir: str, jobs, log: Optional[Callable[[str], No
     does not requeue within `timeout` s: SlurmCommandError saying where to look."""
     say = log or (lambda line: None)
     wait = progress.REQUEUE_WAIT_S if timeout is None else float(timeout)
-    asked, watched, pending = [], [], []
+    asked: List[str] = []
+    watched: list = []
+    pending: list = []
     for job in jobs:
         requeues, ckpt = progress.script_settings(_script(job))
         if not requeues:
@@ -104,10 +106,10 @@ def requeue_with_checkpoint(run_dir: str, jobs, log: Optional[Callable[[str], No
         results = poll_until(poll, lambda seen: all(seen), first=0.5, ceiling=5.0, timeout=wait)
     finally:
         _forget_status(run_dir)     # the cached states are stale now, whatever happened
-    for (job, tag, ckpt, before), result in zip(watched, results):
+    for (job, tag, ckpt, was), result in zip(watched, results):
         info = os.path.join("logs", f"{job.key}-{tag}.info")
         if result == "requeued":
-            say(progress.kept_line(job.key, tag, ckpt, before[1], progress.engine_progress(run_dir, job.key, tag)))
+            say(progress.kept_line(job.key, tag, ckpt, was[1], progress.engine_progress(run_dir, job.key, tag)))
             continue
         why = {None: f"it did not requeue within {wait:.0f} s (it may still: see {info})",
                "ended": f"its batch script ended instead of requeueing (see {info} and its .out)",
