@@ -16,7 +16,7 @@ from .profiles import ProfileError, list_profiles
 from .schedulers import backend_class, capabilities
 from .submit import dry_run, load, render_plan, render_text, submit
 
-__all__ = ["JobRequest", "build_chain", "ToolkitError", "RequestError", "SubmitError", "SlurmCommandError", "StorageError",
+__all__ = ["JobRequest", "build_chain", "ToolkitError", "profile_schema", "study_schema", "RequestError", "SubmitError", "SlurmCommandError", "StorageError",
            "ProfileError", "render", "render_plan", "dry_run", "submit", "status", "watch", "run_failed", "summary_line", "logs",
            "log_files", "cancel", "requeue", "find_run", "load_profile", "list_profiles", "runs_in_foreground",
            "load_spec", "spec_from_flags", "run_study", "find_study", "study_status", "watch_study",
@@ -268,6 +268,20 @@ def reference_study(model, profile):
     from .study import published
 
     return published.reference_spec(model, load(profile))
+
+
+def profile_schema() -> dict:
+    """The profile file format as a JSON Schema, for an editor's YAML language server."""
+    from .profiles.editor_schema import profile_schema as schema
+
+    return schema()
+
+
+def study_schema() -> dict:
+    """The study spec format as a JSON Schema, for an editor's YAML language server."""
+    from .study.editor_schema import study_schema as schema
+
+    return schema()
 
 
 def study_examples():

@@ -183,6 +183,9 @@ def build_parser():
                               description="Validate profile files: every problem of a file, one line each "
                               "(<file>: <key>: <problem>); exit 2 when any file has one.")
     val.add_argument("files", nargs="*", help="profile YAML files (default: every profile on the search path)")
+    prof_sub.add_parser("schema", help="print the profile format as a JSON Schema (for an editor)",
+                        description="Print the profile file format as a JSON Schema (draft 2020-12) for an "
+                        "editor's YAML language server: completion, types and unknown keys (docs/profiles.md).")
     fab = prof_sub.add_parser("fabric", help="print a fabric: section from measured collectives",
                               description="Print a profile's fabric: section (docs/profiles.md, \"Fabric\") from "
                               "the fabric files `recsys-submit benchmark --payload collectives` wrote (a 1-node job: "
@@ -294,6 +297,9 @@ def _study_parser(sub):
     quick.add_argument("--time", help="time limit of each point's job")
     quick.add_argument("--data-path", help="dataset directory (default: synthetic data)")
     quick.add_argument("--name", help="study name (its directory under the runs dir)")
+    _sub(st_sub, "schema", "print the study spec format as a JSON Schema (for an editor)",
+         description="Print the study spec format as a JSON Schema (draft 2020-12) for an editor's YAML "
+                     "language server: completion, each key's meaning, types (docs/studies.md).")
     init = _sub(st_sub, "init", "write an example study spec shipped with the package, to edit and run",
                 epilog="examples:\n  recsys-submit study init --list\n  recsys-submit study init dlrm-strong\n"
                        "  recsys-submit study run dlrm-strong.yaml --profile mysite --dry-run")
@@ -478,6 +484,8 @@ def _cmd_study(api, args, engine_args):
         return _cmd_reference(api, args)
     if args.action == "init":
         return _cmd_init(api, args)
+    if args.action == "schema":
+        return _print_json(api.study_schema())
     if args.action == "project":
         return _cmd_project(api, args)
     study_dir = api.find_study(args.study, args.runs_dir, wait=args.action == "status" and args.watch)
@@ -700,7 +708,16 @@ def _print_status(api, result, as_json=False):
             print(f"  {'':<{width}}  {'':>10}  {job['reason']}")
 
 
+def _print_json(data) -> int:
+    import json
+
+    print(json.dumps(data, indent=2))
+    return 0
+
+
 def _cmd_profiles(api, args):
+    if args.action == "schema":
+        return _print_json(api.profile_schema())
     if args.action == "list":
         rows = []
         for ref in api.list_profiles():
