@@ -36,7 +36,8 @@ class Loops:
         self.step, self.guards, self.checkpoints, self.best = step, guards, checkpoints, best
         self.summary, self.profiler = summary, profiler
         self.state = step.state
-        self.config, self.task, self.dist, self.log = self.state.config, self.state.task, self.state.dist, self.state.log
+        s = self.state
+        self.config, self.task, self.dist, self.log = s.config, s.task, s.dist, s.log
         self.eval_step = None                    # step of the last evaluation (None: none yet)
 
     def train(self) -> dict:

@@ -27,7 +27,8 @@ class Summary:
     def __init__(self, guards: Guards, checkpoints: Checkpoints):
         self.guards, self.checkpoints = guards, checkpoints
         self.state = guards.state
-        self.config, self.task, self.dist, self.log = self.state.config, self.state.task, self.state.dist, self.state.log
+        s = self.state
+        self.config, self.task, self.dist, self.log = s.config, s.task, s.dist, s.log
 
     def write(self, mode: str, timed_steps: int, timed_seconds: float, metrics: dict, losses: list,
               interrupted: bool, step_times: list | None = None, batch: int | None = None,
