@@ -77,26 +77,26 @@ def _engine(config):
 
 
 def _engine_throughput(engine, config, steps, warmup, it, steps_per_call=None):
-    """Samples/s of the engine's training calls (``Engine._train_call``, what ``train`` runs, with
+    """Samples/s of the engine's training calls (``Engine.loops.train_call``, what ``train`` runs, with
     ``steps_per_call`` steps per call; default: the engine's) on iterator ``it``, warm-up calls excluded."""
     spc = steps_per_call or config.steps_per_call
-    saved, engine._steps_per_call = engine._steps_per_call, spc
+    saved, engine.step.steps_per_call = engine.step.steps_per_call, spc
     try:
 
         def run(n):
             done = 0
             while done < n:
-                done += len(engine._train_call(it, min(spc, n - done))[0])
+                done += len(engine.loops.train_call(it, min(spc, n - done))[0])
         run(warmup)
         t0 = time.perf_counter()
         run(steps)
         return steps * config.batch_size / (time.perf_counter() - t0)
     finally:
-        engine._steps_per_call = saved
+        engine.step.steps_per_call = saved
 
 
 def _forward_backward(engine, config):
-    """A measure of the model's forward+backward alone (``Engine._gradients``: loss and every gradient,
+    """A measure of the model's forward+backward alone (``Engine.step.gradients``: loss and every gradient,
     no update, no exchange): ``measure(steps, warmup, it)`` -> samples/s over iterator ``it``'s batches
     (the reader from disk, or in-memory ones), ``steps`` of them in one compiled loop (traced once),
     each after the previous one: the graph that ``model.fit``'s step runs too, before its optimizer.
@@ -108,7 +108,7 @@ def _forward_backward(engine, config):
     def run(iterator, n):
         def body(i, done):
             inputs, labels = next(iterator)
-            loss, grads = engine._gradients(inputs, labels)
+            loss, grads = engine.step.gradients(inputs, labels)
             # One element of every gradient keeps the whole backward in the graph (nothing pruned).
             parts = [tf.reshape(g.values if isinstance(g, tf.IndexedSlices) else g, [-1])[0]
                      for g in grads if g is not None]

@@ -80,7 +80,7 @@ def test_the_replica_check_samples_every_variable_at_any_size_and_stops_a_drifte
     engine = Engine(config, task, dist, log)
     first = engine.replica_digest()
     assert engine.replica_digest() == first
-    table = max(engine._replicated_weights, key=lambda v: int(v.shape[0]))
+    table = max(engine.state.replicated_weights, key=lambda v: int(v.shape[0]))
     rows = int(table.shape[0])
     assert rows > 2 * REPLICA_SAMPLE_ROWS        # so the sampled rows are more than one apart
     table.scatter_add(tf.IndexedSlices(tf.ones([1, table.shape[1]]), tf.constant([1])))
@@ -97,6 +97,6 @@ def test_the_replica_check_samples_every_variable_at_any_size_and_stops_a_drifte
 
         def allgather_object(self, obj):
             return [obj, "0" * 40]
-    engine.dist = TwoRanks(use_horovod=False)
+    engine.guards.dist = TwoRanks(use_horovod=False)
     with pytest.raises(DivergedError, match=r"step 7: the replicated weights of rank\(s\) \[1\] differ from rank 0's"):
-        engine._check_replicas(7)
+        engine.guards.check_replicas(7)

@@ -164,7 +164,7 @@ def test_nan_weights_the_loss_cannot_show_stop_the_run(tmp_path):
     row = next(r for r in range(int(table.shape[0])) if r not in seen)
     _poison(table, (row, 0))
     inputs, labels = next(iter(engine.task.train_dataset(0)))
-    loss, _ = engine._train_step(inputs, labels)
+    loss, _ = engine.step.train_step(inputs, labels)
     assert np.isfinite(float(loss)), "the poisoned row was read: the case is not hidden"
     with pytest.raises(DivergedError, match=r"^step 6: non-finite weights \(dlrm/embeddings/table_9/embeddings:0\) "
                                             r"while the loss is [0-9.]+: the run diverged"):
@@ -178,7 +178,7 @@ def test_the_log_interval_check_names_a_nan_dense_weight_whatever_the_loss(tmp_p
     _poison(_weight(engine, "bottom_mlp_0/kernel:0"), (0, 0))
     with pytest.raises(DivergedError, match=r"^step 3: non-finite weights \(bottom_mlp_0/kernel:0\) while the "
                                             r"loss is 0.5: the run diverged"):
-        engine._check_weights(3, 0.5, dense_only=True)
+        engine.guards.check_weights(3, 0.5, dense_only=True)
 
 
 def test_nan_dense_weight_stops_the_run_whichever_kernel_runs(tmp_path):
@@ -191,7 +191,7 @@ def test_nan_dense_weight_stops_the_run_whichever_kernel_runs(tmp_path):
     engine = _dlrm_engine(tmp_path)
     _poison(_weight(engine, "bottom_mlp_0/kernel:0"), (0, 0))
     inputs, labels = next(iter(engine.task.train_dataset(0)))
-    loss, _ = engine._train_step(inputs, labels)
+    loss, _ = engine.step.train_step(inputs, labels)
     if np.isfinite(float(loss)):                                 # hidden by the kernel: the weight check's case
         want = r"^step 3: non-finite weights \(bottom_mlp_0/kernel:0\) while the loss is [0-9.]+: the run diverged"
     else:                                # shown by the kernel: the loss guard's case, at train()'s first

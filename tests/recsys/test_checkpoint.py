@@ -101,7 +101,7 @@ def test_restore_gives_identical_predictions(tiny_data, tmp_path):
     e1 = engine()
     batches = list(e1.task.train_dataset(0).take(3))
     for x, y in batches:
-        e1._train_step(x, y)
+        e1.step.train_step(x, y)
     e1.save("test")
     x_eval, _ = next(iter(e1.task.eval_dataset()))
     p1 = e1.predict(x_eval).numpy()
@@ -112,5 +112,5 @@ def test_restore_gives_identical_predictions(tiny_data, tmp_path):
     np.testing.assert_array_equal(e2.predict(x_eval).numpy(), p1)
     # optimizer state restored too: one more identical step keeps them identical
     for e in (e1, e2):
-        e._train_step(*batches[0])
+        e.step.train_step(*batches[0])
     np.testing.assert_array_equal(e2.predict(x_eval).numpy(), e1.predict(x_eval).numpy())

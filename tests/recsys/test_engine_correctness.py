@@ -119,7 +119,7 @@ def test_non_finite_predictions_at_evaluation_stop_the_run(tiny_data, tmp_path):
     dist, log = Distributed(use_horovod=False), RunLogger(None)
     engine = Engine(cfg, TASKS["ncf"](cfg, FeatureSpec.from_yaml(cfg.feature_spec), dist, log), dist, log)
     for x, y in engine.task.train_dataset(0).take(3):
-        engine._train_step(x, y)
+        engine.step.train_step(x, y)
     assert engine.evaluate()["hr_at_10"] >= 0
     engine.model.out.bias.assign(tf.fill(engine.model.out.bias.shape, float("nan")))
     with pytest.raises(DivergedError, match=r"^step 3: \d+ non-finite predictions at evaluation"):
