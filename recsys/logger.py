@@ -85,10 +85,17 @@ class RunLogger:
             print(f"[recsys] eval epoch {epoch} step {step}: {text}", file=self.console, flush=True)
 
     def summary(self, **fields):
+        """The full record to the JSON log; to the console a short line a person reads (what ran,
+        why it stopped, the last and the best evaluation, the speed), and the full record as
+        ``key=value`` pairs only when there is no JSON log to keep it."""
         self.record("summary", **fields)
         if self.enabled:
-            text = " ".join(f"{k}={_fmt(v)}" for k, v in _plain(fields).items())
-            print(f"[recsys] summary: {text}", file=self.console, flush=True)
+            plain = _plain(fields)
+            where = f"full record: {self._file.name}" if self._file is not None else None
+            print(f"[recsys] summary: {short_summary(plain, where)}", file=self.console, flush=True)
+            if self._file is None:
+                text = " ".join(f"{k}={_fmt(v)}" for k, v in plain.items())
+                print(f"[recsys] summary record: {text}", file=self.console, flush=True)
 
     def close(self):
         if self.sink is not None:
@@ -112,6 +119,53 @@ def process_start():
 
 
 _IMPORTED = time.time()
+
+
+METRICS = ("auc", "bce", "map_at_12", "hr_at_10", "ndcg_at_10")   # the metrics, in this order
+
+
+def _metrics(fields: dict) -> str:
+    names = [k for k in METRICS if isinstance(fields.get(k), (int, float))]
+    names += sorted(k for k, v in fields.items() if k.startswith(("hr_at_", "ndcg_at_")) and k not in names
+                    and isinstance(v, (int, float)))
+    return " ".join(f"{k} {fields[k]:.5f}" for k in names)
+
+
+def stop_reason(fields: dict) -> str:
+    """Why the run ended, in words, from its summary record."""
+    if fields.get("interrupted"):
+        return "interrupted (a signal: checkpointed for the requeue)"
+    early = fields.get("early_stopped")
+    if isinstance(early, dict):
+        return f"early stop at epoch {early.get('epoch')} step {early.get('step')} (patience {early.get('patience')})"
+    mode = fields.get("mode")
+    if mode == "evaluate":
+        return f"evaluated {fields.get('evaluated_checkpoint')}"
+    if mode in ("benchmark", "inference"):
+        return f"{fields.get('timed_steps')} timed steps done"
+    return "every step done"
+
+
+def short_summary(fields: dict, where: str | None = None) -> str:
+    """One line of a summary record for a person (the record's full form is the JSON log's)."""
+    ranks = fields.get("world_size")
+    parts = [f"{fields.get('model')} {fields.get('mode')} on {ranks} rank{'s' if ranks != 1 else ''}, "
+             f"step {fields.get('step')} epoch {fields.get('epoch')}: {stop_reason(fields)}"]
+    last = _metrics(fields)
+    if last:
+        parts.append(f"last eval (step {fields.get('eval_step')}): {last}")
+    best = fields.get("best_eval")
+    if isinstance(best, dict) and best.get("value") is not None:
+        parts.append(f"best {best.get('metric')} {best['value']:.5f} at epoch {best.get('epoch')} "
+                     f"step {best.get('step')}")
+    if isinstance(fields.get("final_loss"), (int, float)):
+        parts.append(f"final loss {fields['final_loss']:.5g}")
+    rate, step_ms = fields.get("throughput_samples_per_s"), fields.get("mean_step_time_ms")
+    if isinstance(rate, (int, float)) and isinstance(step_ms, (int, float)):
+        parts.append(f"{rate:,.0f} samples/s, {step_ms:.3g} ms/step")
+    if where:
+        parts.append(where)
+    return "; ".join(parts)
 
 
 def _fmt(v):

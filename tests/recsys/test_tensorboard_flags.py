@@ -107,3 +107,4 @@ def test_profile_window_calls_end_before_it_and_take_one_step_in_it():
     with off.steps(9):          # no window: nothing started (TensorFlow is imported only to start one)
         pass
     assert not off.running and not off.done
+

@@ -1,0 +1,24 @@
+"""The engine's console summary line (recsys.logger.short_summary)."""
+import pytest
+
+pytestmark = pytest.mark.fast
+
+
+def test_the_console_summary_is_short_and_says_why_the_run_stopped():
+    """Issue 45 section 2: the console's summary is one short line for a person; the full record
+    stays the JSON log's (it was 1,100 characters of Python reprs)."""
+    from recsys.logger import short_summary
+
+    record = {"mode": "train", "model": "dlrm", "world_size": 2, "step": 80, "epoch": 5, "eval_step": 80,
+              "auc": 0.71234567, "bce": 0.45, "final_loss": 0.44321, "throughput_samples_per_s": 51234.5,
+              "mean_step_time_ms": 9.99, "interrupted": False,
+              "best_eval": {"metric": "auc", "value": 0.7201, "step": 48, "epoch": 3, "checkpoint": "c"},
+              "early_stopped": {"step": 80, "epoch": 5, "patience": 2}, "provenance": {"python": "3.11"}}
+    line = short_summary(record, "full record: log.jsonl")
+    assert line == ("dlrm train on 2 ranks, step 80 epoch 5: early stop at epoch 5 step 80 (patience 2); last eval "
+                    "(step 80): auc 0.71235 bce 0.45000; best auc 0.72010 at epoch 3 step 48; final loss 0.44321; "
+                    "51,234 samples/s, 9.99 ms/step; full record: log.jsonl")
+    assert "every step done" in short_summary({**record, "early_stopped": None})
+    assert "interrupted" in short_summary({**record, "interrupted": True})
+    assert short_summary({"mode": "evaluate", "model": "ncf", "world_size": 1, "evaluated_checkpoint": "ck/ckpt-9",
+                          "step": 9, "epoch": 1}).endswith(": evaluated ck/ckpt-9")
