@@ -290,6 +290,25 @@ class BestEvaluation:
                     checkpoint=self.checkpoint, metrics=self.metrics)
 
 
+def best_checkpoint(directory):
+    """(path or None, why) of the checkpoint ``<directory>/best.json`` names: None when there is no
+    best.json (no --keep-best run wrote one), it cannot be read, or its checkpoint is gone. A moved
+    checkpoint directory still works: the checkpoint is looked up by its name in ``directory``."""
+    try:
+        with open(os.path.join(directory, BEST)) as handle:
+            best = json.load(handle)
+    except FileNotFoundError:
+        return None, f"no {BEST} in {directory} (a run with --keep-best writes one)"
+    except (OSError, ValueError) as exc:
+        return None, f"{os.path.join(directory, BEST)} is unreadable ({exc})"
+    name = os.path.basename(str(best.get("checkpoint") or "").rstrip("/"))
+    path = os.path.join(directory, name) if name else None
+    if not path or not os.path.isdir(path):
+        return None, f"{BEST} names {best.get('checkpoint')!r}, which is not in {directory}"
+    return path, (f"{BEST}: {best.get('metric')} {best.get('value')} at step {best.get('step')} "
+                  f"(--evaluate-checkpoint latest for the newest)")
+
+
 def write_best(directory, best):
     """``<directory>/best.json``: which checkpoint is the run's best so far (atomic; rank 0)."""
     write_json(os.path.join(directory, BEST), dict(best.summary(), version=BEST_VERSION, written_at=time.time()))

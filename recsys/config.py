@@ -109,6 +109,7 @@ class TrainConfig:
     early_stop_patience: Optional[int] = None   # evaluations without a new best before the run stops (0: never)
     early_stop_min_delta: Optional[float] = None  # the gain over the best that restarts the count
     keep_best: Optional[bool] = None            # keep the best checkpoint by the watched metric (best.json)
+    evaluate_checkpoint: str = "best"           # --run-mode evaluate: best.json's checkpoint, or the latest
     # resolved, not flags
     embedding_optimizer: Optional[str] = None
     world_size: int = 1
@@ -352,7 +353,17 @@ class TrainConfig:
                 note = cfg._short_run_note(rows["train"], what)
         elif self.synthetic_rows:
             note = self._short_run_note(self.synthetic_rows, f"--synthetic-rows {self.synthetic_rows}")
-        return replace(cfg, feature_spec=feature_spec, notes=notes + ([note] if note else []))
+        notes += [n for n in (note, cfg._keep_best_note()) if n]
+        return replace(cfg, feature_spec=feature_spec, notes=notes)
+
+    def _keep_best_note(self):
+        """--keep-best (given, or a small-data default) keeps a checkpoint only where checkpoints
+        are written: without --checkpoint-dir it keeps nothing, and says so."""
+        if self.keep_best and self.mode == "train" and not self.checkpoint_dir:
+            return ("keep_best_without_checkpoints", "warning: --keep-best keeps the best evaluation's checkpoint "
+                    "in --checkpoint-dir, and none is given: nothing is kept (the summary still names the "
+                    "best evaluation); give --checkpoint-dir to evaluate or predict with it later")
+        return None
 
     def _samples(self, rows: int) -> int:
         """Training samples of an epoch of ``rows`` stored rows (NCF: the positives and their negatives)."""

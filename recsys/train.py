@@ -32,6 +32,7 @@ from slurm.cpulist import parse_cpulist
 
 MODELS = ("dlrm", "wide_deep", "ncf")
 MODES = ("train", "evaluate", "benchmark", "inference")
+EVALUATE_CHECKPOINTS = ("best", "latest")
 AFFINITY = ("off", "all", "exclusive", "unique_contiguous", "unique_interleaved", "numa")
 PROG = "recsys-train"
 MAX_LOGGED_RANKS = 8      # the placement log lines show this many ranks of each group
@@ -242,7 +243,23 @@ def build_parser(parser_class=_Parser):
     c.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=None,
                    help="keep the checkpoint of the best evaluation from pruning and name it in "
                         "CHECKPOINT_DIR/best.json; default off, on for small data")
+    c.add_argument("--evaluate-checkpoint", choices=EVALUATE_CHECKPOINTS, default="best",
+                   help="--run-mode evaluate: the checkpoint CHECKPOINT_DIR/best.json names (best, the default; "
+                        "the latest when there is none) or the latest")
     return p
+
+
+def _checkpoint_to_evaluate(config, log):
+    """--run-mode evaluate's checkpoint: the one CHECKPOINT_DIR/best.json names (``--evaluate-checkpoint
+    best``, the default), else the latest (None); the log says which and why."""
+    from recsys.checkpoint import best_checkpoint
+    if config.evaluate_checkpoint == "latest":
+        log.info("--evaluate-checkpoint latest: evaluating the newest checkpoint")
+        return None
+    path, why = best_checkpoint(config.checkpoint_dir)
+    log.info(f"evaluating {'the best checkpoint, ' + path if path else 'the newest checkpoint'}: {why}",
+             evaluate_checkpoint=path)
+    return path
 
 
 def parse_submission(argv) -> argparse.Namespace:
@@ -422,7 +439,7 @@ def run(config):
         log.startup("model")
         if config.restore or config.mode in ("evaluate", "inference"):
             if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
-                engine.restore()
+                engine.restore(_checkpoint_to_evaluate(config, log) if config.mode == "evaluate" else None)
             elif config.restore:
                 log.info(f"--restore: no checkpoint in {config.checkpoint_dir}, starting from scratch")
         if config.mode == "train":
