@@ -250,8 +250,10 @@ class BestEvaluation:
         self.metrics = {}
         self.since_best = 0
 
-    def update(self, step, epoch, metrics, checkpoint=None) -> bool:
-        """Count the evaluation of ``step``; True when it is the new best (a NaN never is)."""
+    def update(self, step, epoch, metrics, checkpoint=None, counting=True) -> bool:
+        """Count the evaluation of ``step``; True when it is the new best (a NaN never is). Not
+        ``counting`` (an evaluation inside the learning rate's warm-up): judged for the best, never
+        a step towards the early stop."""
         value = metrics.get(self.metric)
         value = math.nan if value is None else float(value)
         self.last_step = int(step)
@@ -261,7 +263,7 @@ class BestEvaluation:
         if improved:
             self.value, self.step, self.epoch, self.checkpoint = value, int(step), int(epoch), checkpoint
             self.metrics = {k: float(v) for k, v in metrics.items()}
-        self.since_best = 0 if gained else self.since_best + 1
+        self.since_best = 0 if gained else self.since_best + (1 if counting else 0)
         return improved
 
     @property

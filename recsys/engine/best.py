@@ -39,7 +39,8 @@ class BestModel:
         if self.dist.size > 1:
             value = self.dist.allgather_object(value)[0]
         checkpoint = self.checkpoints.path_of(step)
-        if self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint):
+        counting = step > self.state.task.warmup_steps()        # patience counts from the warm-up's end
+        if self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint, counting=counting):
             self.protect()
             if self.config.keep_best and checkpoint and self.dist.is_chief:
                 write_best(self.config.checkpoint_dir, self.best)

@@ -103,6 +103,11 @@ class Task:
         return make_reader(self.spec, "train", self.local_batch, self.dist.rank, self.dist.size,
                            reader=self.config.reader)
 
+    def warmup_steps(self) -> int:
+        """The last step of the learning rate's warm-up (0: none): evaluations up to it are judged for
+        the best but not counted by the early stop, which would otherwise stop a run still warming up."""
+        return int(self.config.warmup_steps or 0)
+
     def steps_per_epoch(self):
         """Training steps in an epoch; under ``--run-mode evaluate`` 1, without reading the training
         files: evaluation steps no schedule, and its dataset may have no training mapping (or none
@@ -183,10 +188,14 @@ class WideDeepTask(Task):
         return WideDeep(groups=self.groups, deep_hidden_units=c.deep_hidden_units, deep_dropout=c.deep_dropout,
                         placement=self.placement, seed=c.seed)
 
+    def warmup_steps(self) -> int:
+        """The deep part's warm-up: --warmup-steps, else --deep-warmup-epochs of this run's epochs."""
+        c = self.config
+        return int(c.warmup_steps if c.warmup_steps is not None else int(c.deep_warmup_epochs * self.steps_per_epoch()))
+
     def optimizer_groups(self, model):
         c = self.config
-        warmup = c.warmup_steps if c.warmup_steps is not None else int(c.deep_warmup_epochs * self.steps_per_epoch())
-        deep = make_optimizer(c.optimizer, WarmupPolyDecay(c.lr, warmup))
+        deep = make_optimizer(c.optimizer, WarmupPolyDecay(c.lr, self.warmup_steps()))
         wide = make_optimizer(WIDE_OPTIMIZER, c.linear_lr)
         return [("deep", deep, lambda: model.deep_variables), ("wide", wide, lambda: model.wide_variables)]
 
