@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from study_helpers import TINY_NCF, info, record, status, study_dir, submitted, watch, write_spec
+from study_helpers import TINY_NCF, info, record, report, status, study_dir, submitted, watch, write_spec
 from submit_helpers import Cli
 from tests.processes import engine_ranks
 from tests.waiting import wait_for
@@ -130,6 +130,9 @@ def test_a_point_stuck_before_its_first_step_times_out_and_the_next_point_comple
     assert _started(directory) == [stuck, other]
     alloc = _alloc_info(directory, record(directory)["points"][0])
     assert alloc["exit_code"] == "0" and "time_limit" not in alloc, alloc
+    # the report lists it as a TIMEOUT failure with the same reason
+    _, rep = report(cli, directory)
+    assert [(f["point"], f["state"], f["reason"]) for f in rep["failures"]] == [(stuck, "TIMEOUT", reason)], rep
 
 
 def test_the_allocations_end_of_time_times_out_the_running_point_and_leaves_the_rest_to_the_rerun(
