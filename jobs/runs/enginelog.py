@@ -213,3 +213,47 @@ def failure_reason(run_dir, key, state):
                 return f"{state}: rank {rank}: {_short(line)}"
     best = _last(batch, _OWN_ERROR) or _last(batch, _REASON)
     return f"{state}: {_short(best)}" if best else state
+
+
+# what a start-up that reached the last `startup` record of this phase was doing next (recsys.train)
+_AFTER_STARTUP = {None: "start-up, before Horovod's initialisation", "horovod_init": "start-up, loading its data",
+                  "data": "start-up, building its model", "model": "its first step (tracing included)"}
+# each rank's heartbeat beside the engine log when the job has more than one rank (recsys.watchdog's
+# heartbeat_dir: <engine log>.ranks/rank<R>.json, the rank's phase and step, rewritten about once a second)
+HEARTBEATS = ".ranks"
+
+
+def stalled_where(run_dir: str, key: str, tag: str, nodes: list, ntasks: int) -> str:
+    """Where a job that ran out of time was, from what its ranks left: its phase (before its first
+    step, and in which part of the start-up, or in its steps) and, when the ranks' heartbeats or
+    a lone rank tell, the rank that stopped first and its node (`nodes`: the job's node names;
+    ranks are placed in blocks, as srun does by default)."""
+    log = os.path.join(run_dir, "logs", f"{key}-{tag}{SUFFIX}")
+    phases = [rec.get("phase") for rec in startup([log])]
+    if "first_step" in phases:
+        where = "after its first step, in its steps"
+    else:
+        last = phases[-1] if phases and phases[-1] in _AFTER_STARTUP else None
+        where = f"before its first step ({_AFTER_STARTUP[last]})"
+    rank, heard = (0, None) if ntasks == 1 else _stalest_rank(f"{log}{HEARTBEATS}", ntasks)
+    if rank is None:
+        return where
+    node = f" on {nodes[rank * len(nodes) // ntasks]}" if nodes and ntasks else ""
+    return f"{where}; rank {rank}{node}" + (f" (last heard in {heard})" if heard else "")
+
+
+def _stalest_rank(beats, ntasks):
+    """(rank, its last phase) of the rank whose heartbeat is oldest (one without a heartbeat
+    first); (None, None) when no rank wrote one (the watchdog off, or no rank got that far)."""
+    seen = {}
+    for rank in range(ntasks):
+        try:
+            with open(os.path.join(beats, f"rank{rank}.json")) as handle:
+                beat = json.load(handle)
+            seen[rank] = (float(beat["time"]), f"{beat.get('phase')} at step {beat.get('step')}")
+        except (OSError, ValueError, KeyError, TypeError):
+            seen[rank] = (float("-inf"), None)
+    if all(when == float("-inf") for when, _ in seen.values()):
+        return None, None
+    rank = min(seen, key=lambda r: seen[r][0])
+    return rank, seen[rank][1]

@@ -9,9 +9,13 @@ before `sbatch`); every point gets its own run directory under points/ as before
 holds the same token as its intent before `sbatch` and the allocation's job id after, so a look
 at the point settles an interrupted submission the usual way (jobs.recovery) and a point's
 state comes from the allocation's state and the point's own record (logs/<key>-<job id>.info:
-started, exit code). A point the allocation did not finish (time limit, node failure,
-preemption, scancel) is failed with that reason, and the next `study run` submits it again;
-a point that finished is kept.
+started, exit code). Each point's step has its own time limit (its --time, srun --time): a
+point that runs out of it is TIMEOUT, with the phase it was in, and the next point runs. At the
+allocation's own time limit its script (Slurm's USR2 from its --signal, else the SIGTERM at the
+limit) records the running point as TIMEOUT, and the points it did not reach are missing again.
+A point the allocation did not finish otherwise (node failure, preemption, scancel) is failed
+with that reason. The next `study run` submits every one of them again; a point that finished
+is kept.
 """
 
 import contextlib
@@ -20,10 +24,10 @@ import os
 import re
 import time
 
-from jobs.errors import SlurmCommandError, StorageError, SubmitError
+from jobs.errors import RequestError, SlurmCommandError, StorageError, SubmitError
 from jobs.planning.plan import plan, run_name
 from jobs.planning.request import slug
-from jobs.runs import rundir
+from jobs.runs import enginelog, rundir
 from jobs.runs.atomic import write_text
 from jobs.runs.records import PARTIAL, SUBMITTED, JobRecord, RequestRecord, RunRecord
 
@@ -200,3 +204,20 @@ def progress(run_dir, key, job_id):
             return dict(line.rstrip("\n").split("=", 1) for line in handle if "=" in line)
     except OSError:
         return {}
+
+
+def timeout_reason(run_dir: str, key: str, job_id: str, seen: dict) -> str:
+    """`TIMEOUT: ...` of a point that ran out of time in allocation `job_id` (`seen`: its
+    progress()): whose limit (its step's own, or the allocation's) and where it was: its phase,
+    and the rank and node that stopped first when its ranks' records tell (enginelog.stalled_where)."""
+    limit = seen.get("limit_s", "").strip()
+    if seen.get("timed_out", "").strip() == "step":
+        whose = f"its own {int(limit) // 60}-minute limit" if limit.isdigit() else "its own time limit"
+    else:
+        whose = f"the allocation's time limit (job {job_id})"
+    try:
+        ntasks = RunRecord.load(run_dir).jobs[0].ntasks or 0
+    except (RequestError, IndexError):
+        ntasks = 0
+    nodes = [n for n in seen.get("nodelist", "").strip().split(",") if n]
+    return f"TIMEOUT: {whose}, {enginelog.stalled_where(run_dir, key, job_id, nodes, ntasks)}"

@@ -169,8 +169,8 @@ def _not_measured(point_id, st):
         return f"{point_id} finished but its summary has no positive {THROUGHPUT}"
     if st.state == UNKNOWN:
         return f"{point_id} is unknown (Slurm has not reported its job yet)"
-    if st.state == MISSING:
-        return f"{point_id} was never submitted"
+    if st.state == MISSING:     # never submitted, or not reached before its allocation's end of time
+        return f"{point_id} {st.reason}" if st.reason else f"{point_id} was never submitted"
     return f"{point_id} is {st.state} (not finished yet)"
 
 

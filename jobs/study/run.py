@@ -222,27 +222,38 @@ def _classify(job_status):
     return UNKNOWN, f"{state}: Slurm has not reported job {job_status.job_id} yet"
 
 
-def _in_allocation(job, run_dir):
-    """(point state, reason, summary) of an attempt that ran in a study allocation (`job`: the
-    allocation's status): from the point's own exit record while the allocation lives on, and a
-    point the allocation ended before it finished is failed, so the next `run` submits it again."""
+def _in_allocation(job, run_dir, alloc_dir=None):
+    """(point state, reason, summary, job state) of an attempt that ran in a study allocation (`job`:
+    the allocation's status; `alloc_dir`: its run dir): from the point's own exit record while the
+    allocation lives on. A point that ran out of time (its step's own limit, or the allocation's)
+    is failed as TIMEOUT with the phase it was in; a point the allocation's time limit did not
+    reach is missing again (not failed: nothing of it ran), and one any other end of the
+    allocation (node failure, preemption, scancel) cut short is failed; the next `run` submits
+    them again."""
     seen = allocation.progress(run_dir, job.key, job.job_id)
     code = seen.get("exit_code", "").strip()
+    if "timed_out" in seen:
+        return FAILED, allocation.timeout_reason(run_dir, job.key, job.job_id, seen), None, states.TIMEOUT
     if code == "0":
         summary = enginelog.summary(enginelog.job_logs(run_dir, job.key, [job.job_id]))
         if summary is None:
-            return FAILED, "exited 0 but its engine log has no summary record", None
-        return DONE, None, summary
+            return FAILED, "exited 0 but its engine log has no summary record", None, job.state
+        return DONE, None, summary, job.state
     if code:
-        return FAILED, enginelog.failure_reason(run_dir, job.key, f"{states.FAILED} (exit {code})"), None
+        return FAILED, enginelog.failure_reason(run_dir, job.key, f"{states.FAILED} (exit {code})"), None, job.state
+    timed_out = job.state == states.TIMEOUT or (
+        alloc_dir is not None and "time_limit" in allocation.progress(alloc_dir, allocation.KEY, job.job_id))
+    if timed_out and "start" not in seen:
+        return MISSING, (f"not reached: its allocation (job {job.job_id}) ended at its time limit before the point "
+                         "began; the next `study run` submits it"), None, job.state
     if job.state in states.TERMINAL:
         when = "while it ran" if "start" in seen else "before it began"
-        return FAILED, f"its allocation (job {job.job_id}) ended {job.state} {when}", None
+        return FAILED, f"its allocation (job {job.job_id}) ended {job.state} {when}", None, job.state
     if job.state == states.RUNNING:
-        return (RUNNING if "start" in seen else PENDING), None, None
+        return (RUNNING if "start" in seen else PENDING), None, None, job.state
     if job.state in (states.PENDING, states.REQUEUED, states.SUSPENDED):
-        return PENDING, None, None
-    return UNKNOWN, f"{job.state}: Slurm has not reported allocation job {job.job_id} yet", None
+        return PENDING, None, None, job.state
+    return UNKNOWN, f"{job.state}: Slurm has not reported allocation job {job.job_id} yet", None, job.state
 
 
 def _without_job(run_dir):
@@ -280,7 +291,8 @@ def poll(record):
         if job is None:
             (state, reason), job_state = _without_job(result.run_dir), None
         elif result.run_dir in point.allocation:
-            (state, reason, job.summary), job_state = _in_allocation(job, result.run_dir), job.state
+            state, reason, job.summary, job_state = _in_allocation(job, result.run_dir,
+                                                                   point.allocation[result.run_dir])
         else:
             (state, reason), job_state = _classify(job), job.state
         out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,

@@ -54,3 +54,36 @@ def test_a_summary_without_a_version_reads_as_version_1(tmp_path):
     old = {"type": "summary", "step": 3, "throughput_samples_per_s": 5.0}
     assert enginelog.summary([_log(tmp_path / "a.jsonl", old)]) == old
     assert enginelog.summary([str(tmp_path / "missing.jsonl")]) is None
+
+
+def _beat(beats, rank, seconds_ago, phase="start-up", step=0):
+    import time
+
+    beats.mkdir(exist_ok=True)
+    (beats / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "phase": phase, "step": step,
+                                                        "time": time.time() - seconds_ago}))
+
+
+def test_where_a_job_that_ran_out_of_time_was(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "main-7.engine.jsonl"
+    # a lone rank that wrote nothing: before Horovod's initialisation, rank 0 on its only node
+    assert enginelog.stalled_where(str(tmp_path), "main", "7", ["node3"], 1) == \
+        "before its first step (start-up, before Horovod's initialisation); rank 0 on node3"
+    _log(log, {"type": "startup", "phase": "horovod_init"}, {"type": "startup", "phase": "data"})
+    assert enginelog.stalled_where(str(tmp_path), "main", "7", ["node3"], 1).startswith(
+        "before its first step (start-up, building its model)")
+    # 4 ranks on 2 nodes without heartbeats: no rank named
+    assert enginelog.stalled_where(str(tmp_path), "main", "7", ["n1", "n2"], 4) == \
+        "before its first step (start-up, building its model)"
+    # the rank whose heartbeat is oldest (none at all first) is the one that stopped, on its block's node
+    beats = tmp_path / "logs" / "main-7.engine.jsonl.ranks"
+    for rank in (0, 1, 3):
+        _beat(beats, rank, 1)
+    _beat(beats, 1, 40, phase="start-up")
+    assert enginelog.stalled_where(str(tmp_path), "main", "7", ["n1", "n2"], 4).endswith("; rank 2 on n2")
+    _beat(beats, 2, 2, phase="the fused step", step=5)
+    _log(log, {"type": "startup", "phase": "model"}, {"type": "startup", "phase": "first_step"})
+    assert enginelog.stalled_where(str(tmp_path), "main", "7", ["n1", "n2"], 4) == \
+        "after its first step, in its steps; rank 1 on n1 (last heard in start-up at step 0)"

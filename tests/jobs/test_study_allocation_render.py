@@ -44,11 +44,17 @@ def test_the_allocation_runs_each_points_own_script_on_its_first_nodes(tmp_path)
     text = draft.text
     assert "#SBATCH --nodes=2" in text and "#SBATCH --comment=recsys:t0k3n" in text
     assert "#SBATCH --requeue" not in text
-    lines = re.findall(r"^recsys_point (\S+) (\S+) main (\d)$", text, re.M)
-    assert [(d, s, int(n)) for d, s, n in lines] == [(p.run_dir, p.script, p.spec.nodes) for p in points]
-    for point in points:        # the script a separate job runs, plus its node set, minus requeueing
+    lines = re.findall(r"^recsys_point (\S+) (\S+) main (\d) (\d+)$", text, re.M)
+    # each point with its own limit (the spec's 00:05:00), which its step gets as srun --time
+    assert [(d, s, int(n), int(limit)) for d, s, n, limit in lines] == [
+        (p.run_dir, p.script, p.spec.nodes, 300) for p in points]
+    # the allocation's own end of time is handled: its --signal's USR2, and the TERM at its limit
+    assert "trap 'recsys_on_signal 143 TERM' TERM" in text and "trap 'recsys_on_signal 140 USR2' USR2" in text
+    assert f"recsys_limit_s={3 * (300 + allocation.MARGIN_S)} " in text
+    for point in points:        # the script a separate job runs, plus its node set and time limit, minus requeueing
         assert point.token == draft.token
         assert '${RECSYS_STEP_NODES:+"--nodelist=$RECSYS_STEP_NODES"}' in point.text
+        assert re.search(r"^srun .* --time=5 \\$", point.text, re.M), point.text
         assert "recsys_requeue=no" in point.text
 
 
@@ -78,15 +84,7 @@ def test_placement_is_checked_and_left_out_of_older_specs():
 
 
 def _point(tmp_path, lines, state):
-    run_dir = tmp_path / "p"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    info = run_dir / "logs" / "main-7.info"
-    if lines is None:
-        info.unlink(missing_ok=True)
-    else:
-        info.write_text("".join(f"{line}\n" for line in lines))
-    job = JobStatus(key="main", job_id="7", name="x", state=state, tasks={"7": state})
-    return run._in_allocation(job, str(run_dir))
+    return run._in_allocation(*_job(tmp_path, lines, state))[:3]
 
 
 def test_a_points_state_comes_from_its_own_record_and_the_allocations(tmp_path):
@@ -95,8 +93,10 @@ def test_a_points_state_comes_from_its_own_record_and_the_allocations(tmp_path):
     assert _point(tmp_path, ["start=1"], "RUNNING")[0] == run.RUNNING
     state, reason, _ = _point(tmp_path, ["start=1"], "CANCELLED")
     assert state == run.FAILED and reason == "its allocation (job 7) ended CANCELLED while it ran"
-    state, reason, _ = _point(tmp_path, None, "TIMEOUT")
-    assert state == run.FAILED and reason == "its allocation (job 7) ended TIMEOUT before it began"
+    state, reason, _ = _point(tmp_path, None, "TIMEOUT")     # not reached before the allocation's end of time
+    assert state == run.MISSING and reason.startswith("not reached: its allocation (job 7) ended at its time limit")
+    state, reason, _ = _point(tmp_path, None, "NODE_FAIL")
+    assert state == run.FAILED and reason == "its allocation (job 7) ended NODE_FAIL before it began"
     state, reason, _ = _point(tmp_path, ["start=1", "exit_code=0"], "RUNNING")
     assert state == run.FAILED and "no summary" in reason
     (tmp_path / "p" / "logs" / "main-7.engine.jsonl").write_text(
@@ -106,6 +106,35 @@ def test_a_points_state_comes_from_its_own_record_and_the_allocations(tmp_path):
     state, reason, _ = _point(tmp_path, ["start=1", "exit_code=1"], "COMPLETED")
     assert state == run.FAILED and "exit 1" in reason
     assert _point(tmp_path, None, "UNKNOWN")[0] == run.UNKNOWN
+
+
+def test_a_point_that_ran_out_of_time_is_timeout_with_whose_limit_and_its_phase(tmp_path):
+    state, reason, _, job_state = run._in_allocation(*_job(tmp_path, ["start=1", "nodelist=node2", "exit_code=143",
+                                                                      "timed_out=step", "limit_s=120"], "RUNNING"))
+    assert (state, job_state) == (run.FAILED, "TIMEOUT")
+    assert reason == ("TIMEOUT: its own 2-minute limit, before its first step (start-up, before Horovod's "
+                      "initialisation)"), reason         # no run record here: the rank count is unknown
+    state, reason, _, job_state = run._in_allocation(*_job(tmp_path, ["start=1", "timed_out=allocation"], "TIMEOUT"))
+    assert state == run.FAILED and job_state == "TIMEOUT"
+    assert reason.startswith("TIMEOUT: the allocation's time limit (job 7), before its first step"), reason
+    # the allocation's script recorded its end of time; Slurm no longer says TIMEOUT (no accounting)
+    alloc = tmp_path / "alloc"
+    (alloc / "logs").mkdir(parents=True)
+    (alloc / "logs" / "allocation-7.info").write_text("start=1\ntime_limit=9\n")
+    job, run_dir = _job(tmp_path, None, "COMPLETED")
+    assert run._in_allocation(job, run_dir, str(alloc))[0] == run.MISSING
+    assert run._in_allocation(job, run_dir)[0] == run.FAILED          # any other end: failed, as before
+
+
+def _job(tmp_path, lines, state):
+    run_dir = tmp_path / "p"
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    info = run_dir / "logs" / "main-7.info"
+    if lines is None:
+        info.unlink(missing_ok=True)
+    else:
+        info.write_text("".join(f"{line}\n" for line in lines))
+    return JobStatus(key="main", job_id="7", name="x", state=state, tasks={"7": state}), str(run_dir)
 
 
 def test_the_report_says_whether_all_points_shared_one_node_set(tmp_path):

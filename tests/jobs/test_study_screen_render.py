@@ -29,7 +29,7 @@ def test_every_node_runs_its_copy_at_once(tmp_path, monkeypatch):
     sp, (draft, nodes) = _drafts(tmp_path, nodes=4, gpus=1)
     text = draft.text
     assert "#SBATCH --nodes=4" in text and "--nodelist" not in text.split("set -uo pipefail")[0]
-    lines = re.findall(r"^recsys_point (\S+) (\S+) main 1 (\d) &$", text, re.M)
+    lines = re.findall(r"^recsys_point (\S+) (\S+) main 1 \d+ (\d) &$", text, re.M)
     assert [(d, s, int(first)) for d, s, first in lines] == [(n.run_dir, n.script, i) for i, n in enumerate(nodes)]
     assert re.search(r"^wait$", text, re.M)
     assert sp.alloc.time_seconds == nodes[0].spec.time_seconds + 60      # at once: one benchmark's time

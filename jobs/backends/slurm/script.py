@@ -245,7 +245,8 @@ def step_lines(spec, run_dir, in_allocation=False):
             f"--ntasks={spec.nodes * spec.ntasks_per_node}", "--kill-on-bad-exit=1"]
     pieces = [" ".join(shlex.quote(a) for a in srun),
               " ".join(shlex.quote(a) for a in (f"--output={rank_out}", f"--error={rank_out}"))]
-    if in_allocation:   # a study point inside one allocation: its fixed node set (render_allocation)
+    if in_allocation:   # a study point inside one allocation: its fixed node set and its own time limit
+        pieces[0] += f" --time={step_minutes(spec)}"    # (render_allocation): a stuck point never costs the next
         pieces[1] += ' ${RECSYS_STEP_NODES:+"--nodelist=$RECSYS_STEP_NODES"}'
     if container is not None:
         pieces.append('"${recsys_container[@]}" ' + CONTAINER_ENTRY)
@@ -256,6 +257,12 @@ def step_lines(spec, run_dir, in_allocation=False):
         argv = argv[cut:]
     pieces.append(" ".join(argv))
     return pieces
+
+
+def step_minutes(spec) -> int:
+    """The point's time limit in whole minutes, rounded up: a step's --time has a minute's
+    granularity, so a point never gets less than the limit it asked for."""
+    return max(1, -(-int(spec.time_seconds) // 60))
 
 
 def task_env(spec):
@@ -335,7 +342,7 @@ def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodel
     lines, first = [], 0
     for point, point_dir, script in points:
         line = ["recsys_point", shlex.quote(os.path.abspath(point_dir)), shlex.quote(script),
-                shlex.quote(point.key), str(int(point.nodes))]
+                shlex.quote(point.key), str(int(point.nodes)), str(60 * step_minutes(point))]
         if concurrent:
             line += [str(first), "&"]
             first += int(point.nodes)
@@ -357,5 +364,6 @@ def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodel
         profile_name=_comment(profile.name, "profile name"),
         profile_path=_comment(profile.path or "", f"profile {profile.name!r}: path"),
         run_dir=shlex.quote(os.path.abspath(run_dir)),
+        time_limit_s=str(int(spec.time_seconds)),
         points="\n".join(lines) or "# (no points)",
     )
