@@ -2,12 +2,15 @@
 
 ``recsys.train.main`` prints ``recsys-train: error: <message>`` and exits with
 ``exit_code``: 2 for bad input (flags, data, checkpoint), 1 for a run that
-diverged. Nothing below the entry point calls ``sys.exit``.
+diverged. Nothing below the entry point calls ``sys.exit``. Each derives from
+slurm.errors.ToolkitError, the toolkit's one base class.
 """
 from __future__ import annotations
 
+from slurm.errors import ToolkitError
 
-class EngineError(Exception):
+
+class EngineError(ToolkitError):
     """Bad flags, configuration or environment: one line, exit 2."""
     exit_code = 2
 

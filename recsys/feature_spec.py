@@ -43,6 +43,7 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import yaml
 
+from slurm.errors import ToolkitError
 from slurm.yamlfile import YamlFileError, load_yaml_file
 
 #: Channels whose features are categorical ids and therefore need a cardinality.
@@ -70,7 +71,7 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
-class FeatureSpecError(ValueError):
+class FeatureSpecError(ToolkitError, ValueError):
     """A problem with a feature specification; the message is one line naming the culprit."""
 
     def __init__(self, where: str, problem: str):

@@ -83,6 +83,9 @@ def test_every_error_the_toolkit_raises_on_purpose_has_one_base():
     from jobs.errors import SlurmCommandError, StorageError, SubmitError
     from jobs.study.spec import StudyError
     from preproc.errors import OutputError, PreprocError
+    from recsys.embeddings.planner import PlacementError
+    from recsys.errors import DataError, DivergedError, EngineError
+    from recsys.feature_spec import FeatureSpecError
     from slurm.errors import ToolkitError
     from slurm.yamlfile import YamlFileError
 
@@ -90,5 +93,6 @@ def test_every_error_the_toolkit_raises_on_purpose_has_one_base():
     for cls, builtin in ((api.RequestError, ValueError), (StudyError, ValueError), (api.ProfileError, ValueError),
                          (SubmitError, RuntimeError), (SlurmCommandError, RuntimeError),
                          (StorageError, RuntimeError), (YamlFileError, ValueError), (PreprocError, ValueError),
-                         (OutputError, ValueError)):
+                         (OutputError, ValueError), (FeatureSpecError, ValueError), (PlacementError, ValueError),
+                         (EngineError, Exception), (DataError, Exception), (DivergedError, Exception)):
         assert issubclass(cls, ToolkitError) and issubclass(cls, builtin), cls
