@@ -22,7 +22,8 @@ import time
 from jobs.errors import RequestError
 from jobs.runs.atomic import write_bytes, write_group
 
-from .report import build, fmt_number, load_pyplot, make_out_dir, plot_wanted, png
+from .plots import gpu_axes, load_pyplot, make_out_dir, plot_wanted, png
+from .report import build, fmt_number
 from .run import StudyRecord, find_study, poll
 
 COMPARE_VERSION = 1
@@ -363,12 +364,7 @@ def figure(comparison):
             ax.errorbar(gpus, med, yerr=[[m - s["throughput_min"] for m, (_, _, s) in zip(med, pts)],
                                          [s["throughput_max"] - m for m, (_, _, s) in zip(med, pts)]],
                         marker="o", capsize=4, label=name)
-        ticks = sorted({p["gpus"] for p in comparison["points"] if p["variant"] == variant})
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        if ticks:
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.set_xlabel("GPUs")
+        gpu_axes(ax, {p["gpus"] for p in comparison["points"] if p["variant"] == variant})
         ax.set_ylabel("throughput (samples/s, higher is better)")
         ax.set_title(variant if variant != "default" else comparison["model"])
         ax.grid(True, which="both", alpha=0.3)

@@ -27,6 +27,8 @@ from jobs.errors import RequestError, ResultsNotSaved, StorageError
 from jobs.runs import rundir
 from jobs.runs.atomic import read_json, write_bytes, write_json
 
+from .plots import load_pyplot, plot_wanted, png
+
 INDEX = "studies-index.json"
 LOCK = "studies-index.lock"
 HISTORY_VERSION = 1
@@ -260,8 +262,6 @@ MARKS = {"reference": ("o", "tab:blue"), "within noise": ("o", "tab:gray"), "rat
 def figure(points, point):
     """Throughput of `point` over time (median, min-max of the repeats), each study marked by its
     verdict against the one before it."""
-    from .report import load_pyplot
-
     plt = load_pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(points) + 3), 4.2))
     xs = list(range(len(points)))
@@ -286,8 +286,6 @@ def figure(points, point):
 
 def plot(entries, point, path):
     """Write the plot of `point` over time as a PNG (atomically); the series drawn."""
-    from .report import png, plot_wanted
-
     plot_wanted(True)       # matplotlib, or one line naming --plot
     points = series(entries, check_point(point))
     write_bytes(path, png(figure(points, point)))

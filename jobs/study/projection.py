@@ -30,7 +30,7 @@ A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states eve
 No constant here is fitted: bandwidths and latencies are the profile's fabric (with its
 source), compute is the calibration's (and a measured curve's), the core-sharing slowdown the
 fabric's measured one. Standard library only (login nodes), PyYAML for a compute-curve file as
-for the profiles; the plot uses matplotlib when installed (jobs.study.report.load_pyplot).
+for the profiles; the plot uses matplotlib when installed (jobs.study.plots.load_pyplot).
 
 The arithmetic is in jobs.study.projection_model, the files in jobs.study.projection_output;
 this module calibrates and runs the command.

@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any, Dict
 
+from .plots import gpu_axes, load_pyplot, make_out_dir, plot_wanted, png
+
 
 def vs_band_text(where) -> str:
     """A figure's place against its band, for the table: ", inside" or ", -47.6 % vs band"."""
@@ -85,7 +87,6 @@ def csv_text(record: Dict[str, Any]) -> str:
 
 def figure(record: Dict[str, Any]):
     """Log-log throughput vs GPUs: the band, the measured points, the published rows."""
-    from .report import load_pyplot
     plt = load_pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     pts = record["points"]
@@ -100,9 +101,7 @@ def figure(record: Dict[str, Any]):
     pub = [(p["gpus"], q["throughput"]) for p in pts for q in p.get("published", [])]
     if pub:
         ax.plot(*zip(*pub), "r^", ms=8, label="published")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("GPUs")
+    gpu_axes(ax, xs)
     ax.set_ylabel("samples/s")
     ax.set_title(f"{record['model']} on {record['profile']}: projected throughput")
     ax.legend(fontsize=8)
@@ -114,11 +113,10 @@ def write(record: Dict[str, Any], out_dir: str, want_plot=None) -> Dict[str, str
     """projection.{md,csv,json} (+ projection.png) in out_dir, written as one group."""
     from jobs.runs.atomic import write_group
 
-    from .report import make_out_dir, plot_wanted, png
     draw = plot_wanted(want_plot)
     make_out_dir(out_dir)
     paths = {k: os.path.join(out_dir, f"projection.{k}") for k in ("md", "csv", "json")}
-    files = {paths["md"]: markdown(record), paths["csv"]: csv_text(record),
+    files: Dict[str, Any] = {paths["md"]: markdown(record), paths["csv"]: csv_text(record),
              paths["json"]: json.dumps(record, indent=2) + "\n"}
     if draw:
         paths["png"] = os.path.join(out_dir, "projection.png")

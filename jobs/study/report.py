@@ -38,6 +38,7 @@ from jobs.runs import hwsamples
 from slurm.hostlist import expand as expand_hostlist, natural_key
 
 from . import published
+from .plots import gpu_axes, load_pyplot, make_out_dir, plot_wanted, png
 from .run import DONE, FAILED, MISSING, UNKNOWN, StudyRecord, poll
 
 REPORT_VERSION = 3
@@ -924,31 +925,8 @@ def breakdown_csv_text(report):
     return out.getvalue()
 
 
-def load_pyplot():
-    """matplotlib's pyplot on the Agg backend, or a RequestError naming --plot (report and compare)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RequestError("--plot: matplotlib is not installed; pip install 'recsys-submit[plot]' "
-                           "(or pass --no-plot)") from None
-    return plt
 
 
-def plot_wanted(want_plot):
-    """Whether to draw: True needs matplotlib (RequestError naming --plot, before anything is
-    written), None draws when it is installed, False never."""
-    if want_plot is False:
-        return False
-    try:
-        load_pyplot()
-    except RequestError:
-        if want_plot:
-            raise
-        return False
-    return True
 
 
 def figure(report):
@@ -979,16 +957,12 @@ def figure(report):
         if pub:
             ax_tp.plot([g for g, _ in pub], [t for _, t in pub], linestyle="none", marker="x", markersize=8,
                        color=color, label=f"{v} NVIDIA published")
-    ticks = sorted({row["gpus"] for row in report["rows"]})
-    for ax in (ax_tp, ax_eff):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.set_xlabel("GPUs")
+    ticks = {row["gpus"] for row in report["rows"]}
+    for ax, log_y in ((ax_tp, True), (ax_eff, False)):
+        gpu_axes(ax, ticks, log_y=log_y)
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
-    ax_tp.set_yscale("log")
-    ax_eff.set_yscale("linear")
     ax_eff.set_ylim(bottom=0)
     ax_tp.set_ylabel("throughput (samples/s, log scale, higher is better)")
     ax_eff.set_ylabel("parallel efficiency (1 = ideal)")
@@ -1035,15 +1009,6 @@ def breakdown_plot_name(variant):
     return f"breakdown-{slug(variant.replace(',', '_').replace('=', '-'))}.png"
 
 
-def png(fig):
-    """A figure as PNG bytes, rendered in memory (and closed): a report's plots are written with
-    its tables, as one group of files."""
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=100)
-    finally:
-        load_pyplot().close(fig)
-    return buffer.getvalue()
 
 
 def breakdown_pngs(report, out_dir):
@@ -1062,13 +1027,6 @@ def plot(report, path):
     write_bytes(path, png(figure(report)))
 
 
-def make_out_dir(out_dir):
-    """The report's directory, made if missing; a StorageError (one line, exit 1) when it cannot
-    be, e.g. the default <study>/report of a study the user may only read."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as exc:
-        raise storage_error(out_dir, exc, what="cannot create") from None
 
 
 def write(study_dir, out_dir=None, want_plot=None, project=None, on_written=None):
