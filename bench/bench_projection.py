@@ -8,7 +8,7 @@ Each row: the case, its calibration (a 1-GPU figure of the same table, model and
 projected band at the target GPU count (throughput, no overlap - full overlap), the published or
 measured figure, and its error against the nearer edge of the band (0 inside). No constant is
 fitted: bandwidths and latencies come from the target profile's `fabric:` (with its source),
-compute from the calibration row. docs/studies.md, "Projecting a study", shows the table.
+compute from the calibration row. docs/benchmarks.md, "`study project` against published and measured figures", shows the table.
 
 Cases:
 - NVIDIA's single-node rows (jobs/study/published_results.yaml, the matched tables): every

@@ -1,6 +1,6 @@
 """`recsys-submit study project` and the profiles' fabric (issue 36): the model's arithmetic on
 recorded breakdowns, the engine's own placement and byte counts, the CLI's refusals, and the
-validation table of docs/studies.md against NVIDIA's and distributed-embeddings' published
+validation table of docs/benchmarks.md against NVIDIA's and distributed-embeddings' published
 figures. No scheduler, no TensorFlow: the fast tier (the engine's planning command is pure Python)."""
 
 import dataclasses
@@ -360,7 +360,7 @@ def _bench():
 
 
 def test_validation_table_in_the_docs_is_what_the_bench_computes_now():
-    """docs/studies.md's validation table is the output of bench/bench_projection.py: every row
+    """docs/benchmarks.md's validation table is the output of bench/bench_projection.py: every row
     projected from a 1-GPU figure of the same table, model and size, no constant fitted."""
     bench = _bench()
     rows = bench.validation_rows()
@@ -377,7 +377,7 @@ def test_validation_table_in_the_docs_is_what_the_bench_computes_now():
     assert "embedding share" in de16["split"]
     table = bench.markdown(rows)
     assert "geometric-mean error of the band's middle" in table
-    docs = open(os.path.join(ROOT, "docs", "studies.md")).read()
+    docs = open(os.path.join(ROOT, "docs", "benchmarks.md")).read()
     assert table.strip() in docs
 
 
@@ -445,7 +445,7 @@ def test_study_project_on_a_study_directory_calibrates_on_its_measured_point(tmp
 
 def test_published_calibration_marks_the_published_rows(tmp_path, capsys):
     """Wide & Deep on the reference Outbrain feature spec, calibrated on NVIDIA's 1-GPU row (DGX
-    A100, tf32, XLA): the published 8-GPU row is marked beside its band (docs/studies.md's row)."""
+    A100, tf32, XLA): the published 8-GPU row is marked beside its band (docs/benchmarks.md's row)."""
     path = _wide_deep_spec(tmp_path)
     code, out, _ = run_cli(capsys, path, "--profile", "dgxa100", "--gpus", "8", "--published", "--json")
     assert code == 0
