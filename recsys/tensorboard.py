@@ -34,9 +34,64 @@ NOT_METRICS = {"type", "time", "step", "epoch"}
 BREAKDOWN_TAG = "step_breakdown"     # the Text tab's table of a benchmark's split-step phases
 
 
+TRAINING_FILE = "tensorboard.json"   # in --checkpoint-dir: the TensorBoard directory of the training
+
+
 def root_dir(config):
-    """The run's TensorBoard directory (ranks below it), or None: neither --tensorboard-dir nor
-    --log-path given (nowhere of the run's to write)."""
+    """The run's TensorBoard directory (ranks below it), or None (nowhere of the run's to write).
+
+    A training restored from a checkpoint directory continues the TensorBoard run of the training
+    that wrote it (``CHECKPOINT_DIR/tensorboard.json``), so that the attempts of one training are
+    one run even when each is a run of its own (a local ``--restore`` gets a new run directory and
+    log path; a requeued job keeps both, and the file names its own directory)."""
+    own = own_root(config)
+    if config.tensorboard_dir or not (config.restore and config.checkpoint_dir and config.mode == "train"):
+        return own
+    return recorded_root(config.checkpoint_dir) or own
+
+
+def recorded_root(checkpoint_dir):
+    """The directory ``tensorboard.json`` names, when it is one of this user's own (not a link): a
+    checkpoint directory is not a licence to write events anywhere."""
+    import json
+    import stat
+
+    try:
+        with open(os.path.join(checkpoint_dir, TRAINING_FILE)) as handle:
+            root = json.load(handle).get("root")
+        info = os.lstat(root)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return None
+    return root
+
+
+def remember(config, is_chief):
+    """Rank 0 of a training with a checkpoint directory names its TensorBoard directory there, once
+    (slurm/atomicfile.py: a temporary name, then a rename): the training's later attempts write into
+    it (:func:`root_dir`). Returns the directory; a file that cannot be written (a full disk) costs
+    only that continuity, never the run: (directory, the reason it was not named)."""
+    root = None if config.no_tensorboard else root_dir(config)
+    if not (is_chief and root and config.checkpoint_dir and config.mode == "train"):
+        return root, None
+    if recorded_root(config.checkpoint_dir) == root:
+        return root, None
+    import json
+
+    from slurm import atomicfile
+    try:
+        os.makedirs(root, exist_ok=True)
+        os.makedirs(config.checkpoint_dir, exist_ok=True)       # as the checkpointer makes it (mkdir -p)
+        atomicfile.write(os.path.join(config.checkpoint_dir, TRAINING_FILE),
+                         json.dumps({"version": 1, "root": root}), durable=True)
+    except OSError as exc:
+        return root, f"{os.path.join(config.checkpoint_dir, TRAINING_FILE)} not written ({exc.strerror or exc})"
+    return root, None
+
+
+def own_root(config):
+    """The directory this process's own flags give: --tensorboard-dir, else beside --log-path."""
     if config.tensorboard_dir:
         return os.path.abspath(config.tensorboard_dir)
     if not config.log_path:
@@ -192,8 +247,9 @@ class ProfileWindow:
     marker in the trace viewer; a run that ends inside the window stops the profiler in
     :meth:`close`."""
 
-    def __init__(self, logdir=None, steps=None):
+    def __init__(self, logdir=None, steps=None, mark=False):
         self.logdir = logdir
+        self.mark = mark            # this rank writes no figures: its directory needs an event file of its own
         self.start, self.end = steps or (0, -1)
         self.running = False
         self.done = False
@@ -203,7 +259,8 @@ class ProfileWindow:
         root = root_dir(config) if config.profile_steps else None
         if root is None or not chosen(config.profile_ranks, rank):
             return cls()
-        return cls(rank_dir(root, rank), config.profile_steps)
+        figures = not config.no_tensorboard and chosen(config.tensorboard_ranks, rank)
+        return cls(rank_dir(root, rank), config.profile_steps, mark=not figures)
 
     @property
     def active(self):
@@ -228,7 +285,8 @@ class ProfileWindow:
         import tensorflow as tf
         if not self.running:
             os.makedirs(self.logdir, exist_ok=True)
-            mark_run(self.logdir)
+            if self.mark:
+                mark_run(self.logdir)
             tf.profiler.experimental.start(self.logdir)
             self.running = True
         with tf.profiler.experimental.Trace("train", step_num=step, _r=1):

@@ -249,6 +249,21 @@ def build_parser(parser_class=_Parser):
     return p
 
 
+def _log_tensorboard(config, dist, log):
+    """Where this run's event files go (``tensorboard_dir``, read by ``recsys-submit tensorboard``), and
+    that directory named in the checkpoint directory for the training's later attempts."""
+    from recsys import tensorboard
+    root, failed = tensorboard.remember(config, dist.is_chief)
+    if root is None:
+        return
+    own = tensorboard.own_root(config)
+    why = "" if root == own else f" (the training's first attempt's, from {config.checkpoint_dir}/{tensorboard.TRAINING_FILE})"
+    log.info(f"tensorboard: event files in {root}{why}", tensorboard_dir=root)
+    if failed:
+        log.info(f"warning: {failed}: a later --restore of this training starts a TensorBoard run of its own",
+                 warning="tensorboard_not_named")
+
+
 def _checkpoint_to_evaluate(config, log):
     """--run-mode evaluate's checkpoint: the one CHECKPOINT_DIR/best.json names (``--evaluate-checkpoint
     best``, the default), else the latest (None); the log says which and why."""
@@ -402,6 +417,7 @@ def run(config):
     log = RunLogger(config.log_path, enabled=dist.is_chief, progress_every=config.log_every,
                     sink=open_sink(config, dist.rank))
     log.startup("horovod_init", world_size=dist.size)
+    _log_tensorboard(config, dist, log)
     _log_notes(config, len(gpus), log)
     for line in tf_notes:
         log.info(line, warning="tensorflow_version")

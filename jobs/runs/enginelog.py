@@ -55,6 +55,37 @@ def job_logs(run_dir, key, tags=None):
 
 
 SUMMARY_TAIL_BYTES = 1 << 16    # a summary record is a few KiB; the engine writes it last
+HEAD_BYTES = 1 << 16            # the start-up records (where the event files go) come first
+
+
+def head_records(path, nbytes=HEAD_BYTES):
+    """The complete records in the first `nbytes` of an engine log ([] when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(nbytes).decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines()[:-1] if len(text) == nbytes else text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def tensorboard_dirs(run_dir):
+    """{job name: the directory its event files went to} for the jobs of a run whose engine said so
+    (its ``tensorboard_dir`` info record: a restored training writes into its first attempt's)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "logs", f"*{SUFFIX}"))):
+        for rec in head_records(path):
+            if rec.get("type") == "info" and isinstance(rec.get("tensorboard_dir"), str):
+                out[os.path.basename(path)[:-len(SUFFIX)]] = rec["tensorboard_dir"]
+                break
+    return out
 
 
 def tail_text(path, nbytes):

@@ -15,6 +15,7 @@ import shlex
 import socket
 
 from ..errors import RequestError
+from . import enginelog
 
 SUBDIR = os.path.join("logs", "tensorboard")
 DEFAULT_PORT = 6006
@@ -62,8 +63,15 @@ def has_events(job_dir):
 
 
 def run_logdirs(run_dir):
-    """``[(name, directory)]`` of a run: one per job, named by the job (``main-123``)."""
-    return job_dirs(run_dir)
+    """``[(name, directory)]`` of a run: one per job, named by the job (``main-123``). A job whose
+    engine wrote into another directory (a restored training continues its first attempt's
+    TensorBoard run, which another run directory holds) is shown with that directory, so the
+    attempts of one training are one TensorBoard run."""
+    found = dict(job_dirs(run_dir))
+    for job, path in enginelog.tensorboard_dirs(run_dir).items():
+        if job not in found and os.path.isdir(path) and has_events(path):
+            found[job] = path
+    return sorted(found.items())
 
 
 def point_logdirs(point_id, run_dir):

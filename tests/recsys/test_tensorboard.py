@@ -179,3 +179,33 @@ def test_a_traced_rank_without_figures_opens_in_the_profile_tab(tmp_path):
         tb.terminate()
         tb.wait(timeout=60)
     assert any(run.startswith("main-5/rank0/") for run in runs), runs
+
+
+def test_a_local_restore_continues_the_first_attempts_tensorboard_run(tmp_path):
+    """Issue 48 item 9: a `--restore` that is a run of its own (a local restore: a new run directory
+    and log path) made a second TensorBoard run, and `recsys-submit tensorboard` showed only its
+    steps. Now the training's first attempt names its directory in the checkpoint directory
+    (tensorboard.json), a restored attempt writes there, and the newest run's command opens that
+    one directory: every step of the training, each once."""
+    from jobs import api
+
+    ck = tmp_path / "ck"
+    first_run, second_run = tmp_path / "runs" / "train-1", tmp_path / "runs" / "train-2"
+    first = run_train([*RUN, "--max-steps", "20", "--checkpoint-dir", ck,
+                       "--log-path", first_run / "logs" / "main-1.engine.jsonl"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_train([*RUN, "--max-steps", "40", "--checkpoint-dir", ck, "--restore",
+                        "--log-path", second_run / "logs" / "main-2.engine.jsonl"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    shared = first_run / "logs" / "tensorboard" / "main-1"
+    assert not (second_run / "logs" / "tensorboard").exists()
+    for run in (first_run, second_run):
+        (run / "jobs.json").write_text("{}")
+    kind, where, named = api.tensorboard_logdirs(str(second_run), str(tmp_path / "runs"))
+    assert (kind, named) == ("run", [("main-2", str(shared))])
+    logged = {r["step"]: r["loss"] for log in (first_run / "logs" / "main-1.engine.jsonl",
+                                               second_run / "logs" / "main-2.engine.jsonl")
+              for r in records(read_log(log), "step")}
+    assert series(accumulator(shared / "rank0"), "train/loss") == [
+        (s, pytest.approx(logged[s], rel=1e-6)) for s in sorted(logged)]
+    assert sorted(logged) == list(range(5, 41, 5))
