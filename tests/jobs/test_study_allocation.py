@@ -85,7 +85,7 @@ def seen(slurm_cluster_acct, tmp_path_factory):
     out["status1"] = status(cli, directory)
     # the checkout is edited between the points: an engine that can no longer start, and the
     # profile (a value every later job would export)
-    with open(copy / "recsys" / "engine.py", "a") as handle:
+    with open(copy / "recsys" / "engine" / "__init__.py", "a") as handle:
         handle.write("\nraise SystemExit('the edited checkout ran')\n")
     profile = copy / "cluster_profiles" / "ci.yaml"
     text = profile.read_text()
@@ -164,7 +164,7 @@ def test_every_point_ran_the_studys_frozen_code_not_the_edited_checkout(seen):
     rec = seen["record"]
     code = rec["code"]
     assert code["dir"] == os.path.join(seen["dir"], "code", code["sha256"][:16]) and not rec["code_changes"]
-    assert "SystemExit" not in open(os.path.join(code["dir"], "recsys", "engine.py")).read()
+    assert "SystemExit" not in open(os.path.join(code["dir"], "recsys", "engine", "__init__.py")).read()
     for point in rec["points"]:
         assert set(point["code"]) == set(point["runs"]) and set(point["code"].values()) == {code["sha256"]}
         script = open(os.path.join(point["runs"][-1], "main.sbatch")).read()

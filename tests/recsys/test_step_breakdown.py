@@ -76,12 +76,17 @@ def test_two_ranks_model_parallel_breakdown(tiny_data, tmp_path):
                          capture_output=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     b = _breakdown(summary(read_log(log)), 2)
-    # every rank's event files hold the breakdown (recsys/tensorboard.py); rank 1 alone traced steps 3-4
-    from tb_events import accumulator, markers, series, traces
+    # every rank's event files hold the breakdown, one table in the Text tab at the summary's step
+    # (recsys/tensorboard.py; no scalar cards: issue 48 item 9); rank 1 alone traced steps 3-4
+    from tb_events import markers, traces
+    slowest = b["slowest_rank"]["rank"]
     for rank in (0, 1):
         acc = accumulator(tmp_path / "tensorboard" / "log" / f"rank{rank}")
-        for which, prefix in (("mean", "breakdown"), ("slowest_rank", "breakdown_slowest_rank")):
-            assert series(acc, f"{prefix}/step_ms") == [(12, pytest.approx(b[which]["step_ms"], rel=1e-6))]
+        assert not [t for t in acc.Tags()["scalars"] if t.startswith("breakdown")]
+        (table,) = acc.Tensors("step_breakdown")
+        rows = table.tensor_proto.string_val[0].decode().splitlines()
+        assert table.step == 12 and rows[0].endswith(f"slowest rank ({slowest}) (ms) |")
+        assert f"| step | {b['mean']['step_ms']:.3f} | {b['slowest_rank']['step_ms']:.3f} |" in rows
     assert traces(tmp_path / "tensorboard" / "log" / "rank0") == []
     assert [markers(t)[0] for t in traces(tmp_path / "tensorboard" / "log" / "rank1")] == [[3, 4]]
     assert b["mean"]["embedding_exchange_ms"] > 0 and b["mean"]["gradient_exchange_ms"] > 0
