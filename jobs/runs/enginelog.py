@@ -27,21 +27,26 @@ _REASON = re.compile(r"error|cancelled|killed|exception|diverg|timeout|time limi
                      re.IGNORECASE)
 
 
+def _parsed(lines):
+    """The well-formed records among JSON lines (undecodable ones skipped)."""
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue        # a torn line of a killed job
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def records(path):
     """Every well-formed record of a JSON-lines log (undecodable lines skipped); [] if absent."""
-    out = []
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue        # a torn line of a killed job
-                if isinstance(rec, dict):
-                    out.append(rec)
+            return _parsed(handle)
     except OSError:
         return []
-    return out
 
 
 def job_logs(run_dir, key, tags=None):
@@ -62,18 +67,11 @@ def head_records(path, nbytes=HEAD_BYTES):
     """The complete records in the first `nbytes` of an engine log ([] when it cannot be read)."""
     try:
         with open(path, "rb") as handle:
-            text = handle.read(nbytes).decode("utf-8", errors="replace")
+            data = handle.read(nbytes)
     except OSError:
         return []
-    out = []
-    for line in text.splitlines()[:-1] if len(text) == nbytes else text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return _parsed(lines[:-1] if len(data) == nbytes else lines)     # the last line may be cut
 
 
 def tensorboard_dirs(run_dir):

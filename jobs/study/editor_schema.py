@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from jobs.profiles.editor_schema import nullable
+from jobs.profiles.editor_schema import DRAFT, nullable
 from jobs.vocabulary import MODELS
 
 from .spec import KEYS, MODES, PLACEMENTS, SPEC_VERSION
 
-DRAFT = "https://json-schema.org/draft/2020-12/schema"
 POSITIVE, COUNT = {"type": "integer", "minimum": 1}, {"type": "integer", "minimum": 0}
 SCALAR = {"type": ["string", "number", "boolean"]}
 TYPES: Dict[str, Dict[str, Any]] = {
