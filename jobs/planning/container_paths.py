@@ -134,13 +134,33 @@ def check_preprocess(res, stage_args):
                                "rapids (container.provides): mount the jar's directory or use an image with it")
 
 
+def is_image_file(image: str) -> bool:
+    """A squashfs (or other enroot image file) path, as pyxis reads it, not a registry reference."""
+    return image.startswith(("/", "./"))
+
+
+def check_image_file(profile) -> None:
+    """A profile's image file must be on this login node when a job is submitted: the login node
+    and the compute nodes share the file system the site imports images to, and a missing file
+    would fail every node's container start after the job waited in the queue."""
+    container = profile.container
+    if container is None or not is_image_file(container.image):
+        return
+    path = os.path.abspath(container.image)
+    if not os.path.isfile(path):
+        why = "not a file" if os.path.exists(path) else "no such file"
+        raise RequestError(f"container.image {container.image} of profile {profile.name}: {why} on this host: "
+                           "import the image there first (`enroot import -o FILE docker://REGISTRY#IMAGE`, "
+                           "docs/dgx.md)")
+
+
 def registry_image_warning(spec, profile):
     """One line when a multinode job's container image is a registry reference: pyxis then imports
     it on every node of every job (an NGC image is about 10 GB; the registry's credentials must be on
     the compute nodes). Sites import it once to a squashfs file on the shared file system and name
     that file; the line gives the `enroot import` command for this image."""
     container = profile.container
-    if container is None or spec.nodes <= 1 or container.image.startswith(("/", "./")):
+    if container is None or spec.nodes <= 1 or is_image_file(container.image):
         return None
     image = container.image.split("://", 1)[-1]
     first, _, rest = image.partition("/")

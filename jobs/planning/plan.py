@@ -327,6 +327,8 @@ def plan(requests, profile, max_array_size=None, submitting=False, check_data=No
     host unless an earlier job of the chain writes it.
     Returns (resolved list, JobSpec list)."""
     resolved_all = [resolve(request, profile) for request in requests]
+    if submitting:
+        container_paths.check_image_file(profile)
     resolved, specs = [], []
     previous_exits = []
     chained = len(requests) > 1

@@ -79,7 +79,11 @@ def _twinned(block: Block, env: dict, tmp_path: Path):
         twins_dir.mkdir(exist_ok=True)
         (twins_dir / f"{name}.yaml").write_text(twin.text)
         for host in twin.host_map.values():
-            Path(host).mkdir(parents=True, exist_ok=True)
+            if host not in twin.files:
+                Path(host).mkdir(parents=True, exist_ok=True)
+        for file in twin.files:
+            Path(file).parent.mkdir(parents=True, exist_ok=True)
+            Path(file).touch()
         host_map.update(twin.host_map)
     home.mkdir(exist_ok=True)
     env = dict(env, HOME=str(home),

@@ -30,7 +30,9 @@ def test_twin_line_applies_to_the_blocks_after_it():
 def test_dgx_walkthrough_runs_under_the_twin():
     blocks = [b for b in extract(REPO / "docs" / "dgx.md") if b.twins]
     run = [b for b in blocks if b.mode == "run"]
-    assert run and all(b.twins == ("dgxa100-pod",) for b in blocks)
+    # the spark profile is twinned too: its own image file lies under the twin's root (a submission
+    # checks that a profile's image file is there)
+    assert run and all(b.twins == ("dgxa100-pod", "dgxa100-pod-spark") for b in blocks)
     text = "".join(b.text for b in run)
     for command in ("recsys-submit preprocess --profile dgxa100-pod-spark", "recsys-submit train --profile dgxa100-pod",
                     "recsys-submit evaluate --profile dgxa100-pod", "--data-path /data/", "--checkpoint-dir /checkpoints/"):
@@ -45,7 +47,7 @@ def test_twin_keeps_the_container_and_moves_the_host_sides(tmp_path, monkeypatch
     monkeypatch.setenv("RECSYS_PROFILE_PATH", str(tmp_path / "twins"))
     monkeypatch.setattr("jobs.profiles.loader.USER_PROFILE_DIR", tmp_path / "no-user-dir")
     pod, spark, ci = load_profile("dgxa100-pod"), load_profile("dgxa100-pod-spark"), load_profile("ci")
-    assert pod.container.image == builtin["container"]["image"]
+    assert pod.container.image == twin.host_map[builtin["container"]["image"]] == twin.files[0]
     assert pod.container.provides == builtin["container"]["provides"]
     sides = [m.split(":", 1) for m in builtin["container"]["mounts"]]
     assert [mounts.Mount.parse(m).container for m in pod.container.mounts] == [c for _, c in sides]
@@ -56,6 +58,13 @@ def test_twin_keeps_the_container_and_moves_the_host_sides(tmp_path, monkeypatch
     # the built-in spark profile extends the twin by name: its own image, the twin's mounts
     assert spark.container.image == "/lustre/images/recsys-spark-3.5.sqsh" and "spark" in spark.container.provides
     assert spark.container.mounts == pod.container.mounts and spark.node == ci.node
+    # the image files move under the root with the mounts' host sides (the docs test creates them)
+    derived = make_twin("dgxa100-pod-spark", tmp_path / "pod")
+    assert twin.files == [str(tmp_path / "pod" / "lustre" / "images" / "tensorflow+23.12-tf2-py3.sqsh")]
+    assert derived.files == [str(tmp_path / "pod" / "lustre" / "images" / "recsys-spark-3.5.sqsh")]
+    (tmp_path / "twins" / "dgxa100-pod-spark.yaml").write_text(derived.text)
+    moved = load_profile("dgxa100-pod-spark")
+    assert moved.container.image == derived.files[0] and moved.container.mounts == pod.container.mounts
 
 
 def test_host_paths_rewritten_as_whole_components():

@@ -21,10 +21,16 @@ from jobs.submit import render_plan
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("isolated_profile_search_path")]
 
 
-def _profile(tmp_path, name, mounts, extra=""):
+def _profile(tmp_path, name, mounts, extra="", image=None):
+    """dgxa100-pod with these mounts, and its image file in tmp_path (a submission checks that the
+    profile's squashfs is there), or ``image`` (a registry reference) as given."""
     path = tmp_path / f"{name}.yaml"
     lines = "\n".join(f"    - {m}" for m in mounts)
-    path.write_text(f"extends: dgxa100-pod\ncontainer:\n  mounts:\n{lines}\n{extra}")
+    if image is None:
+        image = tmp_path / "images" / "tensorflow+23.12-tf2-py3.sqsh"
+        image.parent.mkdir(exist_ok=True)
+        image.write_bytes(b"hsqs")
+    path.write_text(f"extends: dgxa100-pod\ncontainer:\n  image: {image}\n  mounts:\n{lines}\n{extra}")
     return load_profile(str(path))
 
 
@@ -125,7 +131,7 @@ def test_preprocess_checks_before_submission(tmp_path):
     with pytest.raises(RequestError, match=r"^--rapids-jar /opt/rapids/rapids-4-spark.jar: not inside the container"):
         plan([JobRequest(output="/out/p", engine_args=jar, **pre)], ro)
     with pytest.raises(RequestError, match=r"^recsys-submit preprocess --engine spark: the image of profile "
-                                           r"dgxa100-pod \(nvcr.io/nvidia/tensorflow:23.12-tf2-py3\) holds "
+                                           r"dgxa100-pod \(/lustre/images/tensorflow\+23.12-tf2-py3.sqsh\) holds "
                                            r"tensorflow, horovod, not spark"):
         plan([JobRequest(output="/data/criteo/parquet", engine_args=jar, **pre)], load_profile("dgxa100-pod"))
     # the preprocessing profile's image declares Spark and its own RAPIDS jar: accepted as printed
@@ -180,7 +186,8 @@ def test_a_multinode_job_on_a_registry_image_is_warned_with_the_import_command(t
     host = tmp_path / "lustre"
     _dataset(host / "datasets" / "criteo" / "parquet")
     (host / "checkpoints").mkdir()
-    pod = _profile(tmp_path, "pod", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"])
+    pod = _profile(tmp_path, "pod", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"],
+                   image="nvcr.io/nvidia/tensorflow:23.12-tf2-py3")
     request = JobRequest(kind="train", model="dlrm", nodes=2, engine_args=["--data-path", "/data/criteo/parquet"])
     _, [spec] = plan([request], pod, submitting=True)
     line = registry_image_warning(spec, pod)
@@ -192,8 +199,31 @@ def test_a_multinode_job_on_a_registry_image_is_warned_with_the_import_command(t
     _, [one] = plan([JobRequest(kind="train", model="dlrm", nodes=1,
                                 engine_args=["--data-path", "/data/criteo/parquet"])], pod, submitting=True)
     assert registry_image_warning(one, pod) is None
-    squashed = _profile(tmp_path, "squashed", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"],
-                        extra="  image: /shared/images/tensorflow+23.12-tf2-py3.sqsh\n")
+    squashed = _profile(tmp_path, "squashed", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"])
     _, [spec] = plan([request], squashed, submitting=True)
     assert registry_image_warning(spec, squashed) is None
     assert registry_image_warning(spec, load_profile("ci")) is None          # no container
+
+
+def test_the_built_in_pod_names_a_squashfs_file_and_a_missing_one_is_refused_before_submission(tmp_path):
+    """Issue 47 item 6: dgxa100-pod's image is a squashfs file on the shared file system (imported
+    once), not a registry image every node imports; a submission whose image file is not there is one
+    line naming the key and the import command's form, before anything is planned. Rendering (a
+    script for another machine) does not look."""
+    pod = load_profile("dgxa100-pod")
+    assert pod.container.image == "/lustre/images/tensorflow+23.12-tf2-py3.sqsh"
+    host = tmp_path / "lustre"
+    _dataset(host / "datasets" / "criteo" / "parquet")
+    (host / "checkpoints").mkdir()
+    missing = _profile(tmp_path, "missing", [f"{host}/datasets:/data", f"{host}/checkpoints:/checkpoints"],
+                       image=tmp_path / "nowhere" / "tf.sqsh")
+    request = JobRequest(kind="train", model="dlrm", nodes=2, engine_args=["--data-path", "/data/criteo/parquet"])
+    with pytest.raises(RequestError, match=rf"^container.image {re.escape(str(tmp_path))}/nowhere/tf.sqsh of profile "
+                                           r"missing: no such file on this host: import the image there first "
+                                           r"\(`enroot import -o FILE docker://REGISTRY#IMAGE`, docs/dgx.md\)$"):
+        plan([request], missing, submitting=True)
+    plan([request], missing)                                     # rendering: not looked at
+    (tmp_path / "nowhere").mkdir()
+    (tmp_path / "nowhere" / "tf.sqsh").mkdir()
+    with pytest.raises(RequestError, match=r"tf.sqsh of profile missing: not a file on this host"):
+        plan([request], missing, submitting=True)
