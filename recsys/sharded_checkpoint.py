@@ -143,18 +143,19 @@ def _saved_pieces(path, meta):
     return saved
 
 
-def _distributed_tables(group, optimizers, fetch, np, chunk=None):
+def _distributed_tables(group, optimizers, fetch, np, chunk=None, stats=None):
     """Whole tables (and their optimizer slots) into a distributed-embeddings group, cut by its layout
     and assigned by row chunks (``de_adapter.set_global``): ``fetch(table, slot or None)`` gives the
-    table's saved column pieces (or None); each rank reads only its own slices. Returns (slots
-    restored, slots restarted)."""
+    table's saved column pieces (or None); each rank reads only its own slices, one row chunk at a
+    time from the memory-mapped files (``stats``: ``peak_elements`` and ``read_elements``, as
+    :func:`_assemble` counts them). Returns (slots restored, slots restarted)."""
     from recsys.embeddings import de_adapter
     layer = group._dist
 
     def lazy(pieces, t):
         rows, dim = group.cardinalities[t], group.dims[t]
-        return de_adapter.LazyTable((rows, dim), lambda r0, r1, c0, c1: _assemble(pieces, c0, c1, (rows, c1 - c0),
-                                                                                  np)[r0:r1])
+        return de_adapter.LazyTable((rows, dim), lambda r0, r1, c0, c1: _assemble(
+            pieces, c0, c1, (r1 - r0, c1 - c0), np, rows=(r0, r1), stats=stats))
     tables = []
     for t in range(len(group.cardinalities)):
         pieces = fetch(t, None)
@@ -353,10 +354,17 @@ class ShardedCheckpointer(AtomicCheckpointer):
             if group._dist is not None:     # whole tables through DE's set_weights; each rank cuts its share
                 from recsys.embeddings import de_adapter
                 keys = [saved_table(group, t) for t in range(len(group.cardinalities))]
+                held = {}           # the table being assigned, read once (not once per row chunk)
+
+                def rows_of(r0, r1, c0, c1, key):
+                    if key not in held:
+                        held.clear()
+                        held[key] = reader.get_tensor(key)
+                    return np.asarray(held[key][r0:r1, c0:c1], np.float32)
                 de_adapter.set_global(group._dist, [de_adapter.LazyTable(
                     (group.cardinalities[t], group.dims[t]),
-                    lambda r0, r1, c0, c1, key=key: np.asarray(reader.get_tensor(key)[r0:r1, c0:c1], np.float32))
-                    for t, key in enumerate(keys)])
+                    lambda r0, r1, c0, c1, key=key: rows_of(r0, r1, c0, c1, key)) for t, key in enumerate(keys)])
+                held.clear()
                 continue
             pieces, _ = _pieces(group, self.dist.rank)
             for (t, c0, c1), var in pieces.items():
@@ -412,16 +420,23 @@ def write_distributed_pieces(directory, group_name, layer, optimizers=(), chunk=
     return listing
 
 
-def _assemble(pieces, c0, c1, shape, np):
-    """Columns [c0, c1) of one table from the saved column slices (read memory-mapped)."""
+def _assemble(pieces, c0, c1, shape, np, rows=None, stats=None):
+    """Columns [c0, c1) of one table from the saved column slices (read memory-mapped): every row, or
+    rows [r0, r1) (``rows``) only, so a restore by row chunks reads each saved value once instead of
+    a whole column slab per chunk. ``stats`` counts the elements read (``read_elements``) and the
+    largest block (``peak_elements``)."""
     out = np.empty(shape, np.float32)
+    r0, r1 = rows if rows is not None else (0, shape[0])
     filled = 0
     for a0, a1, file in sorted(pieces):
         lo, hi = max(a0, c0), min(a1, c1)
         if lo >= hi:
             continue
-        out[:, lo - c0:hi - c0] = np.load(file, mmap_mode="r")[:, lo - a0:hi - a0]
+        out[:, lo - c0:hi - c0] = np.load(file, mmap_mode="r")[r0:r1, lo - a0:hi - a0]
         filled += hi - lo
+    if stats is not None:
+        stats["read_elements"] = stats.get("read_elements", 0) + out.size
+        stats["peak_elements"] = max(stats.get("peak_elements", 0), out.size)
     if filled != c1 - c0:
         raise CheckpointError(f"table columns {c0}:{c1} are not all in the checkpoint ({filled} found)")
     return out

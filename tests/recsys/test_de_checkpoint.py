@@ -87,19 +87,26 @@ def test_slices_are_written_by_each_rank_in_row_chunks_and_re_sharded_with_their
     # gets exactly its cut of the saved tables and slots, assigned by row chunks.
     new_layout = distributed_embeddings_layout(TABLES, 2)
     assert not new_layout.data_parallel
+    reads = {}
     for rank in range(2):
         layer = _stand_in(new_layout, rank, tf)
         opt = tf.keras.optimizers.Adagrad()
         opt.build(layer.weights)
         group = types.SimpleNamespace(_dist=layer, name="g", cardinalities=[r for r, _ in TABLES],
                                       dims=[w for _, w in TABLES])
+        reads[rank] = {}
         restored, restarted = _distributed_tables(group, [opt], lambda t, slot: saved.get(("g", t, slot)), np,
-                                                  chunk=chunk)
+                                                  chunk=chunk, stats=reads[rank])
         assert restored == {"accumulators"} and not restarted
         for r, v, r0, r1, t, c0, c1 in new_layout.pieces:
             if r == rank:
                 np.testing.assert_array_equal(layer.weights[v].numpy()[r0:r1], tables[t][:, c0:c1])
                 np.testing.assert_array_equal(opt._accumulators[v].numpy()[r0:r1], accumulators[t][:, c0:c1])
+        # Issue 47 item 9: the restore reads by row chunks, each saved value it needs once (tables and
+        # the slot: twice its slices' size), never a whole column slab per chunk (quadratic in the rows).
+        mine = sum((r1 - r0) * (c1 - c0) for r, v, r0, r1, t, c0, c1 in new_layout.pieces if r == rank)
+        assert reads[rank]["read_elements"] == 2 * mine, (rank, reads[rank], mine)
+        assert 0 < reads[rank]["peak_elements"] <= chunk
 
 
 _SAVE = textwrap.dedent("""\
