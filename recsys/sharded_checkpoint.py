@@ -1,11 +1,14 @@
 """Checkpoints of models whose embedding tables are spread over ranks (model parallel).
 
-Layout (format ``sharded-v1``)::
+Layout (format ``sharded-v2``)::
 
     ckpt-<step>/meta.json            written last by rank 0: step, world size, the plan
                                      (who holds which table columns), the model signature
-    ckpt-<step>/rank-<r>/ckpt.*      rank r's tf.train.Checkpoint: dense weights, its own
-                                     table slices, optimizer state, counters
+    ckpt-<step>/rank-<r>/ckpt.*      rank r's tf.train.Checkpoint: dense weights, optimizer
+                                     state, counters; not the table slices rank r writes as
+                                     files below (nor their optimizer slots): each is written
+                                     once (recsys.checkpoint_graph). ``sharded-v1`` held them
+                                     in both; it is still read.
     ckpt-<step>/rank-<r>/tables.json the table slices rank r wrote as .npy (group, table, slots,
                                      columns, file), to re-shard at another world size
     ckpt-<step>/rank-<r>/DONE        the rank finished writing
@@ -13,7 +16,7 @@ Layout (format ``sharded-v1``)::
 Every rank writes into one temporary directory; rank 0 renames it to
 ``ckpt-<step>`` only after every rank's DONE is there, so a checkpoint is
 complete or absent. Restore at the same world size reads each rank's own
-TF checkpoint (bitwise, optimizer included); at another world size (or into a
+TF checkpoint and its own table files (bitwise, optimizer included); at another world size (or into a
 replicated model, e.g. evaluation on one rank) it restores the dense weights
 and counters from rank 0 and assembles each table slice the new plan gives
 this rank, and the tables' optimizer slots (``<slice>.<slot>.npy``, e.g. FTRL's
@@ -42,7 +45,8 @@ import time
 from recsys.checkpoint import (META, PREFIX, AtomicCheckpointer, CheckpointError, publish,
                                write_failure)
 
-FORMAT = "sharded-v1"
+FORMAT = "sharded-v2"
+FORMATS = ("sharded-v1", FORMAT)   # v1: each rank's TF checkpoint held its table slices too
 TABLES = "tables.json"
 DONE = "DONE"
 
@@ -58,7 +62,7 @@ def read_meta(path):
 
 def is_sharded(path):
     try:
-        return read_meta(path).get("format") == FORMAT
+        return read_meta(path).get("format") in FORMATS
     except (OSError, ValueError):
         return False
 
@@ -75,7 +79,7 @@ def validate(path, expected_signature=None):
         meta = read_meta(path)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable {META} ({e})")
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in FORMATS:
         return meta
     missing = []
     for r in meta["writers"]:
@@ -188,9 +192,38 @@ class ShardedCheckpointer(AtomicCheckpointer):
         self.model, self.dist, self.counters, self.signature, self.log = model, dist, counters, signature, log
         self.optimizers = list(optimizers)
         self.sharded_model = has_local_tables(model)
+        self._rest = {}
 
     def _writers(self):
         return list(range(self.dist.size)) if self.sharded_model else [0]
+
+    def _written_as_files(self, writer: int) -> list:
+        """The variables rank ``writer`` writes as table files (its slices, rank 0 the replicated
+        tables too) and their optimizer slots, as this rank holds them: what the TF checkpoint of
+        ``writer`` leaves out."""
+        from recsys.embeddings import de_adapter
+        out = []
+        for group in _groups(self.model):
+            if group._dist is not None:
+                tables = [group._dist.weights[v] for _, _, _, v, _, _ in de_adapter.local_pieces(group._dist)]
+            else:
+                pieces, replicated_too = _pieces(group, writer)
+                own = group._mp.shard_map() if group._mp is not None else {}
+                tables = [var for key, var in pieces.items() if key in own or replicated_too]
+            for var in tables:
+                out += [var, *table_slots(self.optimizers, var).values()]
+        return out
+
+    def _tf_checkpoint(self, writer: int):
+        """The TF checkpoint of rank ``writer`` (this rank's, or rank 0's that a replicated model reads):
+        the run's, without what that rank writes as table files (built once per writer: the variables
+        are fixed once the model is built)."""
+        if writer not in self._rest:
+            import tensorflow as tf
+
+            from recsys.checkpoint_graph import without
+            self._rest[writer] = tf.train.Checkpoint(**without(self.checkpoint, self._written_as_files(writer)))
+        return self._rest[writer]
 
     def save(self, step, **meta):
         import numpy as np
@@ -259,7 +292,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
         if dist.rank in self._writers():
             d = rank_dir(tmp, dist.rank)
             os.makedirs(d)
-            self.checkpoint.write(os.path.join(d, PREFIX))
+            self._tf_checkpoint(dist.rank).write(os.path.join(d, PREFIX))
             listing = []
             for group in _groups(self.model):
                 pieces, replicated_too = _pieces(group, dist.rank)
@@ -286,38 +319,25 @@ class ShardedCheckpointer(AtomicCheckpointer):
         if path is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         meta = validate(path, self.signature)
-        if meta.get("format") != FORMAT:
+        if meta.get("format") not in FORMATS:
             return self._restore_replicated(path, meta)
         same_layout = (meta["world_size"] == self.dist.size and meta["sharded_model"] == self.sharded_model
                        and all(meta["groups"].get(g.name, {}).get("layout", g.layout) == g.layout
                                for g in _groups(self.model)))
-        if same_layout:
+        if same_layout and meta["format"] != FORMAT:        # v1: the TF checkpoint holds everything
             src = rank_dir(path, self.dist.rank if self.sharded_model else 0)
             self.checkpoint.read(os.path.join(src, PREFIX)).assert_existing_objects_matched()
+        elif same_layout:
+            # this rank's TF checkpoint (dense weights, optimizer state, counters), then its table
+            # slices and their slots from the files, by row chunks: bitwise what it saved
+            writer = self.dist.rank if self.sharded_model else 0
+            self._tf_checkpoint(writer).read(os.path.join(rank_dir(path, writer), PREFIX)).assert_existing_objects_matched()
+            self._tables_from_files(path, meta, np)
         else:
             import tensorflow as tf
             tf.train.Checkpoint(model=self.model, **self.counters).read(
                 os.path.join(rank_dir(path, 0), PREFIX)).expect_partial()
-            saved = _saved_pieces(path, meta)
-            resharded, restarted = set(), set()
-            for group in _groups(self.model):
-                if group._dist is not None:         # distributed-embeddings: whole tables in, each rank its share
-                    done, missing = _distributed_tables(group, self.optimizers,
-                                                        lambda t, slot, g=group.name: saved.get((g, t, slot)), np)
-                    resharded |= done
-                    restarted |= missing
-                    continue
-                pieces, _ = _pieces(group, self.dist.rank)
-                for (t, c0, c1), var in pieces.items():
-                    var.assign(_assemble(saved.get((group.name, t, None), []), c0, c1, tuple(var.shape), np))
-                    # The tables' optimizer slots are re-sharded like the tables (checkpoints written
-                    # before slots were saved have none: those slots restart from their initial value).
-                    for slot, slot_var in table_slots(self.optimizers, var).items():
-                        if (group.name, t, slot) in saved:
-                            slot_var.assign(_assemble(saved[(group.name, t, slot)], c0, c1, tuple(var.shape), np))
-                            resharded.add(slot)
-                        else:
-                            restarted.add(slot)
+            resharded, restarted = self._tables_from_files(path, meta, np)
             for opt in self.optimizers:            # learning-rate schedules continue from the step
                 opt.iterations.assign(self.counters["global_step"])
             if self.log is not None and self.dist.is_chief:
@@ -330,6 +350,31 @@ class ShardedCheckpointer(AtomicCheckpointer):
         meta["path"] = path
         return meta
 
+
+    def _tables_from_files(self, path, meta, np):
+        """Every table slice this rank holds, and its optimizer slots, from the checkpoint's table files
+        (cut by this run's layout). Returns (slots restored, slots restarted)."""
+        saved = _saved_pieces(path, meta)
+        resharded, restarted = set(), set()
+        for group in _groups(self.model):
+            if group._dist is not None:         # distributed-embeddings: whole tables in, each rank its share
+                done, missing = _distributed_tables(group, self.optimizers,
+                                                    lambda t, slot, g=group.name: saved.get((g, t, slot)), np)
+                resharded |= done
+                restarted |= missing
+                continue
+            pieces, _ = _pieces(group, self.dist.rank)
+            for (t, c0, c1), var in pieces.items():
+                var.assign(_assemble(saved.get((group.name, t, None), []), c0, c1, tuple(var.shape), np))
+                # The tables' optimizer slots are re-sharded like the tables (checkpoints written
+                # before slots were saved have none: those slots restart from their initial value).
+                for slot, slot_var in table_slots(self.optimizers, var).items():
+                    if (group.name, t, slot) in saved:
+                        slot_var.assign(_assemble(saved[(group.name, t, slot)], c0, c1, tuple(var.shape), np))
+                        resharded.add(slot)
+                    else:
+                        restarted.add(slot)
+        return resharded, restarted
 
     def _restore_replicated(self, path, meta):
         """A replicated run's checkpoint (``recsys.checkpoint`` layout) into this model-parallel run:
@@ -461,45 +506,3 @@ def make_checkpointer(config, checkpoint, model, dist, counters, optimizers=(), 
                                    keep=config.keep_checkpoints,
                                    signature=signature(config.model, tables) if tables else None, log=log)
     return AtomicCheckpointer(config.checkpoint_dir, checkpoint, keep=config.keep_checkpoints, writer=dist.is_chief)
-
-
-def checkpoint_weights(path):
-    """{name: ndarray} of a checkpoint's model weights, whatever its layout: ``table:<group>/<t>`` is a
-    whole table (slices joined), ``dense:<key>`` a dense weight. Lets tests and tools compare a
-    model-parallel run with a replicated one."""
-    import re
-
-    import numpy as np
-    import tensorflow as tf
-    sharded = is_sharded(path)
-    reader = tf.train.load_checkpoint(os.path.join(rank_dir(path, 0) if sharded else path, PREFIX))
-    out = {}
-    table_re = re.compile(r"^model/([^/]+)/tables/(\d+)/embeddings/")
-    for key in reader.get_variable_to_shape_map():
-        if not key.startswith("model/") or "OPTIMIZER_SLOT" in key:
-            continue
-        m = table_re.match(key)
-        if m and not sharded:
-            out[f"table:{m.group(1)}/{int(m.group(2))}"] = reader.get_tensor(key)
-        elif not m and "/_mp/" not in key and "/de_world" not in key:
-            out[f"dense:{key}"] = reader.get_tensor(key)
-    if sharded:
-        meta = read_meta(path)
-        saved = _saved_pieces(path, meta)
-        for group, info in meta["groups"].items():
-            for t, (rows, dim) in enumerate(zip(info["cardinalities"], info["dims"])):
-                out[f"table:{group}/{t}"] = _assemble(saved.get((group, t, None), []), 0, dim, (rows, dim), np)
-    return out
-
-
-def checkpoint_table_slots(path):
-    """{``<group>/<table>/<slot>``: whole array} of the tables' optimizer slots in a sharded checkpoint."""
-    import numpy as np
-    meta = read_meta(path)
-    out = {}
-    for (group, t, slot), pieces in _saved_pieces(path, meta).items():
-        if slot is not None:
-            info = meta["groups"][group]
-            shape = (info["cardinalities"][t], info["dims"][t])
-            out[f"{group}/{t}/{slot}"] = _assemble(pieces, 0, shape[1], shape, np)
-    return out

@@ -46,8 +46,9 @@ def test_slices_are_written_by_each_rank_in_row_chunks_and_re_sharded_with_their
 
     from recsys.embeddings.de_adapter import set_global
     from recsys.embeddings.planner import distributed_embeddings_layout
-    from recsys.sharded_checkpoint import (_assemble, _distributed_tables, _saved_pieces, checkpoint_table_slots,
-                                           rank_dir, write_distributed_pieces)
+    from recsys.checkpoint_contents import checkpoint_table_slots
+    from recsys.sharded_checkpoint import (_assemble, _distributed_tables, _saved_pieces, rank_dir,
+                                           write_distributed_pieces)
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal(s).astype(np.float32) for s in TABLES]
     accumulators = [rng.random(s).astype(np.float32) for s in TABLES]
@@ -140,6 +141,11 @@ _SAVE = textwrap.dedent("""\
         except CheckpointWriteError as err:
             out[attempt] = "error: " + str(err)
         out[attempt + "_s"] = time.time() - t0
+    # what this rank's TF checkpoint holds, and the table slices it wrote as files
+    mine = os.path.join(out["fresh"], f"rank-{dist.rank:05d}")
+    out["tf_variables"] = {k: s for k, s in tf.train.list_variables(os.path.join(mine, "ckpt"))}
+    with open(os.path.join(mine, "tables.json")) as f:
+        out["files"] = json.load(f)
     with open(f"{results}/rank-{dist.rank}.json", "w") as f:
         json.dump(out, f)
 """)
@@ -168,6 +174,13 @@ def test_a_rank_that_does_not_see_the_temporary_directory_fails_the_save_on_ever
     assert out[0]["fresh"] == out[1]["fresh"] == f"{directory}/ckpt-0000000002"
     assert sorted(p.name for p in directory.iterdir()) == ["ckpt-0000000002"]        # nothing of step 1 left
     assert {p.name for p in (directory / "ckpt-0000000002").iterdir()} == {"meta.json", "rank-00000", "rank-00001"}
+    # Issue 47 item 9: a rank's table slices are written once, as its files; its TF checkpoint holds
+    # the rest (the counters here), not the slices again.
+    for r in (0, 1):
+        assert out[r]["files"], out[r]
+        assert "global_step/.ATTRIBUTES/VARIABLE_VALUE" in out[r]["tf_variables"], out[r]["tf_variables"]
+        tables = [k for k, shape in out[r]["tf_variables"].items() if len(shape) == 2]
+        assert not tables, (r, tables)
 
 
 # Runs behind de_source.PRELUDE (DE importable, its op library stood in for: only the plain read
@@ -181,7 +194,8 @@ _DE_RANKS = textwrap.dedent("""\
     from recsys.embeddings.group import EmbeddingGroup
     from recsys.embeddings.placement import place
     from recsys.embeddings.tables import Table, TableGroup
-    from recsys.sharded_checkpoint import ShardedCheckpointer, checkpoint_weights
+    from recsys.checkpoint_contents import checkpoint_weights
+    from recsys.sharded_checkpoint import ShardedCheckpointer
 
     dist = Distributed()
     tf.keras.utils.set_random_seed(1)               # one table seed on every rank, as the engine's runs

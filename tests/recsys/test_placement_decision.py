@@ -127,7 +127,7 @@ def reference_wide_deep(tmp_path_factory):
 def test_wide_deep_record_lists_every_group_with_the_widths_the_run_built(reference_wide_deep, tmp_path):
     """A real run: its `placement` record has the deep and the wide group, 32 tables, with the
     recipe's per-feature widths, and those are the widths of the tables in its checkpoint."""
-    from recsys.sharded_checkpoint import checkpoint_weights
+    from recsys.checkpoint_contents import checkpoint_weights
     log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
     res = run_train(["--model", "wide_deep", "--data-path", reference_wide_deep, "--embedding-dim", "64",
                      "--deep-hidden-units", "16", "--batch-size", "256", "--eval-batch-size", "512", "--epochs", "1",
