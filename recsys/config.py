@@ -24,6 +24,7 @@ from recsys.distributed import launcher_world_size
 from recsys.errors import EngineError
 from recsys.models.defaults import (MODEL_DEFAULTS, REFERENCE_MIN_STEPS_PER_EPOCH, SMALL_DATA_DEFAULTS,
                                     is_small_data, resolved, small_data_batch)
+from recsys.predictions import check_directory, check_flags
 
 # Share of the run before the synthetic DLRM schedule ends its warm-up / starts its decay
 # (the reference's 8000 / 48000 of about 72000 steps).
@@ -293,28 +294,13 @@ class TrainConfig:
                       f"0 to {self.world_size - 1}")
 
     def _check_predict(self):
-        """--run-mode predict and --predictions go together; NCF's test mapping is no rows to score."""
-        if self.predictions and self.mode != "predict":
-            _fail(f"--predictions needs --run-mode predict (the run mode is {self.mode})")
-        if self.mode != "predict":
-            return
-        if self.model == "ncf":
-            _fail("--run-mode predict: NCF's test mapping is a ranking set (each user's held-out item among "
-                  "sampled negatives), not rows to score; predict scores DLRM and Wide & Deep datasets")
-        if not self.predictions:
-            _fail("--run-mode predict needs --predictions DIR (a new or empty directory for the scores)")
+        check_flags(self.mode, self.model, self.predictions, _fail)
 
     def _check_predictions_dir(self):
-        """--predictions DIR: new, or an empty directory; creatable (checked where the job runs or is submitted)."""
-        if self.mode != "predict":
-            return
-        if os.path.exists(self.predictions):
-            if not os.path.isdir(self.predictions):
-                _fail(f"--predictions {self.predictions}: exists and is not a directory")
-            if os.listdir(self.predictions):
-                _fail(f"--predictions {self.predictions}: not empty (give a new or empty directory; "
-                      "predictions are never written over)")
-        _check_creatable("--predictions", self.predictions, self.predictions)
+        """--predictions DIR: new or empty, and creatable (where the job runs, or is submitted)."""
+        if self.mode == "predict":
+            check_directory(self.predictions, _fail)
+            _check_creatable("--predictions", self.predictions, self.predictions)
 
     def _check_submitted_files(self, produced, check_existence):
         """for_submission's file checks: the data and the checkpoint to evaluate are named, and
