@@ -91,18 +91,17 @@ class Predictions:
 
         spec = self.task.spec
         keys = dict(spec.metadata.get("keys") or {})          # {key: stored column}
-        files, rows, columns = [], [], {k: [] for k in keys}
+        files, rows, stored = [], [], []
         for k in reader.my_files:
             path = reader.file_groups[k][0][0]
             n = reader.file_rows[k]
             files.append(np.full(n, os.path.relpath(path, spec.base_directory), dtype=object))
             rows.append(np.arange(n, dtype=np.int64))
             if keys:
-                stored = pq.read_table(path, columns=list(keys.values()))
-                for key, name in keys.items():
-                    columns[key].append(stored.column(name))
-        out = {k: pa.chunked_array(v[0].chunks if len(v) == 1 else [c for a in v for c in a.chunks])
-               for k, v in columns.items() if v}
+                stored.append(pq.read_table(path, columns=list(keys.values())))
+        # a file whose key is null throughout stores it as the null type: promoted to the others' type
+        table = pa.concat_tables(stored, promote_options="default") if stored else None
+        out = {key: table.column(name) for key, name in keys.items()} if table is not None else {}
         out["file"] = pa.array(np.concatenate(files) if files else np.zeros(0, object), pa.string())
         out["row"] = pa.array(np.concatenate(rows) if rows else np.zeros(0, np.int64))
         out["score"] = pa.array(scores)
