@@ -34,6 +34,8 @@ _EXAMPLES = {
               "--data-path /data/ml-20m --then-evaluate -- --amp"],
     "evaluate": ["recsys-submit evaluate --profile mysite --model dlrm -- --data-path /data/criteo "
                  "--checkpoint-dir /ckpt/dlrm"],
+    "predict": ["recsys-submit predict --profile mysite --model wide_deep -- --data-path /data/new-rows "
+                "--checkpoint-dir /ckpt/wd --predictions /results/wd-scores"],
     "benchmark": ["recsys-submit benchmark --profile mysite --model dlrm --nodes 2 -- --synthetic "
                   "--benchmark-steps 200",
                   "recsys-submit benchmark --profile ci --model hello --nodes 2   # the smoke payload"],

@@ -4,7 +4,7 @@ Their one home: the CLI builds its subcommands from KINDS without importing the 
 and the request and profile layers validate against the same tuples.
 """
 
-KINDS = ("train", "evaluate", "benchmark", "preprocess")
+KINDS = ("train", "evaluate", "predict", "benchmark", "preprocess")
 MODELS = ("dlrm", "wide_deep", "ncf")
 DATASETS = ("criteo", "movielens", "outbrain", "tabular")
 PAYLOADS = ("recsys", "hello", "collectives")   # collectives: the fabric micro-benchmark

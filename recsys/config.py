@@ -24,6 +24,7 @@ from recsys.distributed import launcher_world_size
 from recsys.errors import EngineError
 from recsys.models.defaults import (MODEL_DEFAULTS, REFERENCE_MIN_STEPS_PER_EPOCH, SMALL_DATA_DEFAULTS,
                                     is_small_data, resolved, small_data_batch)
+from recsys.predictions import check_directory, check_flags
 
 # Share of the run before the synthetic DLRM schedule ends its warm-up / starts its decay
 # (the reference's 8000 / 48000 of about 72000 steps).
@@ -109,7 +110,8 @@ class TrainConfig:
     early_stop_patience: Optional[int] = None   # evaluations without a new best before the run stops (0: never)
     early_stop_min_delta: Optional[float] = None  # the gain over the best that restarts the count
     keep_best: Optional[bool] = None            # keep the best checkpoint by the watched metric (best.json)
-    evaluate_checkpoint: str = "best"           # --run-mode evaluate: best.json's checkpoint, or the latest
+    evaluate_checkpoint: str = "best"           # --run-mode evaluate/predict: best.json's checkpoint, or the latest
+    predictions: Optional[str] = None           # --run-mode predict: the directory the scores go to
     # resolved, not flags
     embedding_optimizer: Optional[str] = None
     world_size: int = 1
@@ -250,6 +252,7 @@ class TrainConfig:
             _fail(f"--hang-timeout must be >= 0 seconds (0: off), got {self.hang_timeout}")
         if self.breakdown_steps and self.mode != "benchmark":
             _fail(f"--breakdown-steps needs --run-mode benchmark (the run mode is {self.mode})")
+        self._check_predict()
         if self.batch_size % self.world_size:
             _fail(f"--batch-size {self.batch_size} is not divisible by the {self.world_size} ranks")
         if self.lr <= 0:
@@ -290,6 +293,15 @@ class TrainConfig:
                 _fail(f"--{_flag(flag)} {','.join(map(str, ranks))}: the run has {self.world_size} rank(s), "
                       f"0 to {self.world_size - 1}")
 
+    def _check_predict(self):
+        check_flags(self.mode, self.model, self.predictions, _fail)
+
+    def _check_predictions_dir(self):
+        """--predictions DIR: new or empty, and creatable (where the job runs, or is submitted)."""
+        if self.mode == "predict":
+            check_directory(self.predictions, _fail)
+            _check_creatable("--predictions", self.predictions, self.predictions)
+
     def _check_submitted_files(self, produced, check_existence):
         """for_submission's file checks: the data and the checkpoint to evaluate are named, and
         exist unless a path in `produced` (written by an earlier job) holds them."""
@@ -309,13 +321,15 @@ class TrainConfig:
                     _fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
         elif not self.synthetic:
             _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
-        if self.mode == "evaluate":
+        if self.mode in ("evaluate", "predict"):
             if not self.checkpoint_dir:
-                _fail("--run-mode evaluate needs --checkpoint-dir (the checkpoints of a training run)")
+                _fail(f"--run-mode {self.mode} needs --checkpoint-dir (the checkpoints of a training run)")
             if not pending(self.checkpoint_dir):
                 from recsys.checkpoint import AtomicCheckpointer
                 if AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
-                    _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
+                    _fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
+        if check_existence:
+            self._check_predictions_dir()
 
     def _with_data(self, given=None) -> "TrainConfig":
         """The dataset checked; the config reading it (``--data-path``'s feature_spec.yaml) with the
@@ -346,6 +360,8 @@ class TrainConfig:
                 _fail(str(e))
             if kind != self.model:
                 _fail(f"{feature_spec}: a {kind} dataset, not for --model {self.model}")
+            if self.mode == "evaluate" and spec.metadata.get("labels") is False:
+                _fail(f"{feature_spec}: has no labels (new rows without the label column): use --run-mode predict")
             if rows.get("train"):
                 what = f"the {rows['train']} training rows of {feature_spec}"
                 cfg, small = self._small_data(rows["train"], what, given)
@@ -423,10 +439,12 @@ class TrainConfig:
     def _check_paths(self):
         if self.restore and not self.checkpoint_dir:
             _fail("--restore needs --checkpoint-dir")
-        if self.mode == "evaluate":
+        if self.mode in ("evaluate", "predict"):
             from recsys.checkpoint import AtomicCheckpointer
             if not self.checkpoint_dir or AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
-                _fail(f"--run-mode evaluate needs a checkpoint in --checkpoint-dir ({self.checkpoint_dir or 'not given'})")
+                _fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir "
+                      f"({self.checkpoint_dir or 'not given'})")
+        self._check_predictions_dir()
         # Missing directories are created when the run starts (as `mkdir -p`): the nearest
         # existing ancestor must be a writable directory.
         if self.checkpoint_dir:

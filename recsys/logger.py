@@ -141,6 +141,8 @@ def stop_reason(fields: dict) -> str:
     mode = fields.get("mode")
     if mode == "evaluate":
         return f"evaluated {fields.get('evaluated_checkpoint')}"
+    if mode == "predict":
+        return f"{fields.get('predicted_rows')} rows scored by {fields.get('evaluated_checkpoint')} in {fields.get('predictions')}"
     if mode in ("benchmark", "inference"):
         return f"{fields.get('timed_steps')} timed steps done"
     return "every step done"

@@ -31,7 +31,7 @@ from recsys.models.defaults import MODEL_DEFAULTS
 from slurm.cpulist import parse_cpulist
 
 MODELS = ("dlrm", "wide_deep", "ncf")
-MODES = ("train", "evaluate", "benchmark", "inference")
+MODES = ("train", "evaluate", "predict", "benchmark", "inference")
 EVALUATE_CHECKPOINTS = ("best", "latest")
 AFFINITY = ("off", "all", "exclusive", "unique_contiguous", "unique_interleaved", "numa")
 PROG = "recsys-train"
@@ -120,6 +120,7 @@ def build_parser(parser_class=_Parser):
     g.add_argument("--model", required=True, choices=MODELS, help="model to build")
     g.add_argument("--run-mode", dest="mode", choices=MODES, default="train",
                    help="train (epochs, eval and checkpoint per epoch); evaluate (metrics of a checkpoint); "
+                        "predict (a checkpoint's score of every test row, written to --predictions); "
                         "benchmark (timed training steps after warm-up); inference (timed forward passes)")
     g.add_argument("--mode", dest="mode", choices=MODES, action=_DeprecatedMode, help=argparse.SUPPRESS)
     g.add_argument("--seed", type=int, default=12345, help="seed of weights, shuffling and negatives")
@@ -244,8 +245,11 @@ def build_parser(parser_class=_Parser):
                    help="keep the checkpoint of the best evaluation from pruning and name it in "
                         "CHECKPOINT_DIR/best.json; default off, on for small data")
     c.add_argument("--evaluate-checkpoint", choices=EVALUATE_CHECKPOINTS, default="best",
-                   help="--run-mode evaluate: the checkpoint CHECKPOINT_DIR/best.json names (best, the default; "
-                        "the latest when there is none) or the latest")
+                   help="--run-mode evaluate and predict: the checkpoint CHECKPOINT_DIR/best.json names (best, "
+                        "the default; the latest when there is none) or the latest")
+    c.add_argument("--predictions", metavar="DIR",
+                   help="--run-mode predict: write the scores here (a new or empty directory), one parquet file "
+                        "per rank: the dataset's key columns, file, row, score")
     return p
 
 
@@ -265,7 +269,7 @@ def _log_tensorboard(config, dist, log):
 
 
 def _checkpoint_to_evaluate(config, log):
-    """--run-mode evaluate's checkpoint: the one CHECKPOINT_DIR/best.json names (``--evaluate-checkpoint
+    """--run-mode evaluate's (and predict's) checkpoint: the one CHECKPOINT_DIR/best.json names (``--evaluate-checkpoint
     best``, the default), else the latest (None); the log says which and why."""
     from recsys.checkpoint import best_checkpoint
     if config.evaluate_checkpoint == "latest":
@@ -304,7 +308,7 @@ def resolve(namespace) -> TrainConfig:
 
 def _check_sharded_checkpoint(config):
     """A sharded checkpoint to restore must be complete and of this model: checked before anything runs."""
-    if not config.checkpoint_dir or not (config.restore or config.mode in ("evaluate", "inference")):
+    if not config.checkpoint_dir or not (config.restore or config.mode in ("evaluate", "predict", "inference")):
         return
     from recsys.checkpoint import AtomicCheckpointer, CheckpointError
     from recsys.sharded_checkpoint import signature, validate
@@ -453,15 +457,18 @@ def run(config):
         _log_placement(config, dist, log)
         engine = Engine(config, task, dist, log)
         log.startup("model")
-        if config.restore or config.mode in ("evaluate", "inference"):
+        if config.restore or config.mode in ("evaluate", "predict", "inference"):
             if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
-                engine.restore(_checkpoint_to_evaluate(config, log) if config.mode == "evaluate" else None)
+                engine.restore(_checkpoint_to_evaluate(config, log) if config.mode in ("evaluate", "predict")
+                               else None)
             elif config.restore:
                 log.info(f"--restore: no checkpoint in {config.checkpoint_dir}, starting from scratch")
         if config.mode == "train":
             engine.train()
         elif config.mode == "evaluate":
             engine.evaluate_checkpoint()
+        elif config.mode == "predict":
+            engine.write_predictions()
         elif config.mode == "benchmark":
             engine.benchmark()
         else:

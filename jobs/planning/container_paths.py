@@ -18,7 +18,7 @@ from .argv import RunPath
 from .engine_args import PATH_FLAGS, flag_value
 
 # the engine flags a job writes to (the others it reads)
-WRITTEN_FLAGS = ("--checkpoint-dir", "--log-path")
+WRITTEN_FLAGS = ("--checkpoint-dir", "--log-path", "--predictions")
 
 
 def host_path(profile, path, what):

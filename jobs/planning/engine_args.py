@@ -17,15 +17,15 @@ from .argv import RunPath
 # Engine flags the submission layer sets itself (jobs.planning.plan): given again after `--` they would
 # render twice, the last one winning silently. flag -> what to use instead.
 OWNED_FLAGS = {
-    "recsys": {"--run-mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
-               "--mode": "the subcommand (recsys-submit train | evaluate | benchmark)",
+    "recsys": {"--run-mode": "the subcommand (recsys-submit train | evaluate | predict | benchmark)",
+               "--mode": "the subcommand (recsys-submit train | evaluate | predict | benchmark)",
                "--model": "recsys-submit's own --model"},
     "preproc": {"--input": "recsys-submit preprocess --input", "--output": "recsys-submit preprocess --output",
                 "--engine": "recsys-submit preprocess --engine"},
 }
 # The engine's path flags: a job runs in its run dir, so a relative path is made absolute,
 # relative to where recsys-submit runs (and where it is checked), as a user means it.
-PATH_FLAGS = ("--data-path", "--feature-spec", "--checkpoint-dir", "--log-path", "--tensorboard-dir")
+PATH_FLAGS = ("--data-path", "--feature-spec", "--checkpoint-dir", "--log-path", "--tensorboard-dir", "--predictions")
 # The same for the preprocessing stages (`preproc tabular run --config FILE`).
 PREPROC_PATH_FLAGS = ("--config",)
 

@@ -42,7 +42,7 @@ class JobSpec:
     key: str                              # unique in the run: main, dictionary, transform.0, ...
     name: str                             # Slurm job name (already slug-safe)
     profile: "Profile"                    # the cluster it runs on
-    kind: str                             # train | evaluate | benchmark | preprocess
+    kind: str                             # train | evaluate | predict | benchmark | preprocess
     subject: str                          # model, dataset or "hello" (the script's title)
     engine: str                           # recsys | hello | preproc (a key of ENGINES)
     time_seconds: int                     # time limit

@@ -6,7 +6,8 @@
     read, split, fit the NVTabular workflow on the training rows, write the dataset
     (preproc.tabular.nvt; the YAML format is in preproc.tabular.config).
 ``apply --dataset OUT --input NEW --output OUT2``
-    the saved workflow of OUT applied to new rows with the same columns: a dataset
+    the saved workflow of OUT applied to new rows with the same columns (the label
+    column may be left out: ``labels: false``, for ``--run-mode predict``): a dataset
     with one mapping, ``test``, and OUT's ids and statistics.
 
 The only engine is NVTabular (``--engine nvtabular``, the default); it runs on CPU
@@ -46,7 +47,8 @@ def add_arguments(stages: argparse._SubParsersAction) -> None:
 
     apply = stages.add_parser("apply", help="new rows through a dataset's saved workflow -> a test-only dataset")
     apply.add_argument("--dataset", required=True, help="a dataset written by `tabular run` (its workflow/)")
-    apply.add_argument("--input", required=True, help="CSV or parquet rows with the same columns")
+    apply.add_argument("--input", required=True,
+                       help="CSV or parquet rows with the same columns (without the label: a dataset to predict on)")
     add_output_arguments(apply)
     _common(apply)
     add_bad_rows_argument(apply)

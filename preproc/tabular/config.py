@@ -45,6 +45,13 @@ Keys (only ``label`` is required; at least one feature column):
     multi-hot ones, ``ncf`` with an ``ncf`` key.
 ``ncf``
     ``{user: column, item: column}``: two of the categorical columns, NCF's channels.
+``keys``
+    columns that identify a row (an id, a date): copied as they are, not transformed and not
+    features, into every parquet file the dataset and ``tabular apply`` write, as ``key_<column>``
+    (CSV values as text, parquet values in their own type), so that ``recsys-train --run-mode
+    predict`` can name each row's score by them; a key may also be a feature. The spec's
+    ``metadata.keys`` maps each key to its stored column. Not ``file``, ``row`` or ``score``
+    (the predictions' own columns).
 ``format``
     ``csv`` or ``parquet`` (default: from the input's file names; CSV files start with a
     header line naming the columns); ``csv: {separator}`` (default ``,``);
@@ -65,8 +72,10 @@ SPLIT_METHODS = ("random", "time")
 MODELS = ("dlrm", "wide_deep", "ncf")
 FORMATS = ("csv", "parquet")
 KEYS = ("label", "categorical", "multihot", "numerical", "threshold", "map", "time", "split", "models", "ncf",
-        "format", "csv", "missing_values")
+        "format", "csv", "missing_values", "keys")
 LABEL = "label"  # the label's column name in the output
+KEY_PREFIX = "key_"  # a key column's name in the output: key_<column>
+RESERVED_KEYS = ("file", "row", "score")  # the predictions' own columns (recsys.engine.predict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,14 +116,20 @@ class TabularConfig:
     format: Optional[str] = None
     csv_separator: str = ","
     missing_values: tuple = ()
+    keys: tuple = ()                          # row identifiers copied as they are (key_<column>)
     source: str = "<config>"
 
     @property
     def input_columns(self) -> list:
-        """Every column the pipeline reads, in config order (label first)."""
-        cols = [self.label] + [c.column for c in self.categorical] + [m.column for m in self.multihot]
+        """Every column the pipeline reads, in config order (label first; none for rows without labels)."""
+        cols = [self.label] * bool(self.label) + [c.column for c in self.categorical] + [m.column for m in self.multihot]
         cols += [n.column for n in self.numerical] + [c for c in (self.map, self.time) if c]
-        return list(dict.fromkeys(cols))
+        return list(dict.fromkeys(cols + list(self.keys)))
+
+    @property
+    def key_columns(self) -> dict:
+        """{key column: its name in the output parquet files}."""
+        return {k: key_column(k) for k in self.keys}
 
     def to_dict(self) -> dict:
         """The config in the YAML format (what is saved next to the data)."""
@@ -131,7 +146,14 @@ class TabularConfig:
                 out[key] = getattr(self, key)
         if self.ncf_user:
             out["ncf"] = {"user": self.ncf_user, "item": self.ncf_item}
+        if self.keys:
+            out["keys"] = list(self.keys)
         return out
+
+
+def key_column(name: str) -> str:
+    """A key column's name in the output (prefixed: a key may also be a feature of that name)."""
+    return KEY_PREFIX + name
 
 
 def load_config(path: str) -> TabularConfig:
@@ -231,12 +253,35 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
         missing = raw.get("missing_values") or []
         if not isinstance(missing, list) or not all(isinstance(v, (str, int, float)) for v in missing):
             fail("missing_values", "must be a list of values")
+    keys = ()
+    with ck:
+        keys = _keys(raw.get("keys"), features, fail)
     ck.raise_problems()
     return TabularConfig(label=label, positive=positive, categorical=tuple(categorical), multihot=tuple(multihot),
                          numerical=tuple(numerical), map=raw.get("map"), time=raw.get("time"),
                          split_method=method, test_fraction=float(fraction), seed=seed, models=tuple(models),
                          ncf_user=user, ncf_item=item, format=fmt, csv_separator=separator,
-                         missing_values=tuple(str(v) for v in missing), source=source)
+                         missing_values=tuple(str(v) for v in missing), keys=keys, source=source)
+
+
+def _keys(value, stored: list, fail) -> tuple:
+    """``keys:`` -> column names; each stored as key_<column>, which no other output column may be."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        fail("keys", f"must be a list of columns, got {shown(value)}")
+    for i, name in enumerate(value):
+        _column(name, f"keys[{i}]", fail)
+        if name in RESERVED_KEYS:
+            fail(f"keys[{i}]", f"{name!r} is a column of the predictions ({', '.join(RESERVED_KEYS)}): "
+                               "rename it in the table")
+        if key_column(name) in stored:
+            fail(f"keys[{i}]", f"its output column {key_column(name)!r} is a feature's name: rename one")
+    if len(set(value)) != len(value):
+        fail("keys", "a column is named twice")
+    return tuple(value)
 
 
 def _split(raw, fail):

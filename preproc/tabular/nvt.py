@@ -26,6 +26,7 @@ present, rows per mapping = rows written) and renamed into place.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -114,6 +115,10 @@ def _arrow_table(frame, config: TabularConfig, with_map: bool):
             array = pa.array(frame[name].to_numpy(dtype=np.int64))
         else:
             array = pa.array(frame[name].to_numpy(dtype=np.float32))
+        arrays.append(array)
+        fields.append(pa.field(name, array.type))
+    for name in config.key_columns.values():       # keys as they are (not in the specs' features)
+        array = pa.array(frame[name].tolist())
         arrays.append(array)
         fields.append(pa.field(name, array.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
@@ -231,7 +236,7 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
     with atomic_dir(final, overwrite=overwrite,
                     verify=lambda d: verify_against_spec(d, expected, spec_files=spec_files)) as tmp:
         start = time.perf_counter()
-        features, workflow = build(config, str(tmp / ".fit"), facts["hotness"], keep=KEEP)
+        features, workflow = build(config, str(tmp / ".fit"), facts["hotness"], keep=_keep(config))
         train = good.map_partitions(training_rows, meta=good._meta)
         workflow.fit(Dataset(train, cpu=runtime.cpu))
         cardinalities = frequency_order(workflow)
@@ -259,9 +264,10 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
                     "label_rate": {m: round(positives[m] / max(expected[m], 1), 6) for m in expected},
                     "split": split_meta, "cardinalities": cardinalities, "numerical": stats,
                     "max_hotness": facts["hotness"], "bad_rows": facts["bad_rows"], "input_rows": facts["rows"],
-                    "config": CONFIG_FILE, "workflow": WORKFLOW_DIR, "models": list(config.models)}
+                    "config": CONFIG_FILE, "workflow": WORKFLOW_DIR, "models": list(config.models),
+                    **({"keys": config.key_columns} if config.keys else {})}
         _write_specs(tmp, config, cardinalities, facts["hotness"], files_of, metadata)
-        _save_workflow(features, workflow, tmp / WORKFLOW_DIR)
+        _save_workflow(features, workflow, tmp / WORKFLOW_DIR, _keep(config))
         shutil.rmtree(tmp / ".fit", ignore_errors=True)
         _write_yaml(tmp / CONFIG_FILE, config.to_dict())
         report = {"rows": dict(expected), "cardinalities": cardinalities, "numerical": stats,
@@ -316,20 +322,27 @@ def _write_yaml(path: Path, data: dict) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
 
 
-def _save_workflow(features, fitted, directory: Path) -> None:
+def _keep(config: TabularConfig) -> tuple:
+    """Columns the transform carries past the features: the bookkeeping and the key columns."""
+    return KEEP + tuple(config.key_columns.values())
+
+
+def _save_workflow(features, fitted, directory: Path, keep: tuple = KEEP) -> None:
     """Save the features-only workflow (its operators are the ones ``fitted`` fitted)."""
     from merlin.schema import Schema
 
-    features.fit_schema(Schema([c for c in fitted.input_schema if c.name not in KEEP]))
+    features.fit_schema(Schema([c for c in fitted.input_schema if c.name not in keep]))
     features.save(str(directory))
 
 
 # --- new data through the saved workflow ----------------------------------------------------------
 def apply(dataset: str, input_path: str, output: str, num_files: int = 1, overwrite: bool = False,
           bad_row_policy: str = "skip", runtime=None, max_bad_rows: float = MAX_BAD_ROWS) -> dict:
-    """Rows of ``input_path`` (the same columns, the label included) transformed by ``dataset``'s saved
-    workflow into a dataset with one mapping, ``test``, and the same feature specs (ids, cardinalities,
-    statistics of the original training rows); evaluate a trained model on it."""
+    """Rows of ``input_path`` (the same columns) transformed by ``dataset``'s saved workflow into a
+    dataset with one mapping, ``test``, and the same feature specs (ids, cardinalities, statistics of
+    the original training rows); evaluate a trained model on it, or predict. Rows without the label
+    column (in every file) get the placeholder label 0 and the specs' ``metadata.labels: false``:
+    such a dataset can only be predicted on."""
     from preproc.runtime import dask_cluster
 
     root = Path(dataset)
@@ -354,6 +367,8 @@ def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_pol
     import nvtabular as nvt
     from merlin.io import Dataset
 
+    labels = _has_labels(files, config)
+    config = config if labels else dataclasses.replace(config, label=None)
     parsed, _ = read.input_frame(files, config)
     good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files, max_bad_rows, check_content=False)
     good = good.map_partitions(lambda f: f.assign(_test=np.ones(len(f), bool)),
@@ -365,7 +380,7 @@ def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_pol
 
         good = good.map_partitions(to_cudf)
     saved = nvt.Workflow.load(str(root / WORKFLOW_DIR))
-    workflow = nvt.Workflow(saved.output_node + list(KEEP))   # the fitted operators, plus the bookkeeping
+    workflow = nvt.Workflow(saved.output_node + list(_keep(config)))   # the fitted operators, plus the bookkeeping
     data = Dataset(good, cpu=runtime.cpu)
     workflow.fit_schema(data.schema)
     transformed = workflow.transform(data).to_ddf()
@@ -388,17 +403,26 @@ def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_pol
             spec["source_spec"] = {"test": [{"type": "parquet", "features": stored(config, True), "files": paths}]}
             spec["metadata"] = dict(spec["metadata"], rows={"test": expected["test"]},
                                     applied_to=[str(f) for f in files], fitted_on=str(root.absolute()),
-                                    bad_rows=facts["bad_rows"])
+                                    bad_rows=facts["bad_rows"], **({} if labels else {"labels": False}))
             for name in [spec_file(model)] + ([SPEC] if index == 0 else []):
                 _write_yaml(tmp / name, spec)
-    return {"rows": dict(expected), "bad_rows": facts["bad_rows"]}
+    return {"rows": dict(expected), "bad_rows": facts["bad_rows"], "labels": labels}
+
+
+def _has_labels(files: list, config: TabularConfig) -> bool:
+    """Whether the new rows carry the label column: in every file (True) or in none (False); a mix
+    is refused in one line (a dataset either has labels to evaluate on or has none)."""
+    fmt = read.input_format(files, config)
+    have = [config.label in read.file_columns(f, fmt, config.csv_separator) for f in files]
+    if any(have) and not all(have):
+        raise PreprocError(f"{files[have.index(False)]}: has no label column {config.label!r}, which "
+                           f"{files[have.index(True)]} has: give rows with labels or rows without, not both")
+    return all(have)
 
 
 def _for_apply(config: TabularConfig) -> TabularConfig:
     """The config for scanning new rows: no time split, and every multi-hot ``max_hotness`` fixed (the
     saved workflow cuts the lists itself), so the scan only counts bad rows."""
-    import dataclasses
-
     return dataclasses.replace(config, split_method="random",
                                multihot=tuple(dataclasses.replace(m, max_hotness=m.max_hotness or 1)
                                               for m in config.multihot))

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from preproc.errors import PreprocError
-from preproc.tabular.config import LABEL, TabularConfig, label_text
+from preproc.tabular.config import LABEL, TabularConfig, key_column, label_text
 from preproc.tabular.split import group_ids, time_values
 
 BLOCK_BYTES = 64 << 20
@@ -143,7 +143,8 @@ def check_types(path: Path, config: TabularConfig) -> None:
     schema = pq.read_schema(path)
     roles = [("categorical", c.column) for c in config.categorical] + [("numerical", c.column)
                                                                       for c in config.numerical]
-    roles += [("label", config.label)] + [(k, getattr(config, k)) for k in ("map", "time") if getattr(config, k)]
+    roles += [("label", config.label)] * bool(config.label)
+    roles += [(k, getattr(config, k)) for k in ("map", "time") if getattr(config, k)]
     for role, column in roles:
         typ = schema.field(column).type
         if pa.types.is_nested(typ):
@@ -236,11 +237,14 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
     def flag(mask, column, what):          # the first reason of a row is the one reported
         why[(why == 0) & np.asarray(mask, dtype=bool)] = _code(reasons, column, what)
 
-    raw = frame[config.label]
+    raw = frame[config.label] if config.label else pd.Series(np.zeros(n, np.float32))
     gone = _missing(raw, tokens)
     kind = np.full(n, MISSING, dtype=np.int8)
     other = np.full(n, None, dtype=object)
-    if config.positive:
+    if not config.label:              # rows without labels (tabular apply): the placeholder 0
+        label = raw
+        kind[:] = 0
+    elif config.positive:
         label = _text(raw, gone, label_text).isin(config.positive).astype("float32")
         kind[~gone.to_numpy()] = label.to_numpy()[~gone.to_numpy()].astype(np.int8)
     else:
@@ -268,6 +272,9 @@ def parse_piece(frame: pd.DataFrame, file_index: int, first_row: int, config: Ta
         flag(~gone.to_numpy() & np.isinf(number.to_numpy()), c.column, "infinite")
         flag(~gone.to_numpy() & ~finite, c.column, "not a number")
         out[c.column] = number.where(~gone & finite).to_numpy()
+    for k, stored in config.key_columns.items():      # as they are: any type, nulls kept
+        values = frame[k].astype(object)
+        out[stored] = values.where(values.notna(), None).to_numpy(dtype=object)
     if config.map:
         groups = frame[config.map]
         gone = _missing(groups, tokens)
@@ -290,6 +297,7 @@ def meta(config: TabularConfig) -> pd.DataFrame:
     cols.update({c.column: "object" for c in config.categorical})
     cols.update({m.column: "object" for m in config.multihot})
     cols.update({c.column: "float64" for c in config.numerical})
+    cols.update({stored: "object" for stored in config.key_columns.values()})
     if config.map:
         cols[MAP] = "int64"
     if config.time:

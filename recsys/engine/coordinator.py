@@ -5,8 +5,8 @@ metric). It holds no training logic of its own: the train state (recsys.engine.s
 with --amp's loss scaling (step), the divergence guards (guards), checkpoints (checkpoints), the
 best model and early stop (best), the loops (loops), the summary (summary), and the benchmark with
 its step breakdown (benchmark, breakdown) each own their part and their state; ``Engine`` builds
-them once and forwards ``train``, ``evaluate``, ``benchmark``, ``inference``, ``restore`` and
-``save`` to the one that owns each.
+them once and forwards ``train``, ``evaluate``, ``benchmark``, ``inference``, ``write_predictions``
+(predict), ``restore`` and ``save`` to the one that owns each.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from recsys.engine.breakdown import StepBreakdown
 from recsys.engine.checkpoints import Checkpoints
 from recsys.engine.guards import Guards
 from recsys.engine.loops import Loops
+from recsys.engine.predict import Predictions
 from recsys.engine.state import TrainState
 from recsys.engine.step import Step
 from recsys.engine.summary import Summary
@@ -41,6 +42,7 @@ class Engine:
         self.loops = Loops(self.step, self.guards, self.checkpoints, self.best_model, self.summary, self.profiler)
         self.breakdown = StepBreakdown(self.step, self.guards)
         self.bench = Benchmark(self.breakdown, self.summary, self.profiler)
+        self.predictions = Predictions(self.step, self.summary)
         s = self.state
         self.model, self.groups, self.loss_scaler = s.model, s.groups, s.loss_scaler
         self.global_step, self.epoch, self.step_in_epoch = s.global_step, s.epoch, s.step_in_epoch
@@ -93,3 +95,7 @@ class Engine:
 
     def inference(self) -> dict:
         return self.bench.inference()
+
+    def write_predictions(self) -> dict:
+        """--run-mode predict: the restored checkpoint's scores of the test rows, in --predictions."""
+        return self.predictions.write(self.checkpoints.restored_path)

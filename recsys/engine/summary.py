@@ -50,7 +50,7 @@ class Summary:
                    interrupted=interrupted, summary_version=SUMMARY_VERSION,
                    eval_step=eval_step if metrics else None,
                    checkpoint=self.checkpoints.saved_path)
-        if mode == "evaluate":
+        if mode in ("evaluate", "predict"):
             out["evaluated_checkpoint"] = evaluated
         guards.drift_hook()
         if sum(int(np.prod(v.shape)) for v in s.model.weights) <= DIGEST_MAX_PARAMS:

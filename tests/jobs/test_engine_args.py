@@ -117,7 +117,8 @@ def test_the_check_imports_the_engine_parser_only(tmp_path):
     # recsys.embeddings' planning modules are pure Python (the placement's implementation names)
     assert loaded <= {"recsys", "recsys.train", "recsys.config", "recsys.errors", "recsys.distributed",
                       "recsys.models", "recsys.models.defaults", "recsys.checkpoint", "recsys.embeddings",
-                      "recsys.embeddings.placement", "recsys.embeddings.planner", "recsys.embeddings.tables"}, loaded
+                      "recsys.embeddings.placement", "recsys.embeddings.planner", "recsys.embeddings.tables",
+                      "recsys.predictions"}, loaded
     assert "recsys.train" in loaded
 
 

@@ -11,7 +11,7 @@ deadlocked; a restored run: its throughput timed the restore's first steps).
 Each run asserts: exit 0, or the expected one-line refusal before the first step; a finite loss;
 equal replicas (the summary's sampled and, where nothing is model-parallel, full digests); the
 summary's throughput within a factor of its own step records after the warm-up; TensorBoard holds
-each step once. A restored run (and every evaluate run) first trains 2 steps into a checkpoint with
+each step once. A restored run (and every evaluate and predict run) first trains 2 steps into a checkpoint with
 the same flags. Runs go side by side, a few ranks at a time.
 """
 from __future__ import annotations
@@ -43,12 +43,20 @@ SEEDS = ({"model": "wide_deep", "embedding_placement": "model_parallel", "embedd
           "amp": False, "restore": True, "reader": "tfdata", "mode": "train", "ranks": 1})
 
 
+NCF_PREDICT = (("model", "ncf"), ("mode", "predict"))
+
+
 def refusal(row):
     """(the pairs a refused row exercises, words its one line holds), or None: the row runs."""
     if row.get("embedding_implementation") == DE[1]:
-        # (evaluate: no checkpoint could be written, and that is refused first)
+        # (evaluate, predict: no checkpoint could be written, and that is refused first; NCF's
+        # predict is refused before the checkpoint is looked for)
         return {p for p in row_pairs(row) if DE in p}, ("distributed_embeddings", "distributed-embeddings",
-                                                        "--run-mode evaluate needs a checkpoint")
+                                                        "--run-mode evaluate needs a checkpoint",
+                                                        "--run-mode predict needs a checkpoint",
+                                                        "NCF's test mapping is a ranking set")
+    if (row.get("model"), row.get("mode")) == ("ncf", "predict"):
+        return {p for p in row_pairs(row) if all(v in p for v in NCF_PREDICT)}, ("NCF's test mapping is a ranking set",)
     return None
 
 
@@ -92,6 +100,7 @@ def _args(row, data, out, mode, restore, max_steps):
          "--checkpoint-dir", out / "ckpt", "--tensorboard-dir", out / "tb"]
     a += ["--amp"] if row["amp"] else []
     a += ["--restore"] if restore else []
+    a += ["--predictions", out / "predictions"] if mode == "predict" else []
     return a
 
 
@@ -101,7 +110,7 @@ class _Run:
     def __init__(self, index, row, data, out):
         self.index, self.row, self.out = index, row, out
         self.refused = refusal(row)
-        needs_ckpt = (row["restore"] or row["mode"] == "evaluate") and not self.refused
+        needs_ckpt = (row["restore"] or row["mode"] in ("evaluate", "predict")) and not self.refused
         steps = [_args(row, data, out, "train", False, RESTORE_AT)] if needs_ckpt else []
         steps.append(_args(row, data, out, row["mode"], row["restore"], STEPS) + ["--log-path", out / "log.jsonl"])
         self.steps, self.proc, self.results = steps, None, []
