@@ -39,8 +39,6 @@ class BestModel:
         """A restored checkpoint's count goes on (its ``early_stop`` state); its best stays protected."""
         self.best.restored(meta.get("early_stop"))
         self.protect()
-        if self.keep_weights and self.best.step is not None and self.best.step == self.state.step():
-            self._copy_weights()            # restored from the best step: these are its weights
 
     def judge(self, metrics: dict) -> None:
         """Count an evaluation: a new best is recorded (its checkpoint kept with --keep-best and named
@@ -52,10 +50,12 @@ class BestModel:
             value = self.dist.allgather_object(value)[0]
         checkpoint = self.checkpoints.path_of(step)
         counting = step > self.state.task.warmup_steps()        # patience counts from the warm-up's end
-        if self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint, counting=counting):
+        improved = self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint,
+                                    counting=counting)
+        if self.keep_weights and (improved or step == self.best.step):
+            self._copy_weights()        # a new best, or a restored run evaluating its best step again
+        if improved:
             self.protect()
-            if self.keep_weights:
-                self._copy_weights()
             if self.config.keep_best and checkpoint and self.dist.is_chief:
                 write_best(self.config.checkpoint_dir, self.best)
         if self.best.stop and self.dist.is_chief:
