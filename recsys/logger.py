@@ -3,7 +3,8 @@
 Every record is one JSON object per line with a ``type`` key:
 ``params`` (the run configuration), ``info`` (one-off notes such as the
 embedding placement), ``step`` (step, epoch, loss, samples_per_s, lr),
-``eval`` (epoch, step, metrics), ``startup`` (one per start-up phase:
+``eval`` (epoch, step, metrics, the mapping evaluated), ``test_eval`` (a validation-judged training's one
+test evaluation, with the best weights), ``startup`` (one per start-up phase:
 horovod_init, data, model, first_step, with seconds since the process started)
 and ``summary`` (throughput, mean step time, final metrics). Lines are flushed as written so a killed job keeps its log.
 A ``sink`` (recsys.tensorboard.ScalarSink) gets every record too, on any rank that has one, so the
@@ -78,11 +79,12 @@ class RunLogger:
             print(f"[recsys] epoch {epoch} step {step}{total} loss {float(loss):.5f} "
                   f"{samples_per_s:,.0f} samples/s", file=self.console, flush=True)
 
-    def eval(self, step, epoch, metrics):
-        self.record("eval", step=step, epoch=epoch, **metrics)
+    def eval(self, step, epoch, metrics, mapping="test"):
+        self.record("eval", step=step, epoch=epoch, mapping=mapping, **metrics)
         if self.enabled:
             text = " ".join(f"{k} {float(v):.5f}" for k, v in metrics.items())
-            print(f"[recsys] eval epoch {epoch} step {step}: {text}", file=self.console, flush=True)
+            on = "" if mapping == "test" else f" ({mapping})"
+            print(f"[recsys] eval{on} epoch {epoch} step {step}: {text}", file=self.console, flush=True)
 
     def summary(self, **fields):
         """The full record to the JSON log; to the console a short line a person reads (what ran,
@@ -155,11 +157,17 @@ def short_summary(fields: dict, where: str | None = None) -> str:
              f"step {fields.get('step')} epoch {fields.get('epoch')}: {stop_reason(fields)}"]
     last = _metrics(fields)
     if last:
-        parts.append(f"last eval (step {fields.get('eval_step')}): {last}")
+        which = "validation eval" if isinstance(fields.get("test_eval"), dict) else "eval"
+        parts.append(f"last {which} (step {fields.get('eval_step')}): {last}")
     best = fields.get("best_eval")
+    validated = isinstance(fields.get("test_eval"), dict)
     if isinstance(best, dict) and best.get("value") is not None:
-        parts.append(f"best {best.get('metric')} {best['value']:.5f} at epoch {best.get('epoch')} "
-                     f"step {best.get('step')}")
+        parts.append(f"best{' validation' if validated else ''} {best.get('metric')} {best['value']:.5f} at "
+                     f"epoch {best.get('epoch')} step {best.get('step')}")
+    if validated:
+        test = fields["test_eval"]
+        parts.append(f"test ({test.get('weights')} weights, step {test.get('step')}): "
+                     f"{_metrics(test.get('metrics') or {})}")
     if isinstance(fields.get("final_loss"), (int, float)):
         parts.append(f"final loss {fields['final_loss']:.5g}")
     rate, step_ms = fields.get("throughput_samples_per_s"), fields.get("mean_step_time_ms")

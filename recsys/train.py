@@ -451,7 +451,8 @@ def run(config):
             task.check_data()
             from recsys.data import evaluation_problem
             from recsys.errors import DataError
-            problem = evaluation_problem(spec)    # one class or one row: the AUC would be NaN
+            # one class or one row: the AUC would be NaN (on test, and on validation when it judges the epochs)
+            problem = evaluation_problem(spec) or evaluation_problem(spec, task.eval_mapping)
             if problem:
                 raise DataError(problem)
         _log_placement(config, dist, log)

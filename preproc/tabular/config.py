@@ -34,10 +34,15 @@ Keys (only ``label`` is required; at least one feature column):
 ``time``
     optional time column (numbers or date strings); ``split.method`` then defaults to ``time``.
 ``split``
-    ``{method: random|time, test_fraction: 0.2, seed: 0}``. random: each row (each
-    group with ``map``) is a test row with probability ``test_fraction``, from a seeded
-    hash of its row number (group value); time: the latest ``test_fraction`` of the
-    rows by time are test rows (rows tied with the cut go to test).
+    ``{method: random|time, test_fraction: 0.2, validation_fraction: 0.1, seed: 0}``. random:
+    each row (each group with ``map``) is a test row with probability ``test_fraction``, from a
+    seeded hash of its row number (group value); time: the latest ``test_fraction`` of the
+    rows by time are test rows (rows tied with the cut go to test). ``validation_fraction``
+    (of all rows, taken from the non-test rows; 0: no validation mapping) makes the
+    ``validation`` mapping the training run judges its epochs on (early stop, best model),
+    so that the test rows are evaluated once: random, from a second hash with another salt
+    (independent of the test draw; by group with ``map``); time, the latest rows before the
+    test cut. The workflow is fitted on the training rows only.
 ``models``
     which feature specs to write (``dlrm``, ``wide_deep``, ``ncf``); the first one is
     ``feature_spec.yaml``. Default: the models that read the table: ``wide_deep`` always
@@ -110,6 +115,7 @@ class TabularConfig:
     split_method: str = "random"
     test_fraction: float = 0.2
     seed: int = 0
+    validation_fraction: float = 0.1          # of all rows, taken from the non-test ones; 0: none
     models: tuple = ("wide_deep",)
     ncf_user: Optional[str] = None
     ncf_item: Optional[str] = None
@@ -138,7 +144,8 @@ class TabularConfig:
                "multihot": [{"column": m.column, "threshold": m.threshold, "separator": m.separator,
                              **({"max_hotness": m.max_hotness} if m.max_hotness else {})} for m in self.multihot],
                "numerical": [{"column": n.column, "transform": n.transform} for n in self.numerical],
-               "split": {"method": self.split_method, "test_fraction": self.test_fraction, "seed": self.seed},
+               "split": {"method": self.split_method, "test_fraction": self.test_fraction, "seed": self.seed,
+                         "validation_fraction": self.validation_fraction},
                "models": list(self.models), "csv": {"separator": self.csv_separator},
                "missing_values": list(self.missing_values)}
         for key in ("map", "time", "format"):
@@ -227,9 +234,9 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
             fail(keyname(twice[0]), "column named twice (label, features, map and time must be different columns)")
         if LABEL in features:
             fail(LABEL, f"a feature column may not be called {LABEL!r} (the output's label column)")
-    method, fraction, seed = "random", 0.2, 0
+    method, fraction, seed, validation = "random", 0.2, 0, 0.1
     with ck:
-        method, fraction, seed = _split(raw, fail)
+        method, fraction, seed, validation = _split(raw, fail)
     user = item = None
     with ck:
         user, item = _ncf(raw.get("ncf"), categorical, fail)
@@ -259,7 +266,8 @@ def parse_config(raw, source: str = "<config>") -> TabularConfig:
     ck.raise_problems()
     return TabularConfig(label=label, positive=positive, categorical=tuple(categorical), multihot=tuple(multihot),
                          numerical=tuple(numerical), map=raw.get("map"), time=raw.get("time"),
-                         split_method=method, test_fraction=float(fraction), seed=seed, models=tuple(models),
+                         split_method=method, test_fraction=float(fraction), seed=seed,
+                         validation_fraction=float(validation), models=tuple(models),
                          ncf_user=user, ncf_item=item, format=fmt, csv_separator=separator,
                          missing_values=tuple(str(v) for v in missing), keys=keys, source=source)
 
@@ -285,13 +293,14 @@ def _keys(value, stored: list, fail) -> tuple:
 
 
 def _split(raw, fail):
-    """``split:`` -> (method, test fraction, seed)."""
+    """``split:`` -> (method, test fraction, seed, validation fraction)."""
     split = raw.get("split") or {}
+    keys = ("method", "test_fraction", "validation_fraction", "seed")
     if not isinstance(split, dict):
-        fail("split", "must be a mapping {method, test_fraction, seed}")
-    bad = [k for k in split if k not in ("method", "test_fraction", "seed")]
+        fail("split", "must be a mapping {method, test_fraction, validation_fraction, seed}")
+    bad = [k for k in split if k not in keys]
     if bad:
-        fail(f"split.{keyname(bad[0])}", unknown_key(bad[0], ("method", "test_fraction", "seed")))
+        fail(f"split.{keyname(bad[0])}", unknown_key(bad[0], keys))
     method = split.get("method", "time" if raw.get("time") else "random")
     if method not in SPLIT_METHODS:
         fail("split.method", f"{shown(method)} is not one of {', '.join(SPLIT_METHODS)}")
@@ -300,7 +309,14 @@ def _split(raw, fail):
     fraction = split.get("test_fraction", 0.2)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         fail("split.test_fraction", f"must be a number in (0, 1), got {shown(fraction)}")
-    return method, fraction, _int(split.get("seed", 0), "split.seed", fail, minimum=0)
+    validation = split.get("validation_fraction", 0.1)
+    if isinstance(validation, bool) or not isinstance(validation, (int, float)) or not 0 <= validation < 1:
+        fail("split.validation_fraction", f"must be a number in [0, 1) (0: no validation mapping), "
+                                          f"got {shown(validation)}")
+    if fraction + validation >= 1:
+        fail("split.validation_fraction", f"test_fraction + validation_fraction must be below 1 (some rows "
+                                          f"must train), got {fraction} + {validation}")
+    return method, fraction, _int(split.get("seed", 0), "split.seed", fail, minimum=0), validation
 
 
 def _ncf(ncf, categorical, fail):

@@ -9,14 +9,15 @@ and the saved workflow applied to new rows (``preproc tabular apply``).
    and first rows (``--bad-rows skip|fatal``; skip fails above ``--max-bad-rows`` of the
    rows), the time column's value counts (time split) and the longest multi-hot list
    (default ``max_hotness``);
-2. split (preproc.tabular.split): every good row is marked train or test;
+2. split (preproc.tabular.split): every good row is marked train, test or validation
+   (``split.validation_fraction``, taken from the non-test rows; 0: none);
 3. the workflow (preproc.tabular.workflow) is fitted on the training rows only, its
    vocabularies put in frequency order, then it transforms every good row (pandas on
    CPU, cudf partitions on GPU, a dask cluster's workers in multinode mode);
-4. write: ``train/part_NNNNN.parquet`` and ``test/part_NNNNN.parquet``, exactly
-   ``--num-files`` each (training rows round-robin by row number; test rows by
-   ``map mod num_files`` when there is a group column, sorted by it, so a group never
-   spans two files), every numerical value checked finite, each split checked to hold
+4. write: ``train/part_NNNNN.parquet``, ``test/part_NNNNN.parquet`` and
+   ``validation/part_NNNNN.parquet``, exactly ``--num-files`` each (training rows
+   round-robin by row number; test and validation rows by ``map mod num_files`` when there
+   is a group column, sorted by it, so a group never spans two files), every numerical value checked finite, each split checked to hold
    both classes; the feature specs
    (preproc.tabular.spec), ``tabular.yaml`` (the config as applied), ``workflow/``
    (the fitted features-only ``nvtabular.Workflow``) and ``report.json``.
@@ -49,7 +50,7 @@ from preproc.tabular.workflow import build, frequency_order, statistics
 log = logging.getLogger("preproc.tabular")
 WORKFLOW_DIR = "workflow"
 CONFIG_FILE = "tabular.yaml"
-KEEP = ("_row", "_test")
+KEEP = ("_row", "_test", "_valid")
 SCAN_ONLY = ("_bad", "_file", "_why", "_label_kind", "_label_other")   # read's columns the scan alone reads
 MAX_BAD_ROWS = bad_rows.MAX_SHARE   # the share of rows `--bad-rows skip` may drop (--max-bad-rows)
 MAP = "map"
@@ -61,17 +62,22 @@ def good_rows(frame):
     return frame[~frame["_bad"]].drop(columns=list(SCAN_ONLY)).reset_index(drop=True)
 
 
-def mark_random(frame, seed: int, fraction: float, by_group: bool):
+def mark_random(frame, seed: int, fraction: float, by_group: bool, validation: float = 0.0):
     groups = frame[MAP] if by_group else None
-    return frame.assign(_test=split.random_test_rows(frame["_row"].to_numpy(), seed, fraction, groups))
+    rows = frame["_row"].to_numpy()
+    test = split.random_test_rows(rows, seed, fraction, groups)
+    valid = split.random_validation_rows(rows, seed, validation, fraction, groups) if validation else test & False
+    return frame.assign(_test=test, _valid=valid & ~test)
 
 
-def mark_time(frame, cut: float):
-    return frame.assign(_test=(frame["_time"] >= cut).to_numpy())
+def mark_time(frame, cut: float, validation_cut: float | None = None):
+    test = (frame["_time"] >= cut).to_numpy()
+    valid = (frame["_time"] >= validation_cut).to_numpy() & ~test if validation_cut is not None else test & False
+    return frame.assign(_test=test, _valid=valid)
 
 
 def training_rows(frame):
-    return frame[~frame["_test"]].reset_index(drop=True)
+    return frame[~(frame["_test"] | frame["_valid"])].reset_index(drop=True)
 
 
 def longest_lists(frame, columns: list):
@@ -92,11 +98,13 @@ def to_cudf(frame):
 
 
 def assign_parts(frame, num_files: int, by_map: bool):
-    """``_part``: training rows 0..N-1 by row number, test rows N..2N-1 (by group when ``by_map``)."""
+    """``_part``: training rows 0..N-1 by row number, test rows N..2N-1, validation rows 2N..3N-1
+    (test and validation by group when ``by_map``)."""
     row = frame["_row"] % num_files
-    test = frame["_test"]
+    test, valid = frame["_test"], frame["_valid"]
     key = (frame[MAP] % num_files) if by_map else row
-    return frame.assign(_part=row.where(~test, key + num_files).astype("int64"))
+    part = row.where(~test, key + num_files).where(~valid, key + 2 * num_files)
+    return frame.assign(_part=part.astype("int64"))
 
 
 def _arrow_table(frame, config: TabularConfig, with_map: bool):
@@ -133,13 +141,13 @@ def part_writer(directory: str, config: TabularConfig, num_files: int, mappings=
 
         frame = frame.to_pandas() if hasattr(frame, "to_pandas") else frame
         mapping = mappings[number // num_files]
-        by_map = mapping == "test" and bool(config.map)
+        by_map = mapping != "train" and bool(config.map)
         frame = frame.sort_values([MAP, "_row"] if by_map else ["_row"], kind="stable")
         nonfinite = [int((~np.isfinite(frame[n.column].to_numpy(dtype=np.float64))).sum())
                      for n in config.numerical]
         if len(frame):
             path = os.path.join(directory, mapping, f"part_{number % num_files:05d}.parquet")
-            pq.write_table(_arrow_table(frame, config, with_map=mapping == "test"), path)
+            pq.write_table(_arrow_table(frame, config, with_map=mapping != "train"), path)
         return [len(frame), float(frame[LABEL].sum())] + nonfinite
 
     return write
@@ -173,6 +181,9 @@ def _scan(parsed, config: TabularConfig, bad_row_policy: str, files: list, max_b
              "label_other": parsed["_label_other"].dropna().value_counts()}
     if config.split_method == "time":
         tasks["times"] = good["_time"].value_counts()
+    elif check_content:         # the split's counts, in this pass (an empty mapping is refused before the fit)
+        tasks["marks"] = good.map_partitions(mark_random, config.seed, config.test_fraction, bool(config.map),
+                                             config.validation_fraction)[["_test", "_valid"]].sum()
     if check_content:
         tasks["content"] = content.tasks(good, config)
     lists = [m.column for m in config.multihot if m.max_hotness is None]
@@ -211,17 +222,26 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
     good, facts = _scan(parsed, config, bad_row_policy, files, max_bad_rows)
     if facts["rows"] == facts["bad_rows"]:
         raise PreprocError(f"--input: no usable rows ({facts['bad_rows']} bad of {facts['rows']})")
-    split_meta = {"method": config.split_method, "test_fraction": config.test_fraction, "seed": config.seed}
+    split_meta = {"method": config.split_method, "test_fraction": config.test_fraction, "seed": config.seed,
+                  "validation_fraction": config.validation_fraction}
+    mappings = ("train", "test") + (("validation",) if config.validation_fraction else ())
+    marked = good._meta.assign(_test=np.zeros(0, bool), _valid=np.zeros(0, bool))
     if config.split_method == "time":
         if len(facts["times"]) < 2:
             raise PreprocError(f"split: every row has the same {config.time!r}: nothing to split by time "
                                "(use split.method random)")
         cut = float(split.time_cut(facts["times"], config.test_fraction))
         split_meta["cut"] = cut
-        good = good.map_partitions(mark_time, cut, meta=good._meta.assign(_test=np.zeros(0, bool)))
+        validation_cut = None
+        if config.validation_fraction:
+            validation_cut = float(split.time_cut(facts["times"], config.test_fraction + config.validation_fraction))
+            split_meta["validation_cut"] = validation_cut
+        good = good.map_partitions(mark_time, cut, validation_cut, meta=marked)
+        _refuse_empty(facts, config, mappings, (cut, validation_cut))
     else:
+        _refuse_empty(facts, config, mappings)
         good = good.map_partitions(mark_random, config.seed, config.test_fraction, bool(config.map),
-                                   meta=good._meta.assign(_test=np.zeros(0, bool)))
+                                   config.validation_fraction, meta=marked)
     if "_time" in good.columns:
         good = good.drop(columns=["_time"])
     if not runtime.cpu:
@@ -245,19 +265,20 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
         start = time.perf_counter()
         transformed = workflow.transform(Dataset(good, cpu=runtime.cpu)).to_ddf()
         parts = transformed.map_partitions(assign_parts, num_files, bool(config.map))
-        parts = parts.set_index("_part", divisions=list(range(2 * num_files)) + [2 * num_files - 1], drop=False)
-        for mapping in ("train", "test"):
+        n_parts = len(mappings) * num_files
+        parts = parts.set_index("_part", divisions=list(range(n_parts)) + [n_parts - 1], drop=False)
+        for mapping in mappings:
             (tmp / mapping).mkdir()
-        writer = dask.delayed(part_writer(str(tmp), config, num_files), pure=True)
+        writer = dask.delayed(part_writer(str(tmp), config, num_files, mappings), pure=True)
         written = dask.compute(*[writer(part, i) for i, part in enumerate(parts.to_delayed())])
         timings["transform_s"] = time.perf_counter() - start
 
-        _check_written(written, config, num_files)
-        files_of = {m: [f"{m}/part_{i:05d}.parquet" for i in range(num_files)] for m in ("train", "test")}
+        _check_written(written, config, num_files, mappings)
+        files_of = {m: [f"{m}/part_{i:05d}.parquet" for i in range(num_files)] for m in mappings}
         expected.update({m: int(sum(w[0] for w in written[k * num_files:(k + 1) * num_files]))
-                         for k, m in enumerate(("train", "test"))})
+                         for k, m in enumerate(mappings)})
         positives = {m: float(sum(w[1] for w in written[k * num_files:(k + 1) * num_files]))
-                     for k, m in enumerate(("train", "test"))}
+                     for k, m in enumerate(mappings)}
         _check_classes(expected, positives, config)
         stats = statistics(workflow, config)
         metadata = {"dataset": "tabular", "engine": "nvtabular", "runtime": runtime.mode, "rows": dict(expected),
@@ -270,7 +291,8 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
         _save_workflow(features, workflow, tmp / WORKFLOW_DIR, _keep(config))
         shutil.rmtree(tmp / ".fit", ignore_errors=True)
         _write_yaml(tmp / CONFIG_FILE, config.to_dict())
-        report = {"rows": dict(expected), "cardinalities": cardinalities, "numerical": stats,
+        report = {"rows": dict(expected), "label_rate": metadata["label_rate"], "split": split_meta,
+                  "cardinalities": cardinalities, "numerical": stats,
                   "bad_rows": facts["bad_rows"], "bad_rows_per_file": facts["bad_report"], "runtime": runtime.mode,
                   "models": list(config.models), "warnings": facts["warnings"], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
         (tmp / "report.json").write_text(json.dumps(report, indent=1))
@@ -280,26 +302,46 @@ def _run(files, config: TabularConfig, output, num_files, overwrite, bad_row_pol
 
 def _check_classes(rows: dict, positives: dict, config: TabularConfig) -> None:
     """A split of one class trains a constant (train) or has no AUC (test): refused, one line."""
-    for mapping in ("train", "test"):
+    for mapping in rows:
         if positives[mapping] in (0, rows[mapping]):
             value = 1 if positives[mapping] else 0
+            key = "split.validation_fraction" if mapping == "validation" else "the split's test_fraction"
             raise PreprocError(f"{mapping}: all {rows[mapping]} rows have label {value}: a split needs both "
                                f"classes (check `label` in {config.source}"
                                + (f": positive {list(config.positive)} " if config.positive else " ")
-                               + "and the split's test_fraction)")
+                               + f"and {key})")
+
+
+def _refuse_empty(facts: dict, config: TabularConfig, mappings: tuple, cuts: tuple = ()) -> None:
+    """The one-line refusal of an empty mapping (test first, then train, validation) before the fit
+    (NVTabular fails on no training rows), from the scan's counts: the random split's marks counted in
+    its pass, the time split's from the time column's value counts (``cuts``: test, validation cut)."""
+    total = facts["rows"] - facts["bad_rows"]
+    if config.split_method == "time":
+        times = facts["times"]
+        test = int(times[times.index >= cuts[0]].sum())
+        valid = int(times[(times.index >= cuts[1]) & (times.index < cuts[0])].sum()) if cuts[1] is not None else 0
+    else:
+        test, valid = (int(facts["marks"][c]) for c in ("_test", "_valid"))
+    rows = {"test": test, "train": total - test - valid, "validation": valid}
+    order = tuple(m for m in ("test", "train", "validation") if m in mappings)
+    _check_written([[rows[m], 0.0] + [0] * len(config.numerical) for m in order], config, 1, order)
 
 
 def _check_written(written, config: TabularConfig, num_files: int, mappings=("train", "test")) -> None:
     for k, mapping in enumerate(mappings):
         rows = [w[0] for w in written[k * num_files:(k + 1) * num_files]]
         if 0 in rows:
-            unit = "groups" if mapping == "test" and config.map else "rows"
+            unit = "groups" if mapping != "train" and config.map else "rows"
+            key = "split.validation_fraction (0: no validation mapping)" if mapping == "validation" else \
+                "split.test_fraction"
             if num_files == 1:
                 raise PreprocError(f"{mapping}: no {mapping} rows ({sum(w[0] for w in written)} usable rows in "
                                    f"all): a dataset needs training and test rows: use a larger table or "
-                                   f"another split.test_fraction in {config.source}")
+                                   f"another {key} in {config.source}")
             raise PreprocError(f"{mapping}: file {rows.index(0)} of --num-files {num_files} would be empty "
-                               f"({sum(rows)} {mapping} rows; fewer {unit} than files: lower --num-files)")
+                               f"({sum(rows)} {mapping} rows; fewer {unit} than files: lower --num-files"
+                               + (f" or change {key} in {config.source})" if mapping == "validation" else ")"))
     for i, n in enumerate(config.numerical):
         bad = sum(w[2 + i] for w in written)
         if bad:
@@ -371,8 +413,8 @@ def _apply(root, config, specs, files, output, num_files, overwrite, bad_row_pol
     config = config if labels else dataclasses.replace(config, label=None)
     parsed, _ = read.input_frame(files, config)
     good, facts = _scan(parsed, _for_apply(config), bad_row_policy, files, max_bad_rows, check_content=False)
-    good = good.map_partitions(lambda f: f.assign(_test=np.ones(len(f), bool)),
-                               meta=good._meta.assign(_test=np.zeros(0, bool)))
+    good = good.map_partitions(lambda f: f.assign(_test=np.ones(len(f), bool), _valid=np.zeros(len(f), bool)),
+                               meta=good._meta.assign(_test=np.zeros(0, bool), _valid=np.zeros(0, bool)))
     if "_time" in good.columns:
         good = good.drop(columns=["_time"])
     if not runtime.cpu:

@@ -6,7 +6,7 @@ NCF), so one spec cannot serve two models: the dataset holds
 ``feature_spec_<model>.yaml`` for every model of the config's ``models`` and
 ``feature_spec.yaml`` = the first one's. Every spec declares every stored column
 (label float32, numericals float32, ids int32 with their cardinality, multi-hot
-lists with ``max_hotness``, ``map`` int64 in the test files only); they differ only
+lists with ``max_hotness``, ``map`` int64 in the test and validation files only); they differ only
 in ``channel_spec``:
 
 =========  ===================================================================
@@ -29,7 +29,7 @@ def spec_file(model: str) -> str:
 
 
 def stored(config: TabularConfig, with_map: bool) -> list:
-    """Columns of a parquet file in order (the test files add ``map``)."""
+    """Columns of a parquet file in order (the test and validation files add ``map``)."""
     cols = [LABEL] + [n.column for n in config.numerical] + [c.column for c in config.categorical]
     cols += [m.column for m in config.multihot]
     return cols + ([MAP] if with_map and config.map else [])
@@ -57,7 +57,7 @@ def feature_spec(config: TabularConfig, model: str, cardinalities: dict, hotness
             channels["map"] = [MAP]
     else:
         channels = {"label_ch": [LABEL], "user_ch": [config.ncf_user], "item_ch": [config.ncf_item]}
-    source = {mapping: [{"type": "parquet", "features": stored(config, with_map=mapping == "test"),
+    source = {mapping: [{"type": "parquet", "features": stored(config, with_map=mapping != "train"),
                          "files": list(paths)}] for mapping, paths in files.items()}
     return {"feature_spec": features, "source_spec": source, "channel_spec": channels,
             "metadata": dict(metadata, model=model)}

@@ -10,6 +10,11 @@ the input was cut into partitions:
 * time: the rows at or after the cut time are test rows; the cut is the time of the
   row at position ``n - round(n * test_fraction)`` in time order (from the value
   counts of the time column), so rows tied with it go to test.
+
+The validation rows (``validation_fraction`` of all rows) come from the non-test rows the same
+way: random, from a second hash (the seed salted with ``VALIDATION_SALT``, so the draw is
+independent of the test one) at ``validation_fraction / (1 - test_fraction)``; time, the rows
+from a second, earlier cut (at ``test_fraction + validation_fraction``) up to the test cut.
 """
 from __future__ import annotations
 
@@ -52,6 +57,16 @@ def random_test_rows(rows: np.ndarray, seed: int, fraction: float, groups: pd.Se
     """Boolean test mask of one partition: by global row number, or by group value."""
     keys = group_keys(groups) if groups is not None else np.asarray(rows, dtype=np.uint64)
     return uniform(seed, keys) < fraction
+
+
+VALIDATION_SALT = 0x76616C6964   # "valid": the validation draw's seed is the split's seed xor this
+
+
+def random_validation_rows(rows: np.ndarray, seed: int, fraction: float, test_fraction: float,
+                           groups: pd.Series | None = None) -> np.ndarray:
+    """Boolean validation mask of one partition (test rows included: the caller drops them), drawn
+    at ``fraction / (1 - test_fraction)`` so that ``fraction`` of all rows are validation rows."""
+    return random_test_rows(rows, seed ^ VALIDATION_SALT, fraction / (1.0 - test_fraction), groups)
 
 
 def time_cut(counts: pd.Series, fraction: float):

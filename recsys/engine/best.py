@@ -4,8 +4,15 @@ Every evaluation is judged here: a new best is recorded with the checkpoint that
 (kept from pruning with --keep-best, and named in best.json), and spent patience ends the epoch
 loop on every rank at once. The count itself is :class:`recsys.checkpoint.BestEvaluation`'s; this
 object ties it to the run (its checkpoints, its ranks, its log).
+
+When the evaluations are a validation mapping's, the best one's weights are also kept in memory (a
+numpy copy on each rank, its model-parallel shards included: each rank copies its own), so that the
+test mapping is evaluated once, at the end, with the weights the validation chose
+(:meth:`BestModel.use_best_weights`), without a checkpoint to read back.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from recsys.checkpoint import BestEvaluation, write_best
 from recsys.engine.checkpoints import Checkpoints
@@ -19,6 +26,9 @@ class BestModel:
         self.state, self.checkpoints = state, checkpoints
         self.config, self.dist, self.log = state.config, state.dist, state.log
         self.best: BestEvaluation = checkpoints.best
+        # the best evaluation's weights (validation runs only): (step, epoch, [arrays in model.weights order])
+        self.keep_weights = state.task.eval_mapping != "test"
+        self.best_weights: tuple | None = None
 
     @property
     def stop(self) -> bool:
@@ -40,7 +50,11 @@ class BestModel:
             value = self.dist.allgather_object(value)[0]
         checkpoint = self.checkpoints.path_of(step)
         counting = step > self.state.task.warmup_steps()        # patience counts from the warm-up's end
-        if self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint, counting=counting):
+        improved = self.best.update(step, epoch, dict(metrics, **{self.best.metric: value}), checkpoint,
+                                    counting=counting)
+        if self.keep_weights and (improved or step == self.best.step):
+            self._copy_weights()        # a new best, or a restored run evaluating its best step again
+        if improved:
             self.protect()
             if self.config.keep_best and checkpoint and self.dist.is_chief:
                 write_best(self.config.checkpoint_dir, self.best)
@@ -50,6 +64,22 @@ class BestModel:
                           f"(epoch {b.epoch} step {b.step}) for {b.since_best} evaluations "
                           f"(--early-stop-patience {b.patience})", early_stop=True, best_step=b.step,
                           best_value=b.value)
+
+    def _copy_weights(self) -> None:
+        """A numpy copy of this rank's weights (its shards too) at the current step."""
+        self.best_weights = (self.state.step(), int(self.state.epoch.numpy()),
+                             [np.array(v.numpy(), copy=True) for v in self.state.model.weights])
+
+    def use_best_weights(self) -> tuple[str, int, int]:
+        """Assign the best evaluation's kept weights to the model: ``("best", step, epoch)``; or, when
+        this process holds none (a restored run whose best came before it and was not beaten since),
+        keep the current ones: ``("last", step, epoch)``. Every rank answers alike (same judgements)."""
+        if self.best_weights is None:
+            return "last", self.state.step(), int(self.state.epoch.numpy())
+        step, epoch, arrays = self.best_weights
+        for variable, value in zip(self.state.model.weights, arrays):
+            variable.assign(value)
+        return "best", step, epoch
 
     def protect(self) -> None:
         """--keep-best: the best checkpoint is never pruned (the newest --keep-checkpoints are kept besides)."""

@@ -2,8 +2,10 @@
 
 Train: after each epoch (and after the last step) a checkpoint, then an evaluation, judged for the
 best model and the early stop. The checkpoint comes first so that an evaluation that fails (bad
-test data) loses no trained step. The loops own the order of things; what a step, a guard, a
-checkpoint or the summary is, each collaborator owns (recsys.engine).
+test data) loses no trained step. With a validation mapping (recsys.models.tasks.validation_mapping)
+those evaluations are validation's, and after the last one the test mapping is evaluated once, with
+the best evaluation's weights (the summary's ``test_eval``). The loops own the order of things;
+what a step, a guard, a checkpoint or the summary is, each collaborator owns (recsys.engine).
 """
 from __future__ import annotations
 
@@ -142,9 +144,12 @@ class Loops:
         finally:
             stop.restore_handlers()
             self.profiler.close()
+        extra = dict(self.best.fields(), first_timed_step=first_timed)
+        if self.task.eval_mapping != "test":
+            # interrupted: the requeued attempt finishes the training and evaluates the test rows
+            extra["test_eval"] = None if interrupted else self.evaluate_test()
         return self.summary.write("train", timed_steps, timed_seconds, metrics, losses, interrupted,
-                                  eval_step=self.eval_step,
-                                  extra=dict(self.best.fields(), first_timed_step=first_timed))
+                                  eval_step=self.eval_step, extra=extra)
 
     def train_call(self, it, n: int) -> tuple[list[float], float]:
         """Up to ``n`` training steps on the batches of iterator ``it``: ``([loss per step], stop flag)``,
@@ -178,8 +183,38 @@ class Loops:
             raise DataError(message) from None
 
     def evaluate(self, log: bool = False) -> dict:
-        """Metrics of the task at the current step; non-finite predictions stop the run."""
+        """Metrics of the task at the current step (on its ``eval_mapping``); non-finite predictions
+        stop the run."""
         t0 = time.perf_counter()
+        metrics = self._metrics()
+        self.eval_step = self.state.step()
+        if log:
+            self.log.eval(self.state.step(), int(self.state.epoch.numpy()), metrics, mapping=self.task.eval_mapping)
+            self.log.record("eval_time", seconds=time.perf_counter() - t0)
+        return metrics
+
+    def evaluate_test(self) -> dict:
+        """The one evaluation of the test mapping at the end of a validation-judged training, with the
+        best evaluation's weights (kept in memory; the last ones when this process holds none, said
+        so): the summary's ``test_eval`` ``{mapping, weights, step, epoch, metrics}``, also logged as a
+        ``test_eval`` record (not an ``eval`` one: the evaluation figures stay validation's)."""
+        t0 = time.perf_counter()
+        watchdog.outside_steps("the test evaluation")
+        weights, step, epoch = self.best.use_best_weights()
+        with self.task.evaluating("test"):
+            metrics = self._metrics()
+        out = dict(mapping="test", weights=weights, step=step, epoch=epoch, metrics=metrics)
+        if self.dist.is_chief:
+            why = (f"the best {self.best.best.metric} on validation" if weights == "best" else
+                   "the last ones: the best validation evaluation came before this attempt and its weights "
+                   "are not in memory")
+            text = " ".join(f"{k} {v:.5f}" for k, v in metrics.items())
+            self.log.info(f"test evaluated once with the weights of step {step} epoch {epoch} ({why}): {text}")
+        self.log.record("test_eval", seconds=round(time.perf_counter() - t0, 3), **out)
+        return out
+
+    def _metrics(self) -> dict:
+        """The task's metrics on its current mapping; non-finite predictions stop the run."""
         step = self.state.step()
         self.step.count_nonfinite, self.step.nonfinite = True, 0
         try:
@@ -194,12 +229,7 @@ class Loops:
         nonfinite = int(self.dist.allreduce_sum(np.array([self.step.nonfinite], np.int64))[0])
         if nonfinite:
             self.guards.diverged(step, f"{nonfinite} non-finite predictions at evaluation")
-        metrics = {k: float(v) for k, v in metrics.items()}
-        self.eval_step = step
-        if log:
-            self.log.eval(self.state.step(), int(self.state.epoch.numpy()), metrics)
-            self.log.record("eval_time", seconds=time.perf_counter() - t0)
-        return metrics
+        return {k: float(v) for k, v in metrics.items()}
 
     def evaluate_checkpoint(self) -> dict:
         """``--run-mode evaluate``: the metrics of the restored checkpoint, as a ``summary`` record

@@ -6,8 +6,14 @@ global batch / world size), and ``evaluate(engine)`` returning metrics that
 are the same whatever the number of ranks (sums from recsys.metrics,
 allreduced). It builds the model from its ``config`` (a checked
 recsys.config.TrainConfig): the embedding groups and the placement in it.
+
+``eval_mapping`` is the mapping ``evaluate`` reads: a training run on a spec with a ``validation``
+mapping judges its epochs on it (the test rows are evaluated once, by the loops, at the end);
+anything else reads ``test``.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +40,7 @@ class Task:
         self.groups = config.embedding_groups
         self.placement = self._model_parallel_placement()
         self._steps = None
+        self.eval_mapping = validation_mapping(config, spec) or "test"
 
     # --- embeddings placement ------------------------------------------------
     def _model_parallel_placement(self):
@@ -73,12 +80,21 @@ class Task:
                             shuffle=False, repeat=True, reader=self.config.reader)
 
     def eval_dataset(self):
-        ds = make_dataset(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
+        ds = make_dataset(self.spec, self.eval_mapping, self.local_eval_batch, self.dist.rank, self.dist.size,
                           drop_remainder=False, reader=self.config.reader)
         if self.placement is not None:      # every batch is an alltoall: ranks step together
             from recsys.embeddings.lockstep import lockstep
             return lockstep(ds, self.dist)
         return ds
+
+    @contextlib.contextmanager
+    def evaluating(self, mapping: str):
+        """``evaluate`` reads ``mapping`` inside the block (the one test evaluation after validation)."""
+        before, self.eval_mapping = self.eval_mapping, mapping
+        try:
+            yield
+        finally:
+            self.eval_mapping = before
 
     def check_data(self):
         """Checks that are cheap before training: every categorical id and numerical of small
@@ -200,8 +216,8 @@ class WideDeepTask(Task):
         return [("deep", deep, lambda: model.deep_variables), ("wide", wide, lambda: model.wide_variables)]
 
     def has_map(self):
-        """True when the test mapping stores the display id (``map`` channel): MAP@12 needs it."""
-        return any(self.spec.chunk_of("test", f) is not None for f in self.spec.features("map"))
+        """True when the evaluated mapping stores the display id (``map`` channel): MAP@12 needs it."""
+        return any(self.spec.chunk_of(self.eval_mapping, f) is not None for f in self.spec.features("map"))
 
     def check_data(self):
         super().check_data()
@@ -250,7 +266,7 @@ class NCFTask(Task):
         # Every rank knows every positive (to reject false negatives), trains on its slice.
         self.sampler = ncf.TrainSampler(users, items, self.num_items, config.negative_samples, seed=config.seed)
         self._train_users, self._train_items = users, items
-        self._eval = None
+        self._eval = {}                      # mapping -> this rank's (users, items) evaluation arrays
 
     def build_model(self):
         from recsys.models.ncf import NeuMF
@@ -295,26 +311,30 @@ class NCFTask(Task):
         return len(self.sampler) // self.global_batch
 
     def check_data(self):
-        """Also builds the evaluation set now: too few unseen items for the negatives fails before training."""
+        """Also builds the evaluation sets now (validation's and test's): too few unseen items for the
+        negatives fails before training."""
         super().check_data()
-        self._eval_arrays()
+        for mapping in dict.fromkeys((self.eval_mapping, "test")):
+            with self.evaluating(mapping):
+                self._eval_arrays()
 
     def _eval_arrays(self):
-        if self._eval is None:
-            stored = self.ncf.stored_eval_set(self.spec)
+        mapping = self.eval_mapping
+        if mapping not in self._eval:
+            stored = self.ncf.stored_eval_set(self.spec) if mapping == "test" else None
             if stored is not None:  # `preproc movielens --test-negatives N` wrote them: use those
                 users, items, _ = stored
                 self.log.info(f"NCF evaluation: the {items.shape[1] - 1} stored negatives per user of the test set")
             else:
-                tu, ti = self.ncf.load_pairs(self.spec, "test")
+                tu, ti = self.ncf.load_pairs(self.spec, mapping)
                 try:
                     users, items, _ = self.ncf.eval_set(tu, ti, self._train_users, self._train_items,
                                                         self.num_items, self.config.valid_negative, seed=self.config.seed)
                 except ValueError as e:
                     raise EngineError(f"{self.spec.origin}: {e}") from None
             # Uneven shards are fine: only sums are reduced.
-            self._eval = self.ncf.shard((users, items), self.dist.rank, self.dist.size, equal=False)
-        return self._eval
+            self._eval[mapping] = self.ncf.shard((users, items), self.dist.rank, self.dist.size, equal=False)
+        return self._eval[mapping]
 
     def eval_dataset(self):
         users, items = self._eval_arrays()
@@ -334,6 +354,12 @@ class NCFTask(Task):
         hits, ndcg, n = self._sum([hits, ndcg, n])
         return {f"hr_at_{self.config.topk}": hits / max(n, 1), f"ndcg_at_{self.config.topk}": ndcg / max(n, 1),
                 "bce": self._bce(labels, scores)}
+
+
+def validation_mapping(config, spec) -> str | None:
+    """``validation`` when a training run's spec has that mapping (its evaluations judge the epochs
+    there), else None: evaluation, benchmarks and specs without one read ``test`` as before."""
+    return "validation" if config.mode == "train" and "validation" in spec.mappings() else None
 
 
 TASKS = {"dlrm": DLRMTask, "wide_deep": WideDeepTask, "ncf": NCFTask}

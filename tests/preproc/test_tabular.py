@@ -133,13 +133,23 @@ def test_time_split_ids_statistics_and_specs(csv_run):
     base, raw, report = csv_run
     out = base / "out"
     train, test = read_mapping(out, "train"), read_mapping(out, "test")
-    assert report["rows"] == {"train": len(train), "test": len(test)} and len(train) + len(test) == len(raw) - 2
+    valid = read_mapping(out, "validation")
+    assert report["rows"] == {"train": len(train), "test": len(test), "validation": len(valid)}
+    assert len(train) + len(test) + len(valid) == len(raw) - 2
     assert report["bad_rows"] == 2
     good = raw.drop(index=BAD)
-    cut = yaml.safe_load((out / "feature_spec.yaml").read_text())["metadata"]["split"]["cut"]
+    meta = yaml.safe_load((out / "feature_spec.yaml").read_text())["metadata"]
+    cut, validation_cut = meta["split"]["cut"], meta["split"]["validation_cut"]
+    assert meta["rows"] == report["rows"] and set(meta["label_rate"]) == {"train", "test", "validation"}
+    assert report["split"] == meta["split"] and meta["split"]["validation_fraction"] == 0.1
     assert (good["ts"] >= cut).sum() == len(test) and abs(len(test) / len(good) - 0.2) < 0.02
+    # validation: the latest rows before the test cut, 0.1 of all; the rows of that window exactly
+    window = good[(good["ts"] >= validation_cut) & (good["ts"] < cut)]
+    assert validation_cut < cut and len(window) == len(valid) and abs(len(valid) / len(good) - 0.1) < 0.02
+    assert np.allclose(np.sort(valid["views"]), np.sort(np.log1p(window["views"].clip(lower=0))), atol=1e-5)
+    assert "map" in valid and valid["label"].tolist().count(1.0) == (window["clicked"] == "yes").sum()
     # ids: 1.. by training frequency; rare ('green', once < threshold 2), missing ('NA', '') -> 0
-    train_raw = good[good["ts"] < cut]
+    train_raw = good[good["ts"] < validation_cut]          # fitted on the training rows only
     ids = color_ids(train_raw)
     assert report["cardinalities"]["color"] == len(ids) + 1
     rows = train_raw.index.to_numpy()                      # = row numbers: file k holds rows = k (mod 2)
@@ -184,7 +194,7 @@ def test_saved_workflow_applies_to_new_rows(csv_run):
     assert got["color"][(new["color"] == "violet").to_numpy()].tolist() == [0]
     cut = original["metadata"]["split"]["cut"]
     good = raw.drop(index=BAD)
-    ids = color_ids(good[good["ts"] < cut])
+    ids = color_ids(good[good["ts"] < original["metadata"]["split"]["validation_cut"]])
     assert got["color"].tolist() == [ids.get(c, 0) for c in new["color"]]
 
 
@@ -196,7 +206,7 @@ def test_recsys_submit_preprocess_tabular_local(tmp_path):
     rows = table(300, seed=1).drop(columns=["ts", "price", "tags"])
     rows.assign(clicked=(rows["clicked"] == "yes").astype(int)).to_parquet(data / "rows.parquet", index=False)
     config = {"label": "clicked", "categorical": ["user", "item", "color"], "numerical": ["views"],
-              "map": "session", "missing_values": ["NA", ""], "split": {"test_fraction": 0.3, "seed": 5}}
+              "map": "session", "missing_values": ["NA", ""], "split": {"test_fraction": 0.3, "validation_fraction": 0.2, "seed": 5}}
     (data / "cfg.yaml").write_text(yaml.safe_dump(config))
     env = dict(os.environ, RECSYS_RUNS_DIR=str(tmp_path / "runs"))
     env.pop("SLURM_CONF", None)
@@ -209,8 +219,10 @@ def test_recsys_submit_preprocess_tabular_local(tmp_path):
     spec = yaml.safe_load((data / "out" / "feature_spec.yaml").read_text())
     assert spec["metadata"]["models"] == ["wide_deep", "dlrm"] and spec["channel_spec"]["map"] == ["map"]
     train, test = read_mapping(data / "out", "train"), read_mapping(data / "out", "test")
+    valid = read_mapping(data / "out", "validation")
     assert set(train.columns) == {"label", "views", "user", "item", "color"} and "map" in test
-    assert abs(len(test) / (len(train) + len(test)) - 0.3) < 0.1
+    assert abs(len(test) / (len(train) + len(test) + len(valid)) - 0.3) < 0.1
+    assert not set(valid["map"]) & set(test["map"])           # a group on one side
 
 
 def test_one_line_errors_before_any_work(tmp_path):
@@ -224,4 +236,82 @@ def test_one_line_errors_before_any_work(tmp_path):
     with pytest.raises(PreprocError, match=r"rows.csv: has no column 'c'"):
         from preproc.tabular import nvt
         nvt.run(str(tmp_path / "rows.csv"), parse_config({"label": "a", "categorical": ["c"]}), str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
+# --- the validation split (issue 45 section 2) ---------------------------------------------------
+@pytest.mark.fast
+def test_validation_fraction_config():
+    cfg = parse_config({"label": "y", "numerical": ["x"]})
+    assert cfg.validation_fraction == 0.1 and parse_config(cfg.to_dict()) == cfg
+    assert parse_config({"label": "y", "numerical": ["x"], "split": {"validation_fraction": 0}}).validation_fraction == 0
+    for bad, needle in (({"validation_fraction": 1.5}, "split.validation_fraction: must be a number in [0, 1)"),
+                        ({"validation_fraction": "a"}, "split.validation_fraction: must be a number"),
+                        ({"test_fraction": 0.5, "validation_fraction": 0.5},
+                         "split.validation_fraction: test_fraction + validation_fraction must be below 1")):
+        with pytest.raises(PreprocError, match=r"^my.yaml: ") as err:
+            parse_config({"label": "y", "numerical": ["x"], "split": bad}, "my.yaml")
+        assert needle in str(err.value)
+
+
+@pytest.mark.fast
+def test_validation_draw_is_independent_of_the_test_draw():
+    rows = np.arange(40000)
+    test = split.random_test_rows(rows, 3, 0.2)
+    valid = split.random_validation_rows(rows, 3, 0.1, 0.2)
+    assert abs((valid & ~test).mean() - 0.1) < 0.01                   # 0.1 of all rows, from the non-test ones
+    assert abs(valid[test].mean() - valid[~test].mean()) < 0.015     # another salt: not the test draw again
+    assert (split.random_validation_rows(rows[100:900], 3, 0.1, 0.2) == valid[100:900]).all()
+    groups = pd.Series(rows % 101)
+    by_group = split.random_validation_rows(rows, 3, 0.1, 0.2, groups)
+    assert pd.Series(by_group).groupby(groups).nunique().max() == 1
+
+
+@pytest.mark.parametrize("with_map", [False, True])
+def test_random_validation_rows_are_the_hashed_training_rows(tmp_path, with_map):
+    """Each row carries its number (a numerical column kept as is), so the three mappings can be
+    compared with the split's own draw: disjoint, complete, the fractions asked for."""
+    pytest.importorskip("nvtabular", reason="NVTabular is not installed (pip install .[nvtabular])")
+    from preproc.tabular import nvt
+
+    n = 3000
+    rng = np.random.default_rng(1)
+    rows = pd.DataFrame({"y": (rng.random(n) < 0.4).astype(int), "rowid": np.arange(n),
+                         "c": rng.integers(0, 9, n), "g": rng.integers(0, 400, n)})
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    config = {"label": "y", "categorical": ["c"], "numerical": [{"column": "rowid", "transform": "none"}],
+              "split": {"test_fraction": 0.2, "validation_fraction": 0.15, "seed": 7}}
+    if with_map:
+        config["map"] = "g"
+    report = nvt.run(str(tmp_path / "rows.csv"), parse_config(config), str(tmp_path / "out"), num_files=2)
+    got = {m: set(read_mapping(tmp_path / "out", m)["rowid"].astype(int)) for m in ("train", "test", "validation")}
+    assert {m: len(v) for m, v in got.items()} == report["rows"]
+    assert not (got["train"] & got["test"] or got["train"] & got["validation"] or got["test"] & got["validation"])
+    assert got["train"] | got["test"] | got["validation"] == set(range(n))
+    assert abs(len(got["validation"]) / n - 0.15) < (0.05 if with_map else 0.02)
+    if not with_map:
+        test = split.random_test_rows(np.arange(n), 7, 0.2)
+        valid = split.random_validation_rows(np.arange(n), 7, 0.15, 0.2) & ~test
+        assert got["test"] == set(np.flatnonzero(test)) and got["validation"] == set(np.flatnonzero(valid))
+        return
+    # by group: the stored group ids (test and validation files) drawn as the split draws them
+    test_rows, valid_rows = (read_mapping(tmp_path / "out", m) for m in ("test", "validation"))
+    assert split.random_test_rows(np.arange(len(test_rows)), 7, 0.2, test_rows["map"]).all()
+    assert not split.random_test_rows(np.arange(len(valid_rows)), 7, 0.2, valid_rows["map"]).any()
+    assert split.random_validation_rows(np.arange(len(valid_rows)), 7, 0.15, 0.2, valid_rows["map"]).all()
+    assert not set(valid_rows["map"]) & set(test_rows["map"])
+
+
+def test_validation_of_one_class_is_refused_naming_the_key(tmp_path):
+    pytest.importorskip("nvtabular", reason="NVTabular is not installed (pip install .[nvtabular])")
+    from preproc.tabular import nvt
+
+    n = 200
+    frame = pd.DataFrame({"y": [1, 0] * 80 + [1] * 40, "x": np.arange(n), "t": np.arange(n)})
+    frame.loc[frame.index[-20:], "y"] = [0, 1] * 10             # the last rows (test) hold both classes
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    config = parse_config({"label": "y", "numerical": ["x"], "time": "t",
+                           "split": {"test_fraction": 0.1, "validation_fraction": 0.1}}, "my.yaml")
+    with pytest.raises(PreprocError, match=r"^validation: all 20 rows have label 1: .*split.validation_fraction"):
+        nvt.run(str(tmp_path / "rows.csv"), config, str(tmp_path / "o"))
     assert not (tmp_path / "o").exists()

@@ -22,3 +22,19 @@ def test_the_console_summary_is_short_and_says_why_the_run_stopped():
     assert "interrupted" in short_summary({**record, "interrupted": True})
     assert short_summary({"mode": "evaluate", "model": "ncf", "world_size": 1, "evaluated_checkpoint": "ck/ckpt-9",
                           "step": 9, "epoch": 1}).endswith(": evaluated ck/ckpt-9")
+
+
+def test_the_console_summary_shows_the_one_test_evaluation():
+    """Issue 45 section 2: a run judged on a validation split says so, and shows its test figure."""
+    from recsys.logger import short_summary
+
+    record = {"mode": "train", "model": "wide_deep", "world_size": 1, "step": 40, "epoch": 4, "eval_step": 40,
+              "auc": 0.7, "bce": 0.5, "interrupted": False, "early_stopped": None,
+              "best_eval": {"metric": "auc", "value": 0.72, "step": 20, "epoch": 2, "checkpoint": None},
+              "test_eval": {"mapping": "test", "weights": "best", "step": 20, "epoch": 2,
+                            "metrics": {"auc": 0.7123456, "bce": 0.51}}}
+    assert short_summary(record) == (
+        "wide_deep train on 1 rank, step 40 epoch 4: every step done; last validation eval (step 40): auc 0.70000 "
+        "bce 0.50000; best validation auc 0.72000 at epoch 2 step 20; test (best weights, step 20): auc 0.71235 "
+        "bce 0.51000")
+    assert "test (" not in short_summary({**record, "test_eval": None})

@@ -31,7 +31,9 @@ def trained(tmp_path_factory):
     frame = pd.DataFrame({"clicked": clicked, "colour": colour, "x": x})
     frame.iloc[:300].to_csv(out / "table.csv", index=False)
     frame.iloc[300:].to_csv(out / "new.csv", index=False)
-    (out / "cfg.yaml").write_text(yaml.safe_dump({"label": "clicked", "categorical": ["colour"], "numerical": ["x"]}))
+    # no validation mapping (the old split): the training run's evaluations are the test rows'
+    (out / "cfg.yaml").write_text(yaml.safe_dump({"label": "clicked", "categorical": ["colour"], "numerical": ["x"],
+                                                  "split": {"validation_fraction": 0}}))
     assert main(["tabular", "run", "--input", str(out / "table.csv"), "--config", str(out / "cfg.yaml"),
                  "--output", str(out / "data")]) == 0
     assert main(["tabular", "apply", "--dataset", str(out / "data"), "--input", str(out / "new.csv"),
@@ -40,7 +42,9 @@ def trained(tmp_path_factory):
     res = run_train(["--model", "wide_deep", "--data-path", out / "data", "--checkpoint-dir", out / "ck",
                      "--epochs", "2", "--log-path", log])
     assert res.returncode == 0, res.stderr[-3000:]
-    return out, read_log(log)
+    recs = read_log(log)
+    assert {r["mapping"] for r in records(recs, "eval")} == {"test"} and "test_eval" not in summary(recs)
+    return out, recs
 
 
 @pytest.mark.parametrize("dataset", ["data", "new"])
