@@ -75,14 +75,17 @@ def _rows(directory, mapping):
 def test_every_file_holds_the_keys_as_they_are(applied):
     out, frame = applied
     by_id = frame.set_index(frame["id"].astype(str))
-    for directory, mapping in ((out / "data", "train"), (out / "data", "test"), (out / "new", "test")):
+    mappings = ("train", "validation", "test")
+    for directory, mapping in [(out / "data", m) for m in mappings] + [(out / "new", "test")]:
         got = _rows(directory, mapping)
         assert list(got.columns[-2:]) == ["key_id", "key_colour"]
         assert got["key_id"].is_unique
         # CSV keys are text, exactly as written; a key that is also a feature keeps its raw value
         assert (got["key_colour"].to_numpy() == by_id.loc[got["key_id"], "colour"].to_numpy()).all()
         assert got["colour"].dtype == np.int32          # the feature: its id
-    assert len(_rows(out / "data", "train")) + len(_rows(out / "data", "test")) == 300
+    # every row once, in one of the three mappings, with its own key
+    keys = pd.concat([_rows(out / "data", m)["key_id"] for m in mappings]).astype(int)
+    assert sorted(keys) == list(frame["id"][:300])
     assert sorted(_rows(out / "new", "test")["key_id"].astype(int)) == list(frame["id"][300:])
     spec = yaml.safe_load((out / "data" / "feature_spec.yaml").read_text())
     assert spec["metadata"]["keys"] == {"id": "key_id", "colour": "key_colour"}
