@@ -7,8 +7,8 @@ them as the tests do (`preproc tabular`, `preproc movielens`), trains each model
 settings (`recsys-train`, no hyper-parameter flag: the small-data defaults, early stop and best
 evaluation included) and fits the baselines of tests/realdata.py on the same split; prints the
 markdown table. A model's figure is its one test evaluation, with the weights its validation split
-chose (the summary's ``test_eval``); MovieLens' preprocessing writes no validation split, so NCF's is
-its best evaluation on test. One rank on this machine's CPUs; a few minutes on 2 cores. The tests
+chose (the summary's ``test_eval``): the tables' validation rows, MovieLens' each user's second latest
+item (``preproc movielens --validation``). One rank on this machine's CPUs; a few minutes on 2 cores. The tests
 (tests/recsys/test_realdata_*.py) run the same code and hold the models to these baselines.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def train(work: Path, name: str, model: str, data: Path, spec=None) -> dict:
     return dict(best=best, evaluations=len(evals), seconds=seconds)
 
 
-HEADER = ("| dataset | model (ours) | metric | ours: test, with the epoch chosen on validation (NCF: on test) "
+HEADER = ("| dataset | model (ours) | metric | ours: test, with the epoch chosen on validation "
           "| baselines, strongest first | test |")
 
 
@@ -86,7 +86,8 @@ def table(runs: dict, base: dict) -> list:
     ml = "; ".join(f"{name} {h:.3f} / {n:.3f}" for name, (h, n) in
                    sorted(base["ml"].items(), key=lambda kv: -kv[1][0]))
     rows = [
-        ("MovieLens-100k (943 users, 1682 items, leave-last-out, 100 stored negatives per user)", "NCF (NeuMF)",
+        ("MovieLens-100k (943 users, 1682 items, leave-two-out: the latest item tests, the second latest validates; "
+         "100 stored negatives per user)", "NCF (NeuMF)",
          "HR@10 / NDCG@10", f"{ncf['hr_at_10']:.3f} / {ncf['ndcg_at_10']:.3f} (epoch {runs['ncf']['best']['epoch']}, "
          f"{runs['ncf']['evaluations']} evaluations, {runs['ncf']['seconds']:.0f} s)", ml,
          "tests/recsys/test_realdata_movielens.py"),
@@ -112,7 +113,7 @@ def main(argv=None):
     if not (work / "ml100k-raw").exists():
         realdata.ml1m_ratings(work / "ml100k-raw")
     _run("-m", "preproc", "movielens", "run", "--input", work / "ml100k-raw", "--output", work / "ml100k",
-         "--test-negatives", "100", "--num-files", "1", "--shuffle-partitions", "2")
+         "--test-negatives", "100", "--num-files", "1", "--shuffle-partitions", "2", "--validation")
 
     runs = {"wd": train(work, "wide_deep", "wide_deep", adult, "feature_spec_wide_deep.yaml"),
             "dlrm": train(work, "dlrm", "dlrm", adult, "feature_spec_dlrm.yaml"),

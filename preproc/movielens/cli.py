@@ -45,6 +45,9 @@ def add_arguments(stages) -> None:
     run_p.add_argument("--num-files", type=int, default=8,
                        help="parquet files per mapping, at least the number of training ranks (default 8)")
     run_p.add_argument("--seed", type=int, default=0, help="seed of the test negatives")
+    run_p.add_argument("--validation", action="store_true",
+                       help="leave two out: each user's second latest item is a validation positive, which "
+                            "training judges its epochs on (the test set is then evaluated once)")
     add_bad_rows_argument(run_p)
     add_spark_arguments(run_p)
     run_p.set_defaults(func=_run)
@@ -74,9 +77,10 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     spark = session_or_plan(settings, "preproc-movielens", args.dry_run,
                             [f"plan: movielens {fmt} {path} -> {args.output} (min_ratings={args.min_ratings}, "
-                             f"num_files={args.num_files}, test_negatives={args.test_negatives})"])
+                             f"num_files={args.num_files}, test_negatives={args.test_negatives}, "
+                             f"validation={args.validation})"])
     if spark is None:
         return 0
     run(spark, path, args.output, fmt, args.min_ratings, args.test_negatives, args.num_files, args.seed,
-        args.bad_rows, args.overwrite)
+        args.bad_rows, args.overwrite, validation=args.validation)
     return 0

@@ -15,8 +15,10 @@ Pipeline, in this order (implicit feedback: every rating is a positive):
 4. Re-index densely, 0-based: users in ascending original user id, items in
    ascending original item id, over the users and items that survive step 3.
 5. Leave-last-out: each user's latest interaction is the test positive; ties on
-   the timestamp are broken by the larger original item id. Everything else is
-   training.
+   the timestamp are broken by the larger original item id. With ``--validation``
+   (leave-two-out) the user's second latest is its validation positive, which the
+   training run judges its epochs on (the engine samples its negatives; the test set
+   is then evaluated once, with the chosen weights). Everything else is training.
 6. Optional test negatives (``--test-negatives N``, default 0, because
    recsys.data.ncf samples the evaluation negatives itself): per test user, N
    distinct items the user never interacted with, drawn uniformly with a
@@ -30,7 +32,8 @@ verification against the spec): ``--num-files`` parquet files per mapping,
 ``label`` float32 = 1) and ``test/part_NNNNN.parquet`` (same columns: one row
 per user, label 1, the held-out positive, in file ``user % num_files``; with
 test negatives also their label-0 rows, a user's rows consecutive in one file),
-plus ``feature_spec.yaml`` with the user/item cardinalities, channels
+``validation/part_NNNNN.parquet`` with ``--validation`` (one positive per user, as test
+without negatives), plus ``feature_spec.yaml`` with the user/item cardinalities, channels
 ``user_ch``/``item_ch``/``label_ch`` and metadata ``test_samples_per_series``
 = 1 + negatives.
 """
@@ -80,11 +83,12 @@ def read_ratings(spark, path: str, fmt: str, bad_rows: str = "skip"):
     return textio.drop_bad_rows(parsed, bad_rows, what=f"MovieLens {fmt}")
 
 
-def split_leave_last_out(ratings, min_ratings: int = 20):
-    """Steps 2-5 of the module docstring: returns (train, test, n_users, n_items).
+def split_leave_last_out(ratings, min_ratings: int = 20, validation: bool = False):
+    """Steps 2-5 of the module docstring: returns (train, test, n_users, n_items), and with
+    ``validation`` (train, test, n_users, n_items, validation).
 
-    ``train`` and ``test`` have dense 0-based ``user``/``item`` columns and the
-    original ``timestamp``; ``test`` has exactly one row per kept user.
+    ``train``, ``test`` and ``validation`` have dense 0-based ``user``/``item`` columns and the
+    original ``timestamp``; ``test`` (and ``validation``) has exactly one row per kept user.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -103,8 +107,12 @@ def split_leave_last_out(ratings, min_ratings: int = 20):
     last = Window.partitionBy("user").orderBy(F.desc("timestamp"), F.desc("_orig_item"))
     ranked = dense.withColumn("_r", F.row_number().over(last))
     test = ranked.filter("_r = 1").select("user", "item", "timestamp")
-    train = ranked.filter("_r > 1").select("user", "item", "timestamp")
-    return train, test, n_users, n_items
+    if not validation:
+        train = ranked.filter("_r > 1").select("user", "item", "timestamp")
+        return train, test, n_users, n_items
+    held = ranked.filter("_r = 2").select("user", "item", "timestamp")
+    train = ranked.filter("_r > 2").select("user", "item", "timestamp")
+    return train, test, n_users, n_items, held
 
 
 def _dense_index(df, column: str):
@@ -164,7 +172,8 @@ def sample_test_negatives(train, test, n_items: int, negatives: int, seed: int):
     return result
 
 
-def feature_spec_dict(n_users: int, n_items: int, train_files, test_files, negatives: int, extra: dict) -> dict:
+def feature_spec_dict(n_users: int, n_items: int, train_files, test_files, negatives: int, extra: dict,
+                      validation_files=None) -> dict:
     """The feature specification (hpc-facts §4 layout) of the written dataset."""
     features = ["user", "item", "label"]
     return {
@@ -177,6 +186,8 @@ def feature_spec_dict(n_users: int, n_items: int, train_files, test_files, negat
         "source_spec": {
             "train": [{"type": "parquet", "features": features, "files": list(train_files)}],
             "test": [{"type": "parquet", "features": features, "files": list(test_files)}],
+            **({"validation": [{"type": "parquet", "features": features, "files": list(validation_files)}]}
+               if validation_files else {}),
         },
         "metadata": {"dataset": "movielens", "test_samples_per_series": 1 + max(0, negatives), **extra},
     }
@@ -184,7 +195,7 @@ def feature_spec_dict(n_users: int, n_items: int, train_files, test_files, negat
 
 def run(spark, input_path: str, output: str, fmt: str | None = None, min_ratings: int = 20,
         test_negatives: int = 0, num_files: int = 1, seed: int = 0, bad_rows: str = "skip",
-        overwrite: bool = False) -> dict:
+        overwrite: bool = False, validation: bool = False) -> dict:
     """The whole pipeline; returns the feature-spec dict written to ``output``."""
     from pyspark.sql import functions as F
 
@@ -192,14 +203,22 @@ def run(spark, input_path: str, output: str, fmt: str | None = None, min_ratings
 
     path, fmt = locate_ratings(input_path, fmt)
     ratings, report = read_ratings(spark, path, fmt, bad_rows)
-    train, test, n_users, n_items = split_leave_last_out(ratings, min_ratings)
+    held = None
+    if validation:
+        train, test, n_users, n_items, held = split_leave_last_out(ratings, min_ratings, validation=True)
+    else:
+        train, test, n_users, n_items = split_leave_last_out(ratings, min_ratings)
     if n_users == 0:
         raise PreprocError(f"--min-ratings: no user of {path} has {min_ratings} or more ratings")
     log.info("movielens: %d users, %d items after --min-ratings %d", n_users, n_items, min_ratings)
-    test_rows = sample_test_negatives(train, test, n_items, test_negatives, seed).cache()
+    seen = train if held is None else train.unionByName(held)      # a test negative is no user's item
+    test_rows = sample_test_negatives(seen, test, n_items, test_negatives, seed).cache()
     train_rows = train.select("user", "item", F.lit(1.0).cast("float").alias("label"))
     # What Spark counts, independently of the files: the verification compares the two.
     rows = {"train": train_rows.count(), "test": test_rows.count()}
+    if held is not None:
+        held_rows = held.select("user", "item", F.lit(1.0).cast("float").alias("label"))
+        rows["validation"] = held_rows.count()
 
     def verify(stage):
         verify_against_spec(stage, rows)
@@ -211,9 +230,15 @@ def run(spark, input_path: str, output: str, fmt: str | None = None, min_ratings
             test_files, _ = textio.write_parquet_files(
                 test_rows.withColumn("_f", F.col("user") % num_files), stage, "test", num_files,
                 by="_f", sort_by=["user", "_pos"], drop=["_pos"])
+            validation_files = None
+            if held is not None:
+                validation_files, _ = textio.write_parquet_files(
+                    held_rows.withColumn("_f", F.col("user") % num_files), stage, "validation", num_files,
+                    by="_f", sort_by=["user"])
             spec = feature_spec_dict(n_users, n_items, train_files, test_files, test_negatives,
                                      {"format": fmt, "min_ratings": min_ratings, "seed": seed, "rows": dict(rows),
-                                      "bad_rows": report, "users_without_full_test_series": _short(test_rows)})
+                                      "bad_rows": report, "users_without_full_test_series": _short(test_rows)},
+                                     validation_files)
             textio.write_feature_spec(spec, stage)
     finally:
         test_rows.unpersist()

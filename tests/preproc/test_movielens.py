@@ -186,3 +186,47 @@ def test_cli_generate_and_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "spark.master=local[4]" in proc.stdout and "# plan: movielens ml-1m" in proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_validation_leaves_the_second_latest_out_and_test_negatives_skip_it(spark, tmp_path):
+    """``--validation`` (issue 45: figures chosen on validation, test evaluated once): each user's second
+    latest item is its validation positive, out of training; a stored test negative is never one of the
+    user's items, the validation one included (user 0's only unseen item is 4)."""
+    write_ratings(tmp_path / "in", "ml-1m", RATINGS)
+    out = tmp_path / "out"
+    spec = movielens.run(spark, str(tmp_path / "in"), str(out), min_ratings=3, num_files=1, test_negatives=1,
+                         validation=True)
+    train, held = pd.read_parquet(out / "train"), pd.read_parquet(out / "validation")
+    test = pd.read_parquet(out / "test")
+    assert pairs(train) == {(0, 3), (0, 0), (1, 0)} and len(train) == 3
+    assert pairs(held) == {(0, 1), (1, 3)} and set(held["label"]) == {1.0}
+    positives = test[test["label"] == 1.0]
+    assert pairs(positives) == EXPECTED_TEST
+    negatives = test[test["label"] == 0.0]
+    assert dict(zip(negatives["user"], negatives["item"]))[0] == 4
+    assert spec["source_spec"]["validation"][0]["files"] == ["validation/part_00000.parquet"]
+    assert spec["metadata"]["rows"] == {"train": 3, "test": 4, "validation": 2}
+
+
+def test_validation_run_judges_epochs_on_it_and_evaluates_test_once(spark, tmp_path):
+    """An NCF run on a dataset with ``--validation``: its epoch evaluations read the validation mapping,
+    and the test set is evaluated once, with the weights the validation chose (the summary's test_eval)."""
+    import json
+
+    from preproc.movielens.generate import generate
+
+    generate(str(tmp_path / "raw"), users=60, items=80, fmt="ml-20m", seed=2)
+    out = tmp_path / "out"
+    movielens.run(spark, str(tmp_path / "raw"), str(out), num_files=1, validation=True)
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "recsys.train", "--model", "ncf", "--data-path", str(out),
+                           "--epochs", "2", "--batch-size", "64", "--valid-negative", "20", "--log-path", str(log)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert len(evals) == 2 and {r.get("mapping") for r in evals} == {"validation"}
+    summary = [r for r in records if r["type"] == "summary"][-1]
+    assert summary["test_eval"]["mapping"] == "test" and summary["test_eval"]["weights"] == "best"
+    assert summary["test_eval"]["epoch"] == summary["best_eval"]["epoch"]
+    assert 0.0 <= summary["test_eval"]["metrics"]["hr_at_10"] <= 1.0
