@@ -28,6 +28,8 @@ from recsys.predictions import check_directory, check_flags
 
 # Share of the run before the synthetic DLRM schedule ends its warm-up / starts its decay
 # (the reference's 8000 / 48000 of about 72000 steps).
+# The run modes that restore a training run's checkpoint and read only its test mapping
+CHECKPOINT_MODES = ("evaluate", "predict")
 SYNTHETIC_WARMUP_SHARE = 0.11
 SYNTHETIC_DECAY_START_SHARE = 2 / 3
 
@@ -157,6 +159,11 @@ class TrainConfig:
         out.update(embedding_tables=self.embedding_tables, placement_mode=placement and placement.mode,
                    placement_reason=placement and placement.reason)
         return out
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """The run mode restores a training run's checkpoint and reads only its test mapping."""
+        return self.mode in CHECKPOINT_MODES
 
     @property
     def embedding_tables(self) -> list:
@@ -321,7 +328,7 @@ class TrainConfig:
                     _fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
         elif not self.synthetic:
             _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
-        if self.mode in ("evaluate", "predict"):
+        if self.from_checkpoint:
             if not self.checkpoint_dir:
                 _fail(f"--run-mode {self.mode} needs --checkpoint-dir (the checkpoints of a training run)")
             if not pending(self.checkpoint_dir):
@@ -439,7 +446,7 @@ class TrainConfig:
     def _check_paths(self):
         if self.restore and not self.checkpoint_dir:
             _fail("--restore needs --checkpoint-dir")
-        if self.mode in ("evaluate", "predict"):
+        if self.from_checkpoint:
             from recsys.checkpoint import AtomicCheckpointer
             if not self.checkpoint_dir or AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
                 _fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir "

@@ -119,6 +119,15 @@ def _pieces(group, rank):
     return {(t, 0, group.dims[t]): layer.embeddings for t, layer in enumerate(group.tables)}, rank == 0
 
 
+def _written_pieces(group, rank):
+    """[((table, c0, c1), variable)] of ``group`` that rank ``rank`` writes as table files, in order:
+    its own slices, and the replicated tables on rank 0 (distributed-embeddings groups: none here,
+    see write_distributed_pieces)."""
+    pieces, replicated_too = _pieces(group, rank)
+    own = group._mp.shard_map() if group._mp is not None else {}
+    return [(key, var) for key, var in sorted(pieces.items()) if key in own or replicated_too]
+
+
 def table_slots(optimizers, var):
     """{slot name: optimizer variable} of table ``var`` (e.g. FTRL's accumulators and linears, RMSprop's
     velocities): a Keras optimizer keeps one list per slot, indexed like the variables it was built on."""
@@ -207,9 +216,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
             if group._dist is not None:
                 tables = [group._dist.weights[v] for _, _, _, v, _, _ in de_adapter.local_pieces(group._dist)]
             else:
-                pieces, replicated_too = _pieces(group, writer)
-                own = group._mp.shard_map() if group._mp is not None else {}
-                tables = [var for key, var in pieces.items() if key in own or replicated_too]
+                tables = [var for _, var in _written_pieces(group, writer)]
             for var in tables:
                 out += [var, *table_slots(self.optimizers, var).values()]
         return out
@@ -295,11 +302,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
             self._tf_checkpoint(dist.rank).write(os.path.join(d, PREFIX))
             listing = []
             for group in _groups(self.model):
-                pieces, replicated_too = _pieces(group, dist.rank)
-                own = group._mp.shard_map() if group._mp is not None else {}
-                for (t, c0, c1), var in sorted(pieces.items()):
-                    if (t, c0, c1) not in own and not replicated_too:
-                        continue
+                for (t, c0, c1), var in _written_pieces(group, dist.rank):
                     name = f"{group.name}.t{t}.c{c0}-{c1}"
                     np.save(os.path.join(d, name + ".npy"), var.numpy())
                     slots = {}

@@ -460,7 +460,7 @@ def run(config):
         log.startup("model")
         if config.restore or config.mode in ("evaluate", "predict", "inference"):
             if engine.checkpointer is not None and engine.checkpointer.latest() is not None:
-                engine.restore(_checkpoint_to_evaluate(config, log) if config.mode in ("evaluate", "predict")
+                engine.restore(_checkpoint_to_evaluate(config, log) if config.from_checkpoint
                                else None)
             elif config.restore:
                 log.info(f"--restore: no checkpoint in {config.checkpoint_dir}, starting from scratch")

@@ -84,8 +84,8 @@ def read_ratings(spark, path: str, fmt: str, bad_rows: str = "skip"):
 
 
 def split_leave_last_out(ratings, min_ratings: int = 20, validation: bool = False):
-    """Steps 2-5 of the module docstring: returns (train, test, n_users, n_items), and with
-    ``validation`` (train, test, n_users, n_items, validation).
+    """Steps 2-5 of the module docstring: returns (train, test, n_users, n_items, validation), the
+    last None without ``validation``.
 
     ``train``, ``test`` and ``validation`` have dense 0-based ``user``/``item`` columns and the
     original ``timestamp``; ``test`` (and ``validation``) has exactly one row per kept user.
@@ -107,11 +107,8 @@ def split_leave_last_out(ratings, min_ratings: int = 20, validation: bool = Fals
     last = Window.partitionBy("user").orderBy(F.desc("timestamp"), F.desc("_orig_item"))
     ranked = dense.withColumn("_r", F.row_number().over(last))
     test = ranked.filter("_r = 1").select("user", "item", "timestamp")
-    if not validation:
-        train = ranked.filter("_r > 1").select("user", "item", "timestamp")
-        return train, test, n_users, n_items
-    held = ranked.filter("_r = 2").select("user", "item", "timestamp")
-    train = ranked.filter("_r > 2").select("user", "item", "timestamp")
+    held = ranked.filter("_r = 2").select("user", "item", "timestamp") if validation else None
+    train = ranked.filter(f"_r > {2 if validation else 1}").select("user", "item", "timestamp")
     return train, test, n_users, n_items, held
 
 
@@ -203,11 +200,7 @@ def run(spark, input_path: str, output: str, fmt: str | None = None, min_ratings
 
     path, fmt = locate_ratings(input_path, fmt)
     ratings, report = read_ratings(spark, path, fmt, bad_rows)
-    held = None
-    if validation:
-        train, test, n_users, n_items, held = split_leave_last_out(ratings, min_ratings, validation=True)
-    else:
-        train, test, n_users, n_items = split_leave_last_out(ratings, min_ratings)
+    train, test, n_users, n_items, held = split_leave_last_out(ratings, min_ratings, validation)
     if n_users == 0:
         raise PreprocError(f"--min-ratings: no user of {path} has {min_ratings} or more ratings")
     log.info("movielens: %d users, %d items after --min-ratings %d", n_users, n_items, min_ratings)

@@ -71,8 +71,7 @@ class Predictions:
         if dist.is_chief:
             os.makedirs(directory, exist_ok=True)
         dist.barrier()
-        path = os.path.join(directory, part_name(dist.rank))
-        _write_atomic(table, path)
+        _write_atomic(table, os.path.join(directory, part_name(dist.rank)))
         rows = [int(n) for n in dist.allgather_object(len(scores))]
         files = [part_name(r) for r in range(dist.size)]
         if dist.is_chief:
@@ -109,13 +108,12 @@ class Predictions:
 
 
 def _write_atomic(table, path: str) -> None:
-    """The part file under a temporary name in its directory, then renamed: never half-written."""
+    """The part file replaced whole through the tree's one temporary-file scheme (slurm/atomicfile.py:
+    an exclusive temporary beside it, then a rename; nothing is left of a failed write)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.tmp-{os.getpid()}"
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    from slurm import atomicfile
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomicfile.write(path, memoryview(sink.getvalue()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from recsys import provenance, watchdog
+from recsys.config import CHECKPOINT_MODES
 from recsys.engine.checkpoints import Checkpoints
 from recsys.engine.guards import DRIFT_ADVICE, Guards
 
@@ -50,7 +51,7 @@ class Summary:
                    interrupted=interrupted, summary_version=SUMMARY_VERSION,
                    eval_step=eval_step if metrics else None,
                    checkpoint=self.checkpoints.saved_path)
-        if mode in ("evaluate", "predict"):
+        if mode in CHECKPOINT_MODES:
             out["evaluated_checkpoint"] = evaluated
         guards.drift_hook()
         if sum(int(np.prod(v.shape)) for v in s.model.weights) <= DIGEST_MAX_PARAMS:

@@ -129,7 +129,7 @@ class Task:
         files: evaluation steps no schedule, and its dataset may have no training mapping (or none
         that holds a batch of the reference --batch-size)."""
         if self._steps is None:
-            self._steps = 1 if self.config.mode in ("evaluate", "predict") else self._train_reader().num_batches
+            self._steps = 1 if self.config.from_checkpoint else self._train_reader().num_batches
         return self._steps
 
     def sample_batch(self):
@@ -150,7 +150,7 @@ class Task:
         evaluate`` the test data's at the evaluation batch, the only mapping evaluation reads (a
         `tabular apply` dataset has no other, and a small table's training files hold no batch of
         the reference --batch-size, which evaluation does not use)."""
-        if self.config.mode not in ("evaluate", "predict") or "test" not in self.spec.mappings():
+        if not self.config.from_checkpoint or "test" not in self.spec.mappings():
             return self._train_reader()
         return make_reader(self.spec, "test", self.local_eval_batch, self.dist.rank, self.dist.size,
                            reader=self.config.reader)

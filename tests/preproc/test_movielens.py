@@ -72,9 +72,9 @@ def test_threshold_boundary(spark, tmp_path):
     write_ratings(tmp_path / "in", "ml-1m", RATINGS)
     path, fmt = movielens.locate_ratings(str(tmp_path / "in"))
     ratings, _ = movielens.read_ratings(spark, path, fmt)
-    train, test, n_users, n_items = movielens.split_leave_last_out(ratings, min_ratings=3)
+    train, test, n_users, n_items, _ = movielens.split_leave_last_out(ratings, min_ratings=3)
     assert (n_users, n_items) == (2, 5)
-    train, test, n_users, n_items = movielens.split_leave_last_out(ratings, min_ratings=4)
+    train, test, n_users, n_items, _ = movielens.split_leave_last_out(ratings, min_ratings=4)
     assert (n_users, n_items) == (1, 4)  # user 5 only: items 42, 100, 300, 999 -> 0..3
     assert {(r.user, r.item) for r in test.collect()} == {(0, 2)}
     with pytest.raises(PreprocError, match="--min-ratings"):
