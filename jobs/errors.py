@@ -3,9 +3,9 @@
 Every error a user can cause (bad flag, impossible request, failed sbatch) is raised as one of
 these with a single-line message naming the flag, key or job involved; the CLI prints it and
 exits non-zero. Profile errors come from jobs.profiles.ProfileError (same convention). Every one
-derives from slurm.errors.ToolkitError, the toolkit's one base class (jobs.api.ToolkitError).
+derives from slurm.common.errors.ToolkitError, the toolkit's one base class (jobs.api.ToolkitError).
 """
-from slurm.errors import ToolkitError
+from slurm.common.errors import ToolkitError
 
 
 class RequestError(ToolkitError, ValueError):

@@ -6,9 +6,9 @@ fatal``); ``preproc.cli.main`` prints it as ``preproc: error: <message>`` and
 exits with status 2, before Spark starts whenever the check does not need data.
 ``OutputError`` (a ``PreprocError``) is a failure to write the output that is not
 the input's fault, e.g. a full disk: same one line, exit status 1. Both derive from
-slurm.errors.ToolkitError, the toolkit's one base class.
+slurm.common.errors.ToolkitError, the toolkit's one base class.
 """
-from slurm.errors import ToolkitError
+from slurm.common.errors import ToolkitError
 
 
 class PreprocError(ToolkitError, ValueError):

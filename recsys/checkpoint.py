@@ -25,7 +25,7 @@ import signal
 import time
 
 from recsys.errors import EngineError
-from slurm import atomicfile
+from slurm.common import atomicfile
 
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
 _OLD_RE = re.compile(r"^ckpt-(\d+)\.old-\d+$")      # a checkpoint being replaced by a new copy
@@ -185,7 +185,7 @@ class AtomicCheckpointer:
 
 def write_json(path, obj, atomic=True):
     """Write ``obj`` as JSON, flushed to disk; ``atomic``: under a temporary name, then renamed and
-    the directory synced (slurm/atomicfile.py, the tree's one scheme)."""
+    the directory synced (slurm/common/atomicfile.py, the tree's one scheme)."""
     if atomic:
         atomicfile.write(path, json.dumps(obj), durable=True)
         return

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Tuple
 
-from slurm.cpulist import parse_cpulist
+from slurm.common.cpulist import parse_cpulist
 
 DEVICE_ENV = "RECSYS_DEVICE"
 MODES = ("auto", "cpu", "gpu")

@@ -3,11 +3,11 @@
 ``recsys.train.main`` prints ``recsys-train: error: <message>`` and exits with
 ``exit_code``: 2 for bad input (flags, data, checkpoint), 1 for a run that
 diverged. Nothing below the entry point calls ``sys.exit``. Each derives from
-slurm.errors.ToolkitError, the toolkit's one base class.
+slurm.common.errors.ToolkitError, the toolkit's one base class.
 """
 from __future__ import annotations
 
-from slurm.errors import ToolkitError
+from slurm.common.errors import ToolkitError
 
 
 class EngineError(ToolkitError):

@@ -43,8 +43,8 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import yaml
 
-from slurm.errors import ToolkitError
-from slurm.yamlfile import YamlFileError, load_yaml_file
+from slurm.common.errors import ToolkitError
+from slurm.common.yamlfile import YamlFileError, load_yaml_file
 
 #: Channels whose features are categorical ids and therefore need a cardinality.
 CATEGORICAL_CHANNELS = ("categorical", "onehot_categorical", "multihot_categorical",

@@ -18,7 +18,7 @@ from recsys.embeddings.placement import IMPLEMENTATIONS, OPTIMIZER_SLOTS, place,
 from recsys.embeddings.planner import PlacementError
 from recsys.models.defaults import MODEL_DEFAULTS
 from recsys.models.embedding_tables import dense_params, model_groups, spec_channels
-from slurm.errors import ToolkitError
+from slurm.common.errors import ToolkitError
 
 PROG = "python -m recsys.placement"
 # The largest job the "would fit on N GPUs" search considers.

@@ -69,7 +69,7 @@ def recorded_root(checkpoint_dir):
 
 def remember(config, is_chief):
     """Rank 0 of a training with a checkpoint directory names its TensorBoard directory there, once
-    (slurm/atomicfile.py: a temporary name, then a rename): the training's later attempts write into
+    (slurm/common/atomicfile.py: a temporary name, then a rename): the training's later attempts write into
     it (:func:`root_dir`). Returns the directory; a file that cannot be written (a full disk) costs
     only that continuity, never the run: (directory, the reason it was not named)."""
     root = None if config.no_tensorboard else root_dir(config)
@@ -79,7 +79,7 @@ def remember(config, is_chief):
         return root, None
     import json
 
-    from slurm import atomicfile
+    from slurm.common import atomicfile
     try:
         os.makedirs(root, exist_ok=True)
         os.makedirs(config.checkpoint_dir, exist_ok=True)       # as the checkpointer makes it (mkdir -p)

@@ -28,7 +28,7 @@ from recsys.config import TrainConfig
 from recsys.embeddings.placement import IMPLEMENTATIONS
 from recsys.errors import EngineError
 from recsys.models.defaults import MODEL_DEFAULTS
-from slurm.cpulist import parse_cpulist
+from slurm.common.cpulist import parse_cpulist
 
 MODELS = ("dlrm", "wide_deep", "ncf")
 MODES = ("train", "evaluate", "predict", "benchmark", "inference")

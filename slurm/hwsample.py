@@ -42,8 +42,8 @@ import time
 
 if not __package__:         # run as a script (the batch script: python3 slurm/hwsample.py): the checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from slurm import atomicfile  # noqa: E402
-from slurm.cpulist import parse_cpulist  # noqa: E402
+from slurm.common import atomicfile  # noqa: E402
+from slurm.common.cpulist import parse_cpulist  # noqa: E402
 
 VERSION = 1
 # what nvidia-smi is asked, in this order (`--format=csv`: a header naming each field with its unit)

@@ -27,7 +27,7 @@
 #   --gpus-per-node G     [RECSYS_SPARK_GPUS]       GPUs each worker offers (RAPIDS): the worker's
 #                         spark.worker.resource.gpu.amount and discovery script
 #                         (preproc/runtime/gpu-discovery.sh); the driver asks one GPU per
-#                         executor and 1/executor-cores per task (slurm/spark_layout.py).
+#                         executor and 1/executor-cores per task (slurm/common/spark_layout.py).
 #                         Also the way to run RAPIDS on ONE node: Spark's local mode
 #                         schedules no GPUs, so recsys-submit starts this script with 1 node.
 #   --local-dirs D        [SPARK_LOCAL_DIRS]        node-local shuffle scratch

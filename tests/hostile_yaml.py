@@ -1,6 +1,6 @@
 """Hostile YAML for the loader-limit tests (profiles, study specs, tabular configs): one
 "billion laughs" value as text and in memory, and the check that a refusal is one short line
-that came quickly (a refusal reads no more than slurm/yamlfile.py's limits allow)."""
+that came quickly (a refusal reads no more than slurm/common/yamlfile.py's limits allow)."""
 
 import time
 

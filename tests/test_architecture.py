@@ -76,7 +76,7 @@ def test_loading_a_profile_imports_no_module_of_the_execution_layer():
 
 @pytest.mark.fast
 def test_every_error_the_toolkit_raises_on_purpose_has_one_base():
-    """Issue 44 item 4: one base class (slurm.errors.ToolkitError, exported as jobs.api.ToolkitError)
+    """Issue 44 item 4: one base class (slurm.common.errors.ToolkitError, exported as jobs.api.ToolkitError)
     for the submission layer's, the profiles', the YAML reader's and the preprocessing's errors,
     each keeping its builtin base for callers that catch that."""
     from jobs import api
@@ -86,8 +86,8 @@ def test_every_error_the_toolkit_raises_on_purpose_has_one_base():
     from recsys.embeddings.planner import PlacementError
     from recsys.errors import DataError, DivergedError, EngineError
     from recsys.feature_spec import FeatureSpecError
-    from slurm.errors import ToolkitError
-    from slurm.yamlfile import YamlFileError
+    from slurm.common.errors import ToolkitError
+    from slurm.common.yamlfile import YamlFileError
 
     assert api.ToolkitError is ToolkitError
     for cls, builtin in ((api.RequestError, ValueError), (StudyError, ValueError), (api.ProfileError, ValueError),

@@ -1,4 +1,4 @@
-"""Issue 44 item 5: every `RECSYS_*` variable is declared once (slurm/environment.py) with its
+"""Issue 44 item 5: every `RECSYS_*` variable is declared once (slurm/common/environment.py) with its
 meaning, and listed in one docs table (docs/environment.md). Scans the tracked files."""
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm.environment import KINDS, NOT_VARIABLES, VARIABLES, markdown_table
+from slurm.common.environment import KINDS, NOT_VARIABLES, VARIABLES, markdown_table
 
 pytestmark = pytest.mark.fast
 REPO = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\bRECSYS_[A-Z0-9_]*")
 PRODUCT = ("jobs/", "recsys/", "preproc/", "slurm/", "cluster_profiles/", "install/")
-DECLARATION = "slurm/environment.py"
+DECLARATION = "slurm/common/environment.py"
 
 
 def _names_by_file() -> dict:
@@ -52,5 +52,5 @@ def test_every_declared_name_is_used_and_test_tooling_stays_out_of_the_product()
 def test_the_docs_table_is_the_declarations():
     text = (REPO / "docs" / "environment.md").read_text()
     table = text.split("<!-- BEGIN environment table -->\n", 1)[1].split("<!-- END environment table -->", 1)[0]
-    assert table == markdown_table(), ("docs/environment.md is stale: python -c 'from slurm.environment import "
+    assert table == markdown_table(), ("docs/environment.md is stale: python -c 'from slurm.common.environment import "
                                        "markdown_table; print(markdown_table(), end=\"\")'")

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from jobs.errors import RequestError
-from slurm.node_memory import NODE_MEMORY_PERCENT
-from slurm.spark_layout import gpu_resource_conf
+from slurm.common.node_memory import NODE_MEMORY_PERCENT
+from slurm.common.spark_layout import gpu_resource_conf
 
 from . import container_paths, engine_args
 from .argv import EngineLog, RunPath, SlurmHelper, job_python
@@ -229,7 +229,7 @@ def plan_request(res, max_array_size=None, key_prefix="", handoff=()):
 def _spark_standalone(shape):
     """A Spark standalone cluster over the job's nodes; the driver sizes its executors from the shape.
     A RAPIDS run: each worker offers the node's GPUs (--gpus-per-node), and the executor cores and
-    the executor/task GPU amounts of slurm/spark_layout.py (the rule the driver applies too) are
+    the executor/task GPU amounts of slurm/common/spark_layout.py (the rule the driver applies too) are
     handed to the driver as --spark-conf, so the script shows them; the user's own --spark-conf
     after `--` comes later and wins. The workers offer the same cores the driver sizes its
     executors from (the profile's node), shuffle on the profile's node-local scratch."""

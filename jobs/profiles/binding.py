@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from jobs.vocabulary import BIND_MODES as BINDING_MODES
-from slurm.cpulist import format_cpulist
+from slurm.common.cpulist import format_cpulist
 
 from .topology import NodeType
 

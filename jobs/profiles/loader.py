@@ -6,7 +6,7 @@ name on a search path (built-ins in ``cluster_profiles/``, then
 later ones override earlier ones) or loaded from a file; ``extends`` merges a parent
 profile and ``node: <name>`` reuses another profile's node (a relative path in either is read
 from the profile file's directory).  Each file is read by the toolkit's one YAML reader
-(slurm.yamlfile: size, alias, depth and node limits) and refused if a value holds a control
+(slurm.common.yamlfile: size, alias, depth and node limits) and refused if a value holds a control
 character; the merged mapping is checked by jobs.profiles.schema; every problem, reading the
 file included, is a one-line :class:`ProfileError` ``<file>: <key.path>: <problem>``.  Only
 pyyaml and the standard library are used (login nodes).
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
-from slurm.yamlfile import YamlFileError, load_yaml_file
+from slurm.common.yamlfile import YamlFileError, load_yaml_file
 
 from .profile import Container, Profile, ProfileRef
 from .schema import Checker, ProfileError, check_profile, control_problems, has_control, typename
@@ -83,7 +83,7 @@ def _find(name: str, referrer: str = "--profile", key: str = "") -> Path:
 
 
 def _read_yaml(path: Path) -> Dict[str, Any]:
-    """One profile file's mapping, read within the toolkit's YAML limits (slurm.yamlfile) and
+    """One profile file's mapping, read within the toolkit's YAML limits (slurm.common.yamlfile) and
     refused if a value that reaches a job script holds a control character."""
     try:
         data = load_yaml_file(path)

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from slurm.cpulist import format_cpulist
+from slurm.common.cpulist import format_cpulist
 
 from .fabric import Fabric
 from .topology import NodeType

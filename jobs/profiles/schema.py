@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, List, Optional
 from jobs.schedulers import SCHEDULERS, capabilities  # the scheduler names and their node limits
 from jobs.slurmtime import parse_time  # sbatch's time-limit semantics, the one parser
 from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
-from slurm.cpulist import parse_cpulist
-from slurm.errors import ToolkitError
-from slurm.yamlfile import control_char, printable, typename  # one home for the YAML words, one-line messages
+from slurm.common.cpulist import parse_cpulist
+from slurm.common.errors import ToolkitError
+from slurm.common.yamlfile import control_char, printable, typename  # one home for the YAML words, one-line messages
 
 from .fabric import fabric_from_raw
 from .topology import NodeType

@@ -2,7 +2,7 @@
 cores and NICs) and its detection from this machine's sysfs.
 
 What a profile file may say about a node is checked in jobs.profiles.schema; the text form
-of CPU sets is slurm.cpulist (shared with the engine). Standard library only (login nodes).
+of CPU sets is slurm.common.cpulist (shared with the engine). Standard library only (login nodes).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from slurm.cpulist import parse_cpulist
+from slurm.common.cpulist import parse_cpulist
 
 __all__ = ["NodeType", "detect_local_node"]
 

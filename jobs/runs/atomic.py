@@ -1,5 +1,5 @@
 """All-or-nothing files: every record and script the submission layer writes goes through here
-(temporary name, then rename: slurm/atomicfile.py, the tree's one scheme), so a crash never leaves
+(temporary name, then rename: slurm/common/atomicfile.py, the tree's one scheme), so a crash never leaves
 one half-written, and a killed writer's temporary is removed by the next write of the file.
 
 The temporary is created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, a random name in the target's
@@ -21,7 +21,7 @@ import os
 import stat
 
 from jobs.errors import RequestError, StorageError
-from slurm import atomicfile
+from slurm.common import atomicfile
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 

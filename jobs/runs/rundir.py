@@ -22,7 +22,7 @@ import time
 from typing import Iterator, Optional
 
 from jobs.errors import RequestError, StorageError
-from slurm.atomicfile import fsync_dir
+from slurm.common.atomicfile import fsync_dir
 
 SUBMIT_LOCK = "submit.lock"     # held (flock) by the process submitting the run (jobs.submit, jobs.recovery)
 ENGINE_LOG_SUFFIX = ".engine.jsonl"     # logs/<key>-<tag>.engine.jsonl: the engine's JSON-lines log of a job

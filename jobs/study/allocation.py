@@ -89,7 +89,7 @@ def _holding(run_dirs):
 def check_hostlist(flag, hosts):
     """A Slurm host list given by the user (`--exclude node3,node7`, `--nodelist node[1-4]`), or the
     `--exclude=...` line `study screen` prints: its host names, refused in one line naming `flag`."""
-    from slurm.hostlist import expand as expand_hostlist
+    from slurm.common.hostlist import expand as expand_hostlist
 
     text = hosts[len(flag) + 1:] if isinstance(hosts, str) and hosts.startswith(f"{flag}=") else hosts
     try:

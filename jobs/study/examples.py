@@ -9,7 +9,7 @@ from importlib import resources
 from typing import Dict, List
 
 from jobs.errors import RequestError
-from slurm import atomicfile
+from slurm.common import atomicfile
 
 SUFFIX = ".yaml"
 
@@ -45,7 +45,7 @@ def write(name: str, path: str) -> str:
     """Write example `name` to `path` (never over an existing file); the path written."""
     content, tmp = text(name), None
     try:
-        tmp = atomicfile.stage(path, content)     # the tree's one temporary scheme (slurm/atomicfile.py)
+        tmp = atomicfile.stage(path, content)     # the tree's one temporary scheme (slurm/common/atomicfile.py)
         os.link(tmp, path)          # whole or not at all, and never over a file that appeared meanwhile
     except FileExistsError:
         raise RequestError(f"study init: {path} exists; give another --out or remove it") from None

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from jobs.errors import RequestError
-from slurm.yamlfile import YamlFileError, load_yaml_file
+from slurm.common.yamlfile import YamlFileError, load_yaml_file
 
 from .spec import StudySpec, _variant_args
 

@@ -35,7 +35,7 @@ from jobs.runs.atomic import storage_error, write_bytes, write_group
 from jobs.runs import tensorboard as tb
 from jobs.runs.enginelog import THROUGHPUT, WORLD_SIZE, job_logs, number, startup, with_state
 from jobs.runs import hwsamples
-from slurm.hostlist import expand as expand_hostlist, natural_key
+from slurm.common.hostlist import expand as expand_hostlist, natural_key
 
 from . import published
 from .plots import gpu_axes, load_pyplot, make_out_dir, plot_wanted, png

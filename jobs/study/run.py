@@ -38,7 +38,7 @@ from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, resolv
 from jobs.slurmtime import elapsed_clock
 from jobs.status import poll_many
 from jobs.submit import load, submit
-from slurm.atomicfile import fsync_dir
+from slurm.common.atomicfile import fsync_dir
 
 from . import allocation, frozen
 from .spec import StudyError, expand, is_study_dir, spec_yaml

@@ -22,7 +22,7 @@ from jobs.planning.plan import plan
 from jobs.planning.request import JobRequest, slug
 from jobs.slurmtime import parse_time
 from jobs.vocabulary import MODELS
-from slurm.yamlfile import Problems, YamlFileError, keyname, load_yaml_file, shown, unknown_key
+from slurm.common.yamlfile import Problems, YamlFileError, keyname, load_yaml_file, shown, unknown_key
 
 SPEC_VERSION = 1
 MODES = ("strong", "weak")
@@ -127,7 +127,7 @@ class StudySpec:
             raise StudyError(f"{source}: a study spec is a mapping of keys ({', '.join(KEYS)})")
         ck = Problems(source, StudyError)
         # a value is shown only through shown(): a YAML alias bomb or a nested value printed
-        # with !r took exponential time (slurm/yamlfile.py)
+        # with !r took exponential time (slurm/common/yamlfile.py)
         for key in data:
             if key not in KEYS:
                 with ck:

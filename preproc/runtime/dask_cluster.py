@@ -38,7 +38,7 @@ import subprocess
 from typing import Iterator, Mapping
 
 from preproc.errors import PreprocError
-from slurm.node_memory import NODE_MEMORY_SHARE
+from slurm.common.node_memory import NODE_MEMORY_SHARE
 
 log = logging.getLogger("preproc.nvt")
 DEVICES = ("auto", "cpu", "gpu")

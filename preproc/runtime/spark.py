@@ -16,7 +16,7 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   DGX A100: 256 cores, 8 GPUs -> 8 x 32); on CPUs, 5-core executors
   (``node_cores // 5``, at least one executor; 80 cores -> 16 x 5).
 * Memory: the driver gets ``min(32, 5 % of node memory)`` GiB (at least 1). Of
-  the node memory, ``NODE_MEMORY_SHARE`` (85 %, slurm/node_memory.py) minus the driver is
+  the node memory, ``NODE_MEMORY_SHARE`` (85 %, slurm/common/node_memory.py) minus the driver is
   shared by the executors of the node; each executor's share is split 90 % heap
   (``spark.executor.memory``) and 10 % ``memoryOverhead``, plus the RAPIDS pinned pool
   (``min(16, 10 % of share)`` GiB) in the overhead when on GPUs. In local mode the driver JVM does all the work
@@ -35,7 +35,7 @@ Sizing rules (the reference runs of hpc-facts.md section 6 fall out of them):
   Shuffle of the full Criteo run needs about 3 TB there.
 * GPUs without a RAPIDS jar: a CPU plan (logged as such). With the jar:
   ``spark.plugins=com.nvidia.spark.SQLPlugin``, ``spark.jars``, and the executor
-  cores and executor/task GPU amounts of ``slurm/spark_layout.py`` (the one rule,
+  cores and executor/task GPU amounts of ``slurm/common/spark_layout.py`` (the one rule,
   which the submission layer also writes into the job script: one GPU per
   executor, task amount ``1 / executor cores``), ``spark.rapids.sql.concurrentGpuTasks=2``,
   the pinned pool above, and the GPU discovery script shipped as
@@ -58,8 +58,8 @@ import sys
 from pathlib import Path
 
 from preproc.errors import PreprocError
-from slurm.node_memory import NODE_MEMORY_SHARE
-from slurm.spark_layout import gpu_executors, gpu_resource_conf
+from slurm.common.node_memory import NODE_MEMORY_SHARE
+from slurm.common.spark_layout import gpu_executors, gpu_resource_conf
 
 log = logging.getLogger("preproc.spark")
 

@@ -70,7 +70,7 @@ import os
 from typing import Optional
 
 from preproc.errors import PreprocError
-from slurm.yamlfile import Problems, YamlFileError, control_char, keyname, load_yaml_file, shown, unknown_key
+from slurm.common.yamlfile import Problems, YamlFileError, control_char, keyname, load_yaml_file, shown, unknown_key
 
 TRANSFORMS = ("standard", "log", "none")
 SPLIT_METHODS = ("random", "time")
@@ -164,7 +164,7 @@ def key_column(name: str) -> str:
 
 
 def load_config(path: str) -> TabularConfig:
-    """Read and check a config file (the toolkit's YAML limits: slurm/yamlfile.py); one-line
+    """Read and check a config file (the toolkit's YAML limits: slurm/common/yamlfile.py); one-line
     PreprocError naming the file and key otherwise."""
     if not os.path.exists(path):
         raise PreprocError(f"--config: {path}: no such file")

@@ -44,7 +44,7 @@ from preproc.errors import PreprocError
 from preproc.tabular import content, read, split
 from preproc.tabular.config import LABEL, TabularConfig, parse_config
 from preproc.tabular.spec import SPEC, feature_spec, spec_file, stored
-from slurm.yamlfile import YamlFileError, load_yaml_file
+from slurm.common.yamlfile import YamlFileError, load_yaml_file
 from preproc.tabular.workflow import build, frequency_order, statistics
 
 log = logging.getLogger("preproc.tabular")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from slurm.errors import ToolkitError
+from slurm.common.errors import ToolkitError
 
 # Optimizer state kept per parameter, in copies of the weights.
 OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "rmsprop": 1, "ftrl": 2, "adam": 2, "lazy_adam": 2}

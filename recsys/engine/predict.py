@@ -108,12 +108,12 @@ class Predictions:
 
 
 def _write_atomic(table, path: str) -> None:
-    """The part file replaced whole through the tree's one temporary-file scheme (slurm/atomicfile.py:
+    """The part file replaced whole through the tree's one temporary-file scheme (slurm/common/atomicfile.py:
     an exclusive temporary beside it, then a rename; nothing is left of a failed write)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from slurm import atomicfile
+    from slurm.common import atomicfile
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomicfile.write(path, memoryview(sink.getvalue()))

@@ -1,4 +1,4 @@
-"""The project's one CPU-list parser (slurm/cpulist.py): sysfs text, its import boundary (neither
+"""The project's one CPU-list parser (slurm/common/cpulist.py): sysfs text, its import boundary (neither
 jobs nor recsys), the engine's NUMA pinning through it, and slurm/bind.sh's shell twin agreeing."""
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.cpulist import format_cpulist, parse_cpulist
+from slurm.common.cpulist import format_cpulist, parse_cpulist
 
 pytestmark = pytest.mark.fast
 
@@ -29,7 +29,7 @@ def test_sysfs_text_and_empty_lists():
 
 
 def test_module_imports_neither_jobs_nor_recsys():
-    code = ("import sys, slurm.cpulist\n"
+    code = ("import sys, slurm.common.cpulist\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jobs', 'recsys', 'yaml'))\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -1,5 +1,5 @@
 """Records that survive a crash of the host and a move, and that cannot be made to hurt the reader
-(issue 43, items 5 and 7): one temporary-file scheme (slurm/atomicfile.py) whose durable writes
+(issue 43, items 5 and 7): one temporary-file scheme (slurm/common/atomicfile.py) whose durable writes
 fsync the directory after the rename, new run and study directories synced in their parent, a
 killed writer's temporary removed by the next write, study.json paths relative to the study, and
 records too large or nested too deep refused in one line before they cost memory."""
@@ -18,7 +18,7 @@ from jobs.errors import RequestError
 from jobs.runs import atomic, rundir
 from jobs.runs.records import RunRecord
 from jobs.study.run import PointRecord, StudyRecord
-from slurm import atomicfile
+from slurm.common import atomicfile
 
 pytestmark = pytest.mark.fast
 
@@ -81,7 +81,7 @@ def test_a_new_run_dir_is_synced_in_its_parent(tmp_path, synced):
 
 def killed_writer(path):
     """Leave the temporary of a writer of `path` that was SIGKILLed after staging it."""
-    code = ("import os, signal, sys; from slurm import atomicfile; atomicfile.stage(sys.argv[1], b'half');"
+    code = ("import os, signal, sys; from slurm.common import atomicfile; atomicfile.stage(sys.argv[1], b'half');"
             "os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], cwd=os.path.dirname(os.path.dirname(
         os.path.dirname(os.path.abspath(__file__)))))

@@ -14,7 +14,7 @@ from jobs import cli
 from jobs.profiles.editor_schema import check_keys, profile_schema
 from jobs.study.editor_schema import study_schema
 from jobs.study.spec import KEYS
-from slurm.yamlfile import load_yaml_file
+from slurm.common.yamlfile import load_yaml_file
 
 pytestmark = pytest.mark.fast
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from jobs.planning.request import JobRequest
 from jobs.profiles import ProfileError, load_profile
 from jobs.study.spec import KEYS as SPEC_KEYS, StudySpec, expand, load_spec, spec_from_flags
 from jobs.submit import render_plan
-from slurm.yamlfile import MAX_BYTES, MAX_DEPTH, MAX_NODES, printable
+from slurm.common.yamlfile import MAX_BYTES, MAX_DEPTH, MAX_NODES, printable
 from tests.hostile_yaml import bomb_text, bomb_value, quick_error
 from submit_helpers import ci_raw
 

@@ -1,10 +1,10 @@
-"""Slurm host lists expanded (slurm/hostlist.py) as `scontrol show hostnames` does, and the study
+"""Slurm host lists expanded (slurm/common/hostlist.py) as `scontrol show hostnames` does, and the study
 report's "ran on" naming each node once (issue 35: "node1, node[1-2]" listed node1 twice)."""
 
 import pytest
 
 from jobs.study.report import _hosts
-from slurm.hostlist import expand, natural_key
+from slurm.common.hostlist import expand, natural_key
 
 pytestmark = pytest.mark.fast
 

@@ -11,7 +11,7 @@ import yaml
 from jobs.profiles.schema import CONTAINER_KEYS, NODE_KEYS, PROFILE_KEYS
 from jobs.profiles import ProfileError, builtin_dir, list_profiles, load_profile
 from jobs.profiles.topology import detect_local_node
-from slurm.cpulist import format_cpulist, parse_cpulist
+from slurm.common.cpulist import format_cpulist, parse_cpulist
 from submit_helpers import ci_raw
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("isolated_profile_search_path")]

@@ -3,7 +3,7 @@
 * A RAPIDS Spark run never uses local mode (Spark schedules no GPUs there): on one node as on
   several, the job starts slurm/spark-standalone.sh inside the allocation, its workers offer the
   node's GPUs, and the driver gets the executor cores and executor/task GPU amounts of
-  slurm/spark_layout.py (task amount 1 / executor cores), which the dry run shows.
+  slurm/common/spark_layout.py (task amount 1 / executor cores), which the dry run shows.
 * The driver, run with the rendered arguments, plans the same standalone cluster and amounts.
 * NVTabular's dask cluster gets the node's memory share, which dask-cluster.sh splits per worker.
 """

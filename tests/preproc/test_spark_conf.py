@@ -90,7 +90,7 @@ def test_task_gpu_amount_gives_one_task_slot_per_executor_core(cores, amount):
     floor(1/amount) slots of a GPU, so the amount is rounded down, never up (0.1429 would give 6)."""
     import math
 
-    from slurm.spark_layout import task_gpu_amount
+    from slurm.common.spark_layout import task_gpu_amount
     assert task_gpu_amount(cores) == amount
     assert math.floor(1 / float(amount)) == cores
     s = spark_settings(ClusterShape(node_cores=cores * 4, node_memory_gb=256, gpus_per_node=4, rapids_jar=JAR,

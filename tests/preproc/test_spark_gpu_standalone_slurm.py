@@ -3,7 +3,7 @@
 What ``recsys-submit preprocess`` starts for a RAPIDS run on one node (Spark's local mode
 schedules no GPUs): slurm/spark-standalone.sh over the job's one node with ``--gpus-per-node``
 (the worker offers the node's GPUs through preproc/runtime/gpu-discovery.sh), and the driver
-with the executor cores and executor/task GPU amounts of slurm/spark_layout.py, as the plan
+with the executor cores and executor/task GPU amounts of slurm/common/spark_layout.py, as the plan
 hands them over (``--spark-conf``). The test cluster's GPUs are fake devices and there is no
 RAPIDS jar, so Spark's own GPU scheduling runs for real (worker offer, one GPU per executor,
 task slots from the task amount) under a CPU plan: the job must not hang, every executor must
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.spark_layout import gpu_resource_conf
+from slurm.common.spark_layout import gpu_resource_conf
 from tests.preproc.test_criteo_slurm import assert_same_dataset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.spark, pytest.mark.slow]

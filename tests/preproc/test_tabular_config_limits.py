@@ -11,7 +11,7 @@ import yaml
 
 from preproc.errors import PreprocError
 from preproc.tabular.config import KEYS, load_config, parse_config
-from slurm.yamlfile import MAX_NODES
+from slurm.common.yamlfile import MAX_NODES
 from tests.hostile_yaml import bomb_text, bomb_value, quick_error
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(120)]

@@ -5,7 +5,7 @@ Why here: the submission layer (``jobs``: profiles, study specs) and both engine
 tabular configs; ``recsys``: feature specs) read YAML a user wrote, and must refuse the same hostile
 inputs the same way; none of them may import another (``jobs`` knows the engines only as commands,
 the engines never import ``jobs``). ``slurm/`` is the leaf package all three already import
-(``slurm.cpulist``) and it imports nothing of theirs (contract ``slurm-is-a-leaf``).
+(``slurm.common.cpulist``) and it imports nothing of theirs (contract ``slurm-is-a-leaf``).
 pyyaml and the standard library only.
 
 Why limits: pyyaml's safe loaders build an alias as a shared reference, so a "billion laughs"
@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, List
 
 import yaml
 
-from slurm.errors import ToolkitError
+from slurm.common.errors import ToolkitError
 
 __all__ = ["YamlFileError", "load_yaml_file", "typename", "shown", "keyname", "printable", "control_char",
            "Problems", "unknown_key", "MAX_BYTES", "MAX_DEPTH", "MAX_ALIASES", "MAX_NODES"]

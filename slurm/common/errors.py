@@ -2,7 +2,7 @@
 request; a refused submission; bad data), whatever layer raises it: a program that drives
 recsys-submit, the engine or the preprocessing catches ``ToolkitError`` and knows the message is
 one line meant for a person. Each layer's own classes derive from it (jobs.errors,
-jobs.profiles.ProfileError, preproc.errors, recsys.errors, slurm.yamlfile.YamlFileError) and keep
+jobs.profiles.ProfileError, preproc.errors, recsys.errors, slurm.common.yamlfile.YamlFileError) and keep
 their builtin base (ValueError, RuntimeError) for callers that catch those. In the shared leaf,
 because every layer imports it and none may import another."""
 from __future__ import annotations
