@@ -35,6 +35,7 @@ the Spark preprocessing can write specs with it.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import re
 import tempfile
@@ -43,8 +44,9 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import yaml
 
+from slurm.common.checker import Problems, unknown_key
 from slurm.common.errors import ToolkitError
-from slurm.common.yamlfile import YamlFileError, load_yaml_file
+from slurm.common.yamlfile import YamlFileError, keyname, load_yaml_file, shown
 
 #: Channels whose features are categorical ids and therefore need a cardinality.
 CATEGORICAL_CHANNELS = ("categorical", "onehot_categorical", "multihot_categorical",
@@ -56,6 +58,7 @@ CHUNK_TYPES = ("split_binary", "parquet", "csv")
 READABLE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
 PARQUET_UNREADABLE = ("float16",)
 _TOP_KEYS = ("feature_spec", "source_spec", "channel_spec", "metadata")
+_CHUNK_KEYS = ("type", "features", "files")
 _TRANSFORM_RE = re.compile(r"^log\(x\+([0-9]+(?:\.[0-9]*)?)\)$")
 
 CARDINALITY = "cardinality"
@@ -76,6 +79,17 @@ class FeatureSpecError(ToolkitError, ValueError):
 
     def __init__(self, where: str, problem: str):
         super().__init__(f"{where}: {problem}".replace("\n", " "))
+
+
+def _problems(origin: str) -> Problems:
+    """The checker of one spec file: every mistake ``<file>: <key.path>: <problem>``."""
+    return Problems(origin, FeatureSpecError, lambda source, key, problem: FeatureSpecError(f"{source}: {key}", problem))
+
+
+def _did_you_mean(name, known) -> str:
+    """`` (did you mean 'x'?)`` for a name close to one of ``known``, else nothing."""
+    close = difflib.get_close_matches(name, sorted(known), n=1) if isinstance(name, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def categorical_dtype(cardinality: int) -> str:
@@ -125,14 +139,25 @@ class FeatureSpec:
             raise FeatureSpecError(f"{path}: {e.where}", e.problem) from None
         if not isinstance(raw, dict):
             raise FeatureSpecError(path, "top level must be a mapping with feature_spec, source_spec, channel_spec")
-        unknown = sorted(set(raw) - set(_TOP_KEYS))
-        if unknown:
-            raise FeatureSpecError(f"{path}: {unknown[0]}", f"unknown top-level key (expected {', '.join(_TOP_KEYS)})")
+        ck = _problems(path)
+        for key in raw:
+            if key not in _TOP_KEYS:
+                ck.record(keyname(key), unknown_key(key, _TOP_KEYS))
         for key in _TOP_KEYS[:3]:
             if not isinstance(raw.get(key), dict) or not raw.get(key):
-                raise FeatureSpecError(f"{path}: {key}", "missing or not a non-empty mapping")
+                ck.record(key, "missing or not a non-empty mapping")
+        if ck.lines:        # the structure is checked too where its three parts are there
+            if all(isinstance(raw.get(key), dict) for key in _TOP_KEYS[:3]):
+                cls.__new__(cls)._with(raw, path)._structure(ck)
+            ck.raise_problems()
         return cls(raw["feature_spec"], raw["source_spec"], raw["channel_spec"], raw.get("metadata") or {},
                    base_directory=os.path.dirname(os.path.abspath(path)), origin=path)
+
+    def _with(self, raw: dict, origin: str) -> "FeatureSpec":
+        """This (unchecked) spec holding ``raw``'s parts: for checking a file that has other mistakes."""
+        self.feature_spec, self.source_spec = raw["feature_spec"], raw["source_spec"]
+        self.channel_spec, self.metadata, self.origin = raw["channel_spec"], {}, origin
+        return self
 
     def to_dict(self) -> dict:
         return {"feature_spec": copy.deepcopy(self.feature_spec),
@@ -230,69 +255,94 @@ class FeatureSpec:
 
     # --------------------------------------------------------- validation
     def check_structure(self) -> None:
-        """Checks that need no files: declarations, dtypes, cardinalities, chunk shapes."""
-        o = self.origin
+        """Checks that need no files: declarations, dtypes, cardinalities, chunk shapes; every
+        mistake at once (slurm.common.checker), the error raised is the first."""
+        ck = _problems(self.origin)
+        self._structure(ck)
+        ck.raise_problems()
+
+    def _structure(self, ck: Problems) -> None:
+        """Record every structural mistake in ``ck``; a check that depends on a bad feature is skipped."""
+        good = set()        # features whose attributes are a mapping with a readable dtype
         for name, attrs in self.feature_spec.items():
-            if not isinstance(attrs, dict):
-                raise FeatureSpecError(f"{o}: feature_spec.{name}", "attributes must be a mapping (at least dtype)")
-            if DTYPE not in attrs:
-                raise FeatureSpecError(f"{o}: feature_spec.{name}", "missing dtype")
-            if str(attrs[DTYPE]) not in READABLE_DTYPES:
-                raise FeatureSpecError(f"{o}: feature_spec.{name}",
-                                       f"dtype {attrs[DTYPE]!r} cannot be read (readable: {', '.join(READABLE_DTYPES)})")
-            if CARDINALITY in attrs and (not isinstance(attrs[CARDINALITY], int) or attrs[CARDINALITY] < 1):
-                raise FeatureSpecError(f"{o}: feature_spec.{name}", f"cardinality must be a positive integer, got {attrs[CARDINALITY]!r}")
-            if MAX_HOTNESS in attrs and (not isinstance(attrs[MAX_HOTNESS], int) or attrs[MAX_HOTNESS] < 1):
-                raise FeatureSpecError(f"{o}: feature_spec.{name}", f"max_hotness must be a positive integer, got {attrs[MAX_HOTNESS]!r}")
-            if TRANSFORM in attrs:
-                try:
-                    parse_transform(attrs[TRANSFORM])
-                except FeatureSpecError as e:
-                    raise FeatureSpecError(f"{o}: feature_spec.{name}", str(e)) from None
+            key = f"feature_spec.{name}"
+            with ck:
+                if not isinstance(attrs, dict):
+                    ck.fail(key, "attributes must be a mapping (at least dtype)")
+                if DTYPE not in attrs:
+                    ck.fail(key, "missing dtype")
+                if str(attrs[DTYPE]) not in READABLE_DTYPES:
+                    ck.fail(key, f"dtype {attrs[DTYPE]!r} cannot be read (readable: {', '.join(READABLE_DTYPES)})")
+                good.add(name)
+                if CARDINALITY in attrs and (not isinstance(attrs[CARDINALITY], int) or attrs[CARDINALITY] < 1):
+                    ck.fail(key, f"cardinality must be a positive integer, got {attrs[CARDINALITY]!r}")
+                if MAX_HOTNESS in attrs and (not isinstance(attrs[MAX_HOTNESS], int) or attrs[MAX_HOTNESS] < 1):
+                    ck.fail(key, f"max_hotness must be a positive integer, got {attrs[MAX_HOTNESS]!r}")
+                if TRANSFORM in attrs:
+                    try:
+                        parse_transform(attrs[TRANSFORM])
+                    except FeatureSpecError as e:
+                        ck.fail(key, str(e))
         for channel, feats in self.channel_spec.items():
-            if not isinstance(feats, list):
-                raise FeatureSpecError(f"{o}: channel_spec.{channel}", "must be a list of feature names")
-            for f in feats:
-                if f not in self.feature_spec:
-                    raise FeatureSpecError(f"{o}: channel_spec.{channel}", f"feature {f!r} is used but not declared in feature_spec")
-                if channel in CATEGORICAL_CHANNELS:
-                    if CARDINALITY not in self.feature_spec[f]:
-                        raise FeatureSpecError(f"{o}: feature_spec.{f}", f"categorical feature (channel {channel}) has no cardinality")
-                    if not str(self.dtype(f)).startswith("int"):
-                        raise FeatureSpecError(f"{o}: feature_spec.{f}", f"categorical feature needs an integer dtype, got {self.dtype(f)}")
+            with ck:
+                if not isinstance(feats, list):
+                    ck.fail(f"channel_spec.{channel}", "must be a list of feature names")
+                for f in feats:
+                    with ck:
+                        if f not in self.feature_spec:
+                            ck.fail(f"channel_spec.{channel}", f"feature {f!r} is used but not declared in feature_spec"
+                                    + _did_you_mean(f, self.feature_spec))
+                        if channel in CATEGORICAL_CHANNELS and f in good:
+                            if CARDINALITY not in self.feature_spec[f]:
+                                ck.fail(f"feature_spec.{f}", f"categorical feature (channel {channel}) has no cardinality")
+                            if not str(self.dtype(f)).startswith("int"):
+                                ck.fail(f"feature_spec.{f}", f"categorical feature needs an integer dtype, got {self.dtype(f)}")
         for mapping, chunks in self.source_spec.items():
-            if not isinstance(chunks, list) or not chunks:
-                raise FeatureSpecError(f"{o}: source_spec.{mapping}", "must be a non-empty list of chunks")
-            seen = set()
-            for i, chunk in enumerate(chunks):
-                where = f"{o}: source_spec.{mapping}[{i}]"
-                if not isinstance(chunk, dict) or set(chunk) - {"type", "features", "files"} or not {"type", "features", "files"} <= set(chunk):
-                    raise FeatureSpecError(where, "a chunk is a mapping with exactly type, features, files")
-                if chunk["type"] not in CHUNK_TYPES:
-                    raise FeatureSpecError(where, f"chunk type {chunk['type']!r} cannot be read (known: {', '.join(CHUNK_TYPES)})")
-                if not isinstance(chunk["files"], list) or not chunk["files"]:
-                    raise FeatureSpecError(where, "files must be a non-empty list")
-                if not isinstance(chunk["features"], list) or not chunk["features"]:
-                    raise FeatureSpecError(where, "features must be a non-empty list")
-                for f in chunk["features"]:
-                    if f not in self.feature_spec:
-                        raise FeatureSpecError(where, f"feature {f!r} is not declared in feature_spec")
-                    if f in seen:
-                        raise FeatureSpecError(where, f"feature {f!r} appears in two chunks")
-                    seen.add(f)
-                if chunk["type"] == "parquet":
-                    for f in chunk["features"]:
-                        if self.dtype(f) in PARQUET_UNREADABLE:
-                            raise FeatureSpecError(f"{o}: feature_spec.{f}",
-                                                   f"dtype {self.dtype(f)} cannot be stored in parquet chunks (use float32)")
-                if chunk["type"] == "split_binary":
-                    if len(chunk["files"]) != 1:
-                        raise FeatureSpecError(where, "a split_binary chunk has exactly one file")
-                    dtypes = {self.dtype(f) for f in chunk["features"]}
-                    if len(dtypes) > 1:
-                        raise FeatureSpecError(where, f"features of a split_binary chunk must share one dtype, got {sorted(dtypes)}")
-                    if any(self.is_multihot(f) for f in chunk["features"]):
-                        raise FeatureSpecError(where, "multi-hot features need parquet or csv chunks")
+            with ck:
+                if not isinstance(chunks, list) or not chunks:
+                    ck.fail(f"source_spec.{mapping}", "must be a non-empty list of chunks")
+                seen = set()
+                for i, chunk in enumerate(chunks):
+                    with ck:
+                        self._chunk(ck, f"source_spec.{mapping}[{i}]", chunk, seen, good)
+
+    def _chunk(self, ck: Problems, where: str, chunk, seen: set, good: set) -> None:
+        """One chunk of a mapping: its first mistake (``seen``: the mapping's features so far)."""
+        if not isinstance(chunk, dict):
+            ck.fail(where, "a chunk is a mapping with exactly type, features, files")
+        for key in chunk:
+            if key not in _CHUNK_KEYS:
+                ck.record(f"{where}.{keyname(key)}", unknown_key(key, _CHUNK_KEYS))
+        missing = [key for key in _CHUNK_KEYS if key not in chunk]
+        if missing:
+            ck.fail(where, f"a chunk is a mapping with exactly type, features, files (missing: {', '.join(missing)})")
+        if chunk["type"] not in CHUNK_TYPES:
+            ck.fail(where, f"chunk type {shown(chunk['type'])} cannot be read (known: {', '.join(CHUNK_TYPES)})"
+                    + _did_you_mean(chunk["type"], CHUNK_TYPES))
+        if not isinstance(chunk["files"], list) or not chunk["files"]:
+            ck.fail(where, "files must be a non-empty list")
+        if not isinstance(chunk["features"], list) or not chunk["features"]:
+            ck.fail(where, "features must be a non-empty list")
+        for f in chunk["features"]:
+            if f not in self.feature_spec:
+                ck.fail(where, f"feature {f!r} is not declared in feature_spec" + _did_you_mean(f, self.feature_spec))
+            if f in seen:
+                ck.fail(where, f"feature {f!r} appears in two chunks")
+            seen.add(f)
+        if not set(chunk["features"]) <= good:
+            return          # a feature with bad attributes: its own mistake is recorded
+        if chunk["type"] == "parquet":
+            for f in chunk["features"]:
+                if self.dtype(f) in PARQUET_UNREADABLE:
+                    ck.fail(f"feature_spec.{f}", f"dtype {self.dtype(f)} cannot be stored in parquet chunks (use float32)")
+        if chunk["type"] == "split_binary":
+            if len(chunk["files"]) != 1:
+                ck.fail(where, "a split_binary chunk has exactly one file")
+            dtypes = {self.dtype(f) for f in chunk["features"]}
+            if len(dtypes) > 1:
+                ck.fail(where, f"features of a split_binary chunk must share one dtype, got {sorted(dtypes)}")
+            if any(self.is_multihot(f) for f in chunk["features"]):
+                ck.fail(where, "multi-hot features need parquet or csv chunks")
 
     def validate(self, mappings: Optional[Iterable[str]] = None) -> Dict[str, int]:
         """Full validation including files; returns rows per mapping. Raises FeatureSpecError."""
@@ -371,7 +421,8 @@ def main(argv=None) -> int:
     try:
         rows = FeatureSpec.from_yaml(a.spec).validate()
     except FeatureSpecError as e:
-        print(f"error: {e}", file=sys.stderr)
+        for problem in getattr(e, "problems", None) or [e]:     # a spec's every mistake, a line each
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     for mapping, n in rows.items():
         print(f"{mapping}: {n} rows")

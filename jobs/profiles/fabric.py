@@ -159,7 +159,7 @@ def _level(ck, raw, level: str) -> Optional[Level]:
 
 def _required_number(ck, data, key, path):
     if data.get(key) is None:
-        raise ck.fail(path, "required key is missing")
+        ck.fail(path, "required key is missing")
     return ck.number(data, key, path)
 
 
@@ -209,13 +209,13 @@ def _core_sharing(ck, raw) -> Dict[str, Any]:
     slowdown = {}
     for k, v in (table or {}).items():
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            ck.problems.append(ck.fail(f"{p}.slowdown", f"{k!r} is not a rank count (1, 2, 4, ...)"))
+            ck.record(f"{p}.slowdown", f"{k!r} is not a rank count (1, 2, 4, ...)")
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            ck.problems.append(ck.fail(f"{p}.slowdown.{k}", f"{v!r} is not a positive factor"))
+            ck.record(f"{p}.slowdown.{k}", f"{v!r} is not a positive factor")
         else:
             slowdown[k] = float(v)
     if table is not None and not slowdown:
-        ck.problems.append(ck.fail(f"{p}.slowdown", "give the measured factor per rank count, e.g. {1: 1.0, 4: 3.2}"))
+        ck.record(f"{p}.slowdown", "give the measured factor per rank count, e.g. {1: 1.0, 4: 3.2}")
     return {"source": source, "cores": cores, "slowdown": slowdown}
 
 
@@ -229,8 +229,8 @@ def _gpu(ck, raw) -> Dict[str, Any]:
     ck.no_unknown(table, set(PRECISIONS), f"{p}.tflops.")
     tflops = {k: ck.collect(lambda k=k: ck.number(table, k, f"{p}.tflops.{k}")) for k in PRECISIONS if k in table}
     if not tflops:
-        ck.problems.append(ck.fail(f"{p}.tflops",
-                                   "give the peak per precision, e.g. {fp32: 19.5, tf32: 156, amp: 312}"))
+        ck.record(f"{p}.tflops",
+                  "give the peak per precision, e.g. {fp32: 19.5, tf32: 156, amp: 312}")
     return {"source": source, "tflops": tflops, "memory_gb_per_s": memory}
 
 
@@ -239,18 +239,18 @@ def fabric_from_raw(ck, raw: Any) -> Optional[Fabric]:
     `ck` (a jobs.profiles.schema.Checker), None when there are any."""
     if raw is None:
         return None
-    before = len(ck.problems)
+    before = len(ck.lines)
     data = ck.mapping(raw, "fabric")
     ck.no_unknown(data, FABRIC_KEYS, "fabric.")
     source = ck.collect(lambda: ck.string(data, "source", "fabric.source", required=True))
     if data.get("intra_node") is None:
-        ck.problems.append(ck.fail("fabric.intra_node", "required key is missing"))
+        ck.record("fabric.intra_node", "required key is missing")
     intra = ck.collect(lambda: _level(ck, data["intra_node"], "intra_node")) if data.get("intra_node") else None
     inter = ck.collect(lambda: _level(ck, data["inter_node"], "inter_node")) if data.get("inter_node") else None
     measured = ck.collect(lambda: _measured(ck, data.get("measured")), {})
     sharing = ck.collect(lambda: _core_sharing(ck, data.get("core_sharing")), {})
     gpu = ck.collect(lambda: _gpu(ck, data.get("gpu")), {})
-    if len(ck.problems) > before or intra is None:
+    if len(ck.lines) > before or intra is None:
         return None
     return Fabric(source=source, intra_node=intra, inter_node=inter, measured=measured, core_sharing=sharing,
                   gpu=gpu)

@@ -95,7 +95,7 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
         raise ProfileError(path, "top level", f"must be a mapping, got {typename(data)}")
     problems = control_problems(path, data)
     if problems:
-        problems[0].problems = problems
+        problems[0].problems = [str(p) for p in problems]
         raise problems[0]
     return data
 
@@ -144,17 +144,17 @@ def _load_path(path: Path, stack: tuple = (), by_name: bool = False) -> Profile:
     ck = Checker(str(path))
     name = data.get("name", path.stem)
     if not isinstance(name, str) or not name:
-        raise ck.fail("name", "must be a non-empty string")
+        ck.fail("name", "must be a non-empty string")
     if by_name and name != path.stem:
-        raise ck.fail("name", f"{name!r} differs from the file name {path.name!r} "
-                              "(profiles on the search path are named by their file)")
+        ck.fail("name", f"{name!r} differs from the file name {path.name!r} "
+                        "(profiles on the search path are named by their file)")
 
     def resolve_node(ref: str) -> NodeType:
         if ref == "detect":
             return detect_local_node()
         ref_path = _ref_path(ref, path) if _is_path(ref) else _find(ref, str(path), "node")
         if _key(ref_path) in stack or _key(ref_path) == _key(path):
-            raise ck.fail("node", f"node reference {ref!r} refers back to this profile")
+            ck.fail("node", f"node reference {ref!r} refers back to this profile")
         return _load_path(ref_path, stack + (_key(path),), by_name=not _is_path(ref)).node
 
     fields = check_profile(ck, data, name, resolve_node)

@@ -11,15 +11,14 @@ Standard library only (login nodes).
 """
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Callable, Dict, List, Optional
 
 from jobs.schedulers import SCHEDULERS, capabilities  # the scheduler names and their node limits
 from jobs.slurmtime import parse_time  # sbatch's time-limit semantics, the one parser
 from jobs.vocabulary import BIND_MODES as BINDING_MODES  # one home for the binding modes
-from slurm.common.cpulist import parse_cpulist
 from slurm.common.errors import ToolkitError
+from slurm.common.checker import Problems  # the toolkit's one checker of a file a user wrote
 from slurm.common.yamlfile import control_char, printable, typename  # one home for the YAML words, one-line messages
 
 from .fabric import fabric_from_raw
@@ -41,7 +40,7 @@ class ProfileError(ToolkitError, ValueError):
         self.file, self.key, self.problem = str(file), key, problem
         where = printable(f"{self.file}: {key}" if key else self.file)    # one line, whatever the names
         super().__init__(f"{where}: {problem}")
-        self.problems: List["ProfileError"] = [self]    # every problem of the file, this one first
+        self.problems: List[str] = [str(self)]    # every problem of the file, one line each, this one first
 
 
 _SWITCHES_RE = re.compile(r"\d+(@[0-9:-]+)?")      # fullmatch: `$` would let a final newline through
@@ -78,99 +77,11 @@ def control_problems(file: Any, data: Any, key: str = "") -> List["ProfileError"
     return problems
 
 
-class Checker:
-    """Typed access to a raw YAML mapping that reports ``file: key: problem``."""
+class Checker(Problems):
+    """The profile's :class:`slurm.common.checker.Problems`: every mistake a ProfileError."""
 
     def __init__(self, file: str):
-        self.file = file
-        self.problems: List[ProfileError] = []
-
-    def fail(self, key: str, problem: str) -> ProfileError:
-        return ProfileError(self.file, key, problem)
-
-    def collect(self, check: Callable[[], Any], default: Any = None) -> Any:
-        """Run one independent check: its value, or `default` with its problem(s) recorded."""
-        try:
-            return check()
-        except ProfileError as exc:
-            self.problems.extend(p for p in exc.problems if p not in self.problems)
-            return default
-
-    def raise_problems(self) -> None:
-        """Raise the first recorded problem, carrying every one of them."""
-        if self.problems:
-            first = self.problems[0]
-            first.problems = list(self.problems)
-            raise first
-
-    def mapping(self, value: Any, key: str) -> Dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(key, f"must be a mapping, got {typename(value)}")
-        return value
-
-    def no_unknown(self, data: Dict[str, Any], allowed, prefix: str = "") -> None:
-        """Record every unknown key (the other keys are still checked)."""
-        for k in data:
-            if k not in allowed:
-                close = difflib.get_close_matches(str(k), sorted(allowed), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                self.problems.append(self.fail(f"{prefix}{k}",
-                                               f"unknown key ({hint}allowed: {', '.join(sorted(allowed))})"))
-
-    def typed(self, data, key: str, types, path: str, required=False, default=None):
-        if key not in data or data[key] is None:
-            if required:
-                raise self.fail(path, "required key is missing")
-            return default
-        value = data[key]
-        want = types if isinstance(types, tuple) else (types,)
-        if isinstance(value, bool) and bool not in want:
-            raise self.fail(path, f"must be {_names(want)}, got bool")
-        if not isinstance(value, want):
-            raise self.fail(path, f"must be {_names(want)}, got {typename(value)}")
-        return value
-
-    def integer(self, data, key, path, required=False, default=None, minimum=None):
-        value = self.typed(data, key, int, path, required, default)
-        if value is not None and minimum is not None and value < minimum:
-            raise self.fail(path, f"must be >= {minimum}, got {value}")
-        return value
-
-    def number(self, data, key, path, default=None):
-        value = self.typed(data, key, (int, float), path, False, default)
-        if value is not None and value <= 0:
-            raise self.fail(path, f"must be positive, got {value}")
-        return value
-
-    def string(self, data, key, path, required=False, default=None, choices=None):
-        value = self.typed(data, key, str, path, required, default)
-        if value is not None and choices and value not in choices:
-            raise self.fail(path, f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
-
-    def str_list(self, data, key, path) -> List[str]:
-        value = self.typed(data, key, list, path, default=[])
-        for i, item in enumerate(value):
-            if not isinstance(item, str) or isinstance(item, bool):
-                raise self.fail(f"{path}[{i}]", f"must be a string, got {typename(item)}")
-        return list(value)
-
-    def cpulist(self, value, path) -> List[int]:
-        try:
-            return parse_cpulist(value)
-        except ValueError as exc:
-            raise self.fail(path, str(exc)) from None
-
-
-_ARTICLE = {"mapping": "a mapping", "list": "a list", "string": "a string", "integer": "an integer",
-            "number": "a number", "bool": "true or false"}
-
-
-def _names(types) -> str:
-    names = [typename(t()) for t in types]
-    if names == ["integer", "number"]:
-        names = ["number"]
-    return " or ".join(_ARTICLE.get(n, n) for n in names)
+        super().__init__(file, ProfileError, ProfileError)
 
 
 NODE_KEYS = {"name", "gpus", "gpu_model", "gpu_memory_gb", "sockets", "cores_per_socket",
@@ -232,7 +143,7 @@ def defaults_env(defaults) -> Dict[str, str]:
 
 def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> Optional[NodeType]:
     """The NodeType of a node mapping; problems are recorded in `ck` (None when there are any)."""
-    before = len(ck.problems)
+    before = len(ck.lines)
     data = ck.collect(lambda: ck.mapping(raw, p))
     if data is None:
         return None
@@ -251,17 +162,17 @@ def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> 
     if None in (gpus, sockets, cps, tpc):
         return None     # the tables below are checked against these counts
     if nics and len(nics) != gpus:
-        ck.problems.append(ck.fail(f"{p}.nics", f"has {len(nics)} entries for {gpus} GPUs "
-                                                "(one per GPU, repeat a NIC shared by a GPU pair)"))
+        ck.record(f"{p}.nics", f"has {len(nics)} entries for {gpus} GPUs "
+                  "(one per GPU, repeat a NIC shared by a GPU pair)")
     cores = sockets * cps
     logical = cores * tpc
     if ht_offset is not None:
         if tpc != 2:
-            ck.problems.append(ck.fail(f"{p}.ht_offset", f"needs threads_per_core: 2, got {tpc}"))
+            ck.record(f"{p}.ht_offset", f"needs threads_per_core: 2, got {tpc}")
             return None
         if ht_offset < cores or ht_offset + cores > logical:
-            ck.problems.append(ck.fail(f"{p}.ht_offset", f"{ht_offset} does not map the {cores} cores "
-                                                         f"into the {logical} logical CPUs"))
+            ck.record(f"{p}.ht_offset", f"{ht_offset} does not map the {cores} cores "
+                      f"into the {logical} logical CPUs")
             return None
     numa = get(lambda: _numa(ck, data, p, (sockets, cps, tpc), ht_offset))
     if numa is None:
@@ -269,7 +180,7 @@ def node_from_raw(ck: Checker, raw: Any, default_name: str, p: str = "node") -> 
     numa, owner = numa
     gpu_numa = get(lambda: _gpu_numa(ck, data, p, gpus, numa))
     gpu_cores = get(lambda: _gpu_cores(ck, data, p, gpus, cores, owner, gpu_numa)) if gpu_numa is not None else None
-    if len(ck.problems) > before or gpu_cores is None:      # a None part has its problem recorded
+    if len(ck.lines) > before or gpu_cores is None:      # a None part has its problem recorded
         return None
     return NodeType(
         name=name, gpus=gpus, gpu_model=gpu_model, gpu_memory_gb=gpu_memory_gb,
@@ -282,7 +193,7 @@ def _nics(ck: Checker, data, p: str) -> List[str]:
     nics = ck.str_list(data, "nics", f"{p}.nics")
     for i, nic in enumerate(nics):
         if not re.fullmatch(r"[A-Za-z0-9_.:-]+", nic):
-            raise ck.fail(f"{p}.nics[{i}]", f"invalid device name {nic!r}")
+            ck.fail(f"{p}.nics[{i}]", f"invalid device name {nic!r}")
     return nics
 
 
@@ -300,7 +211,7 @@ def _numa(ck: Checker, data, p: str, shape, ht_offset):
     for nid, cpus_raw in raw_numa.items():
         key = f"{p}.numa_cpus.{nid}"
         if isinstance(nid, bool) or not isinstance(nid, int) or nid < 0:
-            ck.problems.append(ck.fail(key, "NUMA node ids must be non-negative integers"))
+            ck.record(key, "NUMA node ids must be non-negative integers")
             bad = True
             continue
         cpus = ck.collect(lambda: ck.cpulist(cpus_raw, key))
@@ -309,12 +220,12 @@ def _numa(ck: Checker, data, p: str, shape, ht_offset):
             continue
         for c in cpus:
             if c >= logical:
-                ck.problems.append(ck.fail(key, f"cpu {c} is beyond the {logical} logical CPUs "
-                                                f"({sockets} sockets x {cps} cores x {tpc} threads)"))
+                ck.record(key, f"cpu {c} is beyond the {logical} logical CPUs "
+                          f"({sockets} sockets x {cps} cores x {tpc} threads)")
                 bad = True
                 break
             if c in owner:
-                ck.problems.append(ck.fail(key, f"cpu {c} is also in NUMA node {owner[c]}"))
+                ck.record(key, f"cpu {c} is also in NUMA node {owner[c]}")
                 bad = True
                 break
             owner[c] = nid
@@ -324,25 +235,25 @@ def _numa(ck: Checker, data, p: str, shape, ht_offset):
     for node, cpus in numa.items():
         for c in cpus:
             if c >= cores and (ht_offset is None or owner.get(c - ht_offset) != node):
-                raise ck.fail(f"{p}.numa_cpus.{node}",
+                ck.fail(f"{p}.numa_cpus.{node}",
                               f"cpu {c} is neither a physical core (< {cores}) nor the HT "
                               f"sibling of a core of NUMA node {node}")
     for c in range(cores):
         if c not in owner:
-            raise ck.fail(f"{p}.numa_cpus", f"core {c} is in no NUMA node")
+            ck.fail(f"{p}.numa_cpus", f"core {c} is in no NUMA node")
     return numa, owner
 
 
 def _gpu_numa(ck: Checker, data, p: str, gpus: int, numa) -> List[int]:
     gpu_numa_raw = ck.typed(data, "gpu_numa", list, f"{p}.gpu_numa", default=[])
     if len(gpu_numa_raw) != gpus:
-        raise ck.fail(f"{p}.gpu_numa", f"has {len(gpu_numa_raw)} entries for {gpus} GPUs")
+        ck.fail(f"{p}.gpu_numa", f"has {len(gpu_numa_raw)} entries for {gpus} GPUs")
     gpu_numa = []
     for i, n in enumerate(gpu_numa_raw):
         if isinstance(n, bool) or not isinstance(n, int):
-            raise ck.fail(f"{p}.gpu_numa[{i}]", f"must be an integer, got {typename(n)}")
+            ck.fail(f"{p}.gpu_numa[{i}]", f"must be an integer, got {typename(n)}")
         if n not in numa:
-            raise ck.fail(f"{p}.gpu_numa[{i}]", f"NUMA node {n} does not exist (nodes: {sorted(numa)})")
+            ck.fail(f"{p}.gpu_numa[{i}]", f"NUMA node {n} does not exist (nodes: {sorted(numa)})")
         gpu_numa.append(n)
     return gpu_numa
 
@@ -350,22 +261,22 @@ def _gpu_numa(ck: Checker, data, p: str, gpus: int, numa) -> List[int]:
 def _gpu_cores(ck: Checker, data, p: str, gpus: int, cores: int, owner, gpu_numa) -> List[List[int]]:
     gpu_cores_raw = ck.typed(data, "gpu_cores", list, f"{p}.gpu_cores", default=[])
     if len(gpu_cores_raw) != gpus:
-        raise ck.fail(f"{p}.gpu_cores", f"has {len(gpu_cores_raw)} entries for {gpus} GPUs")
+        ck.fail(f"{p}.gpu_cores", f"has {len(gpu_cores_raw)} entries for {gpus} GPUs")
     gpu_cores: List[List[int]] = []
     used: Dict[int, int] = {}
     for i, raw_set in enumerate(gpu_cores_raw):
         key = f"{p}.gpu_cores[{i}]"
         cset = ck.cpulist(raw_set, key)
         if not cset:
-            raise ck.fail(key, "empty core set")
+            ck.fail(key, "empty core set")
         for c in cset:
             if c >= cores:
-                raise ck.fail(key, f"core {c} is beyond the {cores} physical cores "
+                ck.fail(key, f"core {c} is beyond the {cores} physical cores "
                                    "(list physical cores; HT siblings are added by the binding)")
             if c in used:
-                raise ck.fail(key, f"core {c} is also in the core set of GPU {used[c]}")
+                ck.fail(key, f"core {c} is also in the core set of GPU {used[c]}")
             if owner.get(c) != gpu_numa[i]:
-                raise ck.fail(key, f"core {c} is not on GPU {i}'s NUMA node {gpu_numa[i]}")
+                ck.fail(key, f"core {c} is not on GPU {i}'s NUMA node {gpu_numa[i]}")
             used[c] = i
         gpu_cores.append(cset)
     return gpu_cores
@@ -380,20 +291,20 @@ def _container_from_raw(ck: Checker, raw: Any) -> Optional[Dict[str, Any]]:
     for i, m in enumerate(mounts):
         parts = m.split(":")
         if ":" not in m or m.startswith(":"):
-            ck.problems.append(ck.fail(f"container.mounts[{i}]", f"must be SRC:DST[:FLAGS], got {m!r}"))
+            ck.record(f"container.mounts[{i}]", f"must be SRC:DST[:FLAGS], got {m!r}")
         elif "," in m:
-            ck.problems.append(ck.fail(f"container.mounts[{i}]", "must not contain ',' (one mount per entry)"))
+            ck.record(f"container.mounts[{i}]", "must not contain ',' (one mount per entry)")
         elif not (parts[0].startswith("/") and parts[1].startswith("/")):
             # the submission translates container paths to host paths through these (jobs.profiles.mounts)
-            ck.problems.append(ck.fail(f"container.mounts[{i}]", f"SRC and DST must be absolute paths, got {m!r}"))
+            ck.record(f"container.mounts[{i}]", f"SRC and DST must be absolute paths, got {m!r}")
     if data.get("workdir") is not None:
-        ck.problems.append(ck.fail("container.workdir", "not used any more: every step starts in the job's run "
-                                                        "directory (where its relative paths point); remove the key"))
+        ck.record("container.workdir", "not used any more: every step starts in the job's run "
+                  "directory (where its relative paths point); remove the key")
     provides = ck.collect(lambda: ck.str_list(data, "provides", "container.provides"), [])
     for i, word in enumerate(provides):
         if word not in IMAGE_CONTENTS:
-            ck.problems.append(ck.fail(f"container.provides[{i}]",
-                                       f"{word!r} is not one of {', '.join(IMAGE_CONTENTS)}"))
+            ck.record(f"container.provides[{i}]",
+                      f"{word!r} is not one of {', '.join(IMAGE_CONTENTS)}")
     return {"image": ck.collect(lambda: ck.string(data, "image", "container.image", required=True)),
             "mounts": mounts, "workdir": None,
             "provides": provides if data.get("provides") is not None else None}
@@ -424,9 +335,9 @@ def _check_time(ck: Checker, value: str, key: str) -> None:
     try:
         seconds = parse_time(value, key)
     except ValueError as exc:
-        raise ck.fail(key, str(exc).split(": ", 1)[-1]) from None
+        ck.fail(key, str(exc).split(": ", 1)[-1])
     if seconds is None:
-        raise ck.fail(key, f"{value!r}: give a finite time limit (the checkpoint signal needs one)")
+        ck.fail(key, f"{value!r}: give a finite time limit (the checkpoint signal needs one)")
 
 
 # what ranks on nodes that share cores need: Open MPI spins on its progress engine while it
@@ -444,9 +355,9 @@ def _env_from_raw(ck: Checker, raw: Any, shared_nodes: bool = False) -> Dict[str
     data = ck.mapping(raw, "env")
     for k, v in data.items():
         if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            ck.problems.append(ck.fail(f"env.{k}", "not a valid environment variable name"))
+            ck.record(f"env.{k}", "not a valid environment variable name")
         elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            ck.problems.append(ck.fail(f"env.{k}", f"must be a string or number, got {typename(v)} (quote it)"))
+            ck.record(f"env.{k}", f"must be a string or number, got {typename(v)} (quote it)")
         else:
             out[k] = str(v)
     return out
@@ -459,7 +370,7 @@ def _switches(ck: Checker, data) -> Optional[str]:
     switches = str(switches) if isinstance(switches, int) and not isinstance(switches, bool) \
         else ck.string(data, "switches", "switches")
     if not _SWITCHES_RE.fullmatch(switches):
-        raise ck.fail("switches", f"must be COUNT[@MAX_WAIT] like '1@00:10:00', got {switches!r}")
+        ck.fail("switches", f"must be COUNT[@MAX_WAIT] like '1@00:10:00', got {switches!r}")
     return switches
 
 
@@ -467,15 +378,15 @@ def _sbatch_extra(ck: Checker, data) -> List[str]:
     sbatch_extra = ck.str_list(data, "sbatch_extra", "sbatch_extra")
     for i, opt in enumerate(sbatch_extra):
         if not opt.startswith("--"):
-            ck.problems.append(ck.fail(f"sbatch_extra[{i}]",
-                                       f"must be a long option like '--network=sharp', got {opt!r}"))
+            ck.record(f"sbatch_extra[{i}]",
+                      f"must be a long option like '--network=sharp', got {opt!r}")
     return sbatch_extra
 
 
 def _scratch(ck: Checker, data) -> Optional[str]:
     scratch = ck.string(data, "scratch", "scratch")
     if scratch is not None and not scratch.startswith("/"):
-        raise ck.fail("scratch", f"must be an absolute path on node-local disk, got {scratch!r}")
+        ck.fail("scratch", f"must be an absolute path on node-local disk, got {scratch!r}")
     return scratch
 
 
@@ -484,7 +395,7 @@ def _sharp(ck: Checker, sbatch_extra: List[str], env: Dict[str, str]) -> None:
     CollNet plugin (NCCL_COLLNET_ENABLE=1 and the nccl-rdma-sharp plugin in the image)."""
     if any(opt.replace(" ", "=").startswith("--network=") and "sharp" in opt for opt in sbatch_extra) \
             and env.get("NCCL_COLLNET_ENABLE") != "1":
-        raise ck.fail("sbatch_extra", "--network=sharp without env NCCL_COLLNET_ENABLE: \"1\" (NCCL uses SHARP "
+        ck.fail("sbatch_extra", "--network=sharp without env NCCL_COLLNET_ENABLE: \"1\" (NCCL uses SHARP "
                                       "only through CollNet): set it, or drop --network=sharp")
 
 
@@ -499,8 +410,8 @@ def check_profile(ck: Checker, data: Dict[str, Any], name: str,
     raw_node = data.get("node")
     node = None
     if raw_node is None:
-        ck.problems.append(ck.fail("node", "required key is missing (a node-type mapping, a profile "
-                                           "name whose node to reuse, or 'detect')"))
+        ck.record("node", "required key is missing (a node-type mapping, a profile "
+                  "name whose node to reuse, or 'detect')")
     elif isinstance(raw_node, str):
         node = get(lambda: resolve_node(raw_node))
     else:
@@ -508,7 +419,7 @@ def check_profile(ck: Checker, data: Dict[str, Any], name: str,
     max_nodes = get(lambda: ck.integer(data, "max_nodes", "max_nodes", default=1, minimum=1))
     node_limit = capabilities(scheduler).max_nodes if scheduler else None
     if max_nodes is not None and node_limit is not None and max_nodes > node_limit:
-        ck.problems.append(ck.fail("max_nodes", f"a {scheduler} profile has at most {node_limit} node(s)"))
+        ck.record("max_nodes", f"a {scheduler} profile has at most {node_limit} node(s)")
     shared = get(lambda: ck.typed(data, "shared_nodes", bool, "shared_nodes", False, False), False)
     default_time = get(lambda: ck.string(data, "default_time", "default_time", default="01:00:00"))
     if default_time is not None:

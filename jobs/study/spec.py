@@ -22,7 +22,8 @@ from jobs.planning.plan import plan
 from jobs.planning.request import JobRequest, slug
 from jobs.slurmtime import parse_time
 from jobs.vocabulary import MODELS
-from slurm.common.yamlfile import Problems, YamlFileError, keyname, load_yaml_file, shown, unknown_key
+from slurm.common.checker import Problems, unknown_key
+from slurm.common.yamlfile import YamlFileError, keyname, load_yaml_file, shown
 
 SPEC_VERSION = 1
 MODES = ("strong", "weak")
@@ -256,7 +257,7 @@ def _points(points, ck):
             ck.fail(f"points[{i}]", f"expected {{nodes: N, gpus_per_node: G}}, got {shown(point)}")
         for key in point:
             if key not in ("nodes", "gpus_per_node"):
-                ck.fail(f"points[{i}].{keyname(key)}", "unknown key (known: nodes, gpus_per_node)")
+                ck.fail(f"points[{i}].{keyname(key)}", unknown_key(key, ("nodes", "gpus_per_node")))
             value = point[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 ck.fail(f"points[{i}].{key}", f"{shown(value)} is not a positive integer")

@@ -70,7 +70,8 @@ import os
 from typing import Optional
 
 from preproc.errors import PreprocError
-from slurm.common.yamlfile import Problems, YamlFileError, control_char, keyname, load_yaml_file, shown, unknown_key
+from slurm.common.checker import Problems, unknown_key
+from slurm.common.yamlfile import YamlFileError, control_char, keyname, load_yaml_file, shown
 
 TRANSFORMS = ("standard", "log", "none")
 SPLIT_METHODS = ("random", "time")
@@ -400,7 +401,7 @@ def _label(value, fail):
     if isinstance(value, dict) and isinstance(value.get("column"), str):
         extra = [k for k in value if k not in ("column", "positive")]
         if extra:
-            fail(f"label.{keyname(extra[0])}", "unknown key (known: column, positive)")
+            fail(f"label.{keyname(extra[0])}", unknown_key(extra[0], ("column", "positive")))
         _column(value["column"], "label.column", fail)
         positive = value.get("positive")
         if positive is None:
@@ -433,7 +434,7 @@ def _entry(entry, key, fail, defaults: dict) -> dict:
     _column(entry["column"], f"{key}.column", fail)
     extra = [k for k in entry if k != "column" and k not in defaults]
     if extra:
-        fail(f"{key}.{keyname(extra[0])}", f"unknown key (known: column, {', '.join(defaults)})")
+        fail(f"{key}.{keyname(extra[0])}", unknown_key(extra[0], ("column", *defaults)))
     out = {"column": entry["column"], **defaults, **{k: v for k, v in entry.items() if k != "column"}}
     if "threshold" in out:
         out["threshold"] = _int(out["threshold"], f"{key}.threshold", fail, minimum=0)

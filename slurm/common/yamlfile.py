@@ -19,18 +19,17 @@ MAX_NODES nodes with every alias counted as the nodes it stands for. Every refus
 """
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import stat
-from typing import Any, Callable, Iterable, List
+from typing import Any
 
 import yaml
 
 from slurm.common.errors import ToolkitError
 
 __all__ = ["YamlFileError", "load_yaml_file", "typename", "shown", "keyname", "printable", "control_char",
-           "Problems", "unknown_key", "MAX_BYTES", "MAX_DEPTH", "MAX_ALIASES", "MAX_NODES"]
+           "MAX_BYTES", "MAX_DEPTH", "MAX_ALIASES", "MAX_NODES"]
 
 MAX_BYTES = 4 << 20         # profiles, specs and configs are a few KiB; a feature spec lists its files
 MAX_DEPTH = 64              # levels of nesting (an alias counts with the depth of its anchor)
@@ -193,47 +192,3 @@ def keyname(key: Any, limit: int = 40) -> str:
     if isinstance(key, str) and len(key) <= limit and not _CONTROL.search(key):
         return key
     return shown(key, limit)
-
-
-def unknown_key(key: Any, known: Iterable[str]) -> str:
-    """The problem of a key that is not one of ``known``: with the closest known key, if any."""
-    known = list(known)
-    close = difflib.get_close_matches(key, sorted(known), n=1) if isinstance(key, str) else []
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown key ({hint}known: {', '.join(known)})"
-
-
-class Problems:
-    """Every mistake of a YAML file a user wrote, not only the first: the one way the toolkit's
-    validators of study specs and tabular configs check (profiles keep theirs, the same idea with
-    typed problems: jobs/profiles/schema.py). Each ``with problems:`` block checks one key; a
-    :meth:`fail` records ``<source>: <key>: <problem>`` and leaves that block, the next blocks still
-    run. :meth:`raise_problems` raises ``error(first line)`` carrying every line as ``.problems``."""
-
-    class _Left(Exception):
-        pass
-
-    def __init__(self, source: str, error: Callable[[str], Exception]):
-        self.source = source
-        self.error = error
-        self.lines: List[str] = []
-
-    def add(self, line: str):
-        """Record a whole line and leave the block."""
-        self.lines.append(line)
-        raise self._Left
-
-    def fail(self, key: str, problem: str):
-        self.add(f"{self.source}: {key}: {problem}")
-
-    def __enter__(self) -> "Problems":
-        return self
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        return kind is self._Left             # a block's first mistake ends the block, not the check
-
-    def raise_problems(self) -> None:
-        if self.lines:
-            error = self.error(self.lines[0])
-            error.problems = list(self.lines)
-            raise error

@@ -149,13 +149,13 @@ def node_patch(**changes):
 BAD = [
     # (raw profile, expected "<key>: <problem>")
     (dict(ci_raw(), colour="blue"),
-     f"colour: unknown key (allowed: {', '.join(sorted(PROFILE_KEYS))})"),
+     f"colour: unknown key (known: {', '.join(sorted(PROFILE_KEYS))})"),
     (dict(ci_raw(), partiton="gpu"),
-     f"partiton: unknown key (did you mean 'partition'? allowed: {', '.join(sorted(PROFILE_KEYS))})"),
+     f"partiton: unknown key (did you mean 'partition'? known: {', '.join(sorted(PROFILE_KEYS))})"),
     (node_patch(colour=3),
-     f"node.colour: unknown key (allowed: {', '.join(sorted(NODE_KEYS))})"),
+     f"node.colour: unknown key (known: {', '.join(sorted(NODE_KEYS))})"),
     (dict(ci_raw(), container={"image": "x", "mount": []}),
-     f"container.mount: unknown key (did you mean 'mounts'? allowed: {', '.join(sorted(CONTAINER_KEYS))})"),
+     f"container.mount: unknown key (did you mean 'mounts'? known: {', '.join(sorted(CONTAINER_KEYS))})"),
     (dict(ci_raw(), max_nodes="four"), "max_nodes: must be an integer, got string"),
     (dict(ci_raw(), max_nodes=True), "max_nodes: must be an integer, got bool"),
     (dict(ci_raw(), max_nodes=0), "max_nodes: must be >= 1, got 0"),

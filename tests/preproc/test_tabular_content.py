@@ -161,7 +161,7 @@ def test_semicolon_file_with_decimal_commas_says_what_to_change(cli, tmp_path, c
 
 @pytest.mark.fast
 def test_a_config_with_three_mistakes_reports_all_three(tmp_path, capsys):
-    """Issue 44 item 3: the tabular config is checked as study specs are (slurm.common.yamlfile.Problems):
+    """Issue 44 item 3: the tabular config is checked as study specs are (slurm.common.checker.Problems):
     every mistake, a line each, an unknown key with "did you mean" (it stopped at the first)."""
     from preproc.cli import main
 

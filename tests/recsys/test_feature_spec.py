@@ -171,6 +171,34 @@ def test_bad_yaml_and_missing_sections(tmp_path):
     assert_one_line(err, "nothere.yaml", "not found")
 
 
+def test_a_spec_with_three_mistakes_reports_all_three(tmp_path):
+    """Issue 44 item 3: a feature spec is checked as profiles, study specs and tabular configs are
+    (slurm.common.checker.Problems): every mistake at once, one line each naming the file and the key,
+    an unknown key or name with "did you mean" (it stopped at the first mistake, no hint)."""
+    path, spec = write_dlrm(tmp_path)
+    spec["metdata"] = spec.pop("metadata")
+    spec["feature_spec"]["num_0"]["dtype"] = "float8"
+    spec["source_spec"]["train"][2]["type"] = "parqet"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(FeatureSpecError) as err:
+        FeatureSpec.from_yaml(path)
+    assert err.value.problems == [
+        f"{path}: metdata: unknown key (did you mean 'metadata'? known: feature_spec, source_spec, channel_spec, "
+        "metadata)",
+        f"{path}: feature_spec.num_0: dtype 'float8' cannot be read (readable: bool, int8, int16, int32, int64, "
+        "float16, float32, float64)",
+        f"{path}: source_spec.train[2]: chunk type 'parqet' cannot be read (known: split_binary, parquet, csv) "
+        "(did you mean 'parquet'?)"]
+    assert str(err.value) == err.value.problems[0]          # a single mistake stays one line
+    bad = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == [f"error: {p}" for p in err.value.problems]
+    spec["metadata"] = spec.pop("metdata")           # without the top-level mistake: the same two from the constructor
+    with pytest.raises(FeatureSpecError) as err:
+        FeatureSpec(spec["feature_spec"], spec["source_spec"], spec["channel_spec"], origin="s.yaml")
+    assert [p.split(": ")[1] for p in err.value.problems] == ["feature_spec.num_0", "source_spec.train[2]"]
+
+
 def test_cli_validates_and_exits_nonzero_with_one_line(tmp_path):
     path, _ = write_dlrm(tmp_path)
     ok = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
