@@ -341,7 +341,9 @@ class FeatureSpec:
             dtypes = {self.dtype(f) for f in chunk["features"]}
             if len(dtypes) > 1:
                 ck.fail(where, f"features of a split_binary chunk must share one dtype, got {sorted(dtypes)}")
-            if any(self.is_multihot(f) for f in chunk["features"]):
+            multihot = self.channel_spec.get("multihot_categorical")     # checked on its own: a list or a mistake
+            if any(MAX_HOTNESS in self.feature_spec[f] or (isinstance(multihot, list) and f in multihot)
+                   for f in chunk["features"]):
                 ck.fail(where, "multi-hot features need parquet or csv chunks")
 
     def validate(self, mappings: Optional[Iterable[str]] = None) -> Dict[str, int]:

@@ -7,6 +7,13 @@ inside a job (a contract between jobs/ and slurm/, recsys/, preproc/: setting it
 supported); ``test hook``: read by product code, set only by the tests (fault and slow-down
 injection); ``test tooling``: read by tests/, bench/ or .ci/ only, never by the product.
 
+Why the test hooks are variables and not pytest fixtures (monkeypatching in the test's process):
+each one has to reach a process the test does not run in. ``RECSYS_FAULT_AT``/``RECSYS_FAULT_CMD``
+kill or stall a ``recsys-submit`` the test starts as a command (the fault is its death);
+``RECSYS_TEST_NONFINITE_SHARD_GRAD`` and ``RECSYS_TEST_UNSAMPLED_DRIFT`` reach the ranks of an
+``mpirun``; the ``RECSYS_TEST_SLOW_*`` and ``RECSYS_TEST_SYNC_*`` hooks reach slurm/screen-rank.sh
+inside a Slurm job. A hook that needs no process boundary belongs in a fixture, not here.
+
 Pure data, importable from every layer (this is the shared leaf)."""
 from __future__ import annotations
 
