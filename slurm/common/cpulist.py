@@ -3,8 +3,8 @@
 Why here: the submission layer (``jobs``, login node: profile tables, sysfs detection,
 binding) and the training engine (``recsys``, in the job: pinning a rank to its NUMA
 node) both read CPU lists, and neither may import the other (``jobs`` knows ``recsys``
-only as a command; ``recsys`` must run without the submission layer).  ``slurm/`` is the
-package of in-job node helpers both already ship with, and this module imports nothing
+only as a command; ``recsys`` must run without the submission layer).  ``slurm.common`` is the
+leaf both already ship with (in the job's ``slurm/``), and this module imports nothing
 but ``re``, so either side may import it at no cost.  ``slurm/bind.sh`` keeps a shell
 twin (``expand_list``/``compress_list``): a per-rank wrapper cannot start Python, and
 tests/jobs/test_binding.py holds the two to the same results.

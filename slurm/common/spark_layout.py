@@ -2,8 +2,8 @@
 
 Why here: the submission layer (``jobs``: the plan writes the amounts into the rendered job
 script, so ``--dry-run`` shows them) and the preprocessing driver (``preproc.runtime.spark``:
-the session's ``spark.*`` properties) must agree, and neither may import the other; ``slurm/``
-is the in-job helper package both already import (see ``slurm/common/cpulist.py``). Pure, stdlib only.
+the session's ``spark.*`` properties) must agree, and neither may import the other; ``slurm.common``
+is the leaf both already import (see ``slurm/common/cpulist.py``). Pure, stdlib only.
 
 The rule (spark-rapids docs, "Getting Started" and FAQ "How are spark.executor.cores,
 spark.task.resource.gpu.amount, and spark.rapids.sql.concurrentGpuTasks related?"; issue

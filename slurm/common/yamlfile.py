@@ -4,7 +4,7 @@ with limits, and the helpers that keep an error message about a read value one s
 Why here: the submission layer (``jobs``: profiles, study specs) and both engines (``preproc``:
 tabular configs; ``recsys``: feature specs) read YAML a user wrote, and must refuse the same hostile
 inputs the same way; none of them may import another (``jobs`` knows the engines only as commands,
-the engines never import ``jobs``). ``slurm/`` is the leaf package all three already import
+the engines never import ``jobs``). ``slurm.common`` is the leaf package all three already import
 (``slurm.common.cpulist``) and it imports nothing of theirs (contract ``slurm-is-a-leaf``).
 pyyaml and the standard library only.
 
