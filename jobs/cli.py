@@ -397,7 +397,8 @@ def _study_parser(sub):
     history.add_argument("--runs-dir", help="where studies are (default $RECSYS_RUNS_DIR or ./recsys-runs)")
     screen = _sub(st_sub, "screen", "the same one-node benchmark on every node of one allocation; slow nodes flagged",
                   epilog="examples:\n  recsys-submit study screen --profile mysite --nodes 16\n"
-                         "  recsys-submit study screen --profile ci --nodelist 'node[1-4]' --margin 0.2\n\n"
+                         "  recsys-submit study screen --profile ci --nodelist 'node[1-4]' --margin 0.2\n"
+                         "  recsys-submit study screen --profile mysite --nodes 16 --network   # and every node pair's link\n\n"
                          "Waits for the allocation, prints the per-node table and an --exclude= line of the nodes "
                          "more than\nthe margin below the median (exit 1 when a node is flagged or failed). "
                          "Arguments after `--` go to the engine.")
@@ -415,6 +416,16 @@ def _study_parser(sub):
     screen.add_argument("--gpus", type=int, help="GPUs of each node to use (default: all of the node's)")
     screen.add_argument("--steps", type=int, help="timed steps (default 100)")
     screen.add_argument("--warmup-steps", type=int, help="steps left out of the throughput (default 10)")
+    net = screen.add_argument_group("the network (--network)")
+    net.add_argument("--network", action="store_true",
+                     help="then the fabric benchmark (python -m recsys.collectives) between every pair of the nodes, "
+                          "pairs on disjoint nodes at once, and across all of them; a node slow with most of its "
+                          "partners joins the --exclude line (3 or more nodes)")
+    net.add_argument("--network-sizes", help="buffer sizes of the pairs' allreduce and alltoall "
+                                             "(default 4M,64M)")
+    net.add_argument("--network-iters", type=int, help="timed iterations per size (default 10)")
+    net.add_argument("--network-time", type=int, metavar="MINUTES",
+                     help="each pair's own step limit (default 3)")
     screen.add_argument("--json", action="store_true", help="print screen.json instead of the table")
     screen.add_argument("--runs-dir", help="parent of the screen's dir (default $RECSYS_RUNS_DIR or ./recsys-runs)")
 
@@ -591,7 +602,9 @@ def _cmd_screen(api, args, engine_args):
                                   on_submitted=lambda d: print(f"screen dir {d}", flush=True,
                                                                file=sys.stderr if args.json else sys.stdout),
                                   model=args.model, gpus=args.gpus, steps=args.steps, warmup_steps=args.warmup_steps,
-                                  engine_args=engine_args or None)
+                                  engine_args=engine_args or None, network=args.network,
+                                  network_sizes=args.network_sizes, network_iters=args.network_iters,
+                                  network_time=args.network_time)
     if args.json:
         print(json.dumps(screen, indent=2))
     else:

@@ -11,8 +11,9 @@ if [ "${1:-}" = --print-horovod-flags ]; then
 fi
 
 # --- system packages: the Slurm cluster's (munge, slurmdbd, MariaDB, Open MPI
-# with PMIx, numactl) plus Horovod's build tools and Java for Spark -------
-bash "$here/slurm/dev/local-cluster.sh" install cmake g++ openjdk-17-jre-headless procps
+# with PMIx, numactl) plus Horovod's build tools, Java for Spark, and tc and iptables for a link
+# slowed on purpose (local-cluster.sh slow-link) -------
+bash "$here/slurm/dev/local-cluster.sh" install cmake g++ openjdk-17-jre-headless procps iproute2 iptables
 
 # --- the Python environment: the same command a user without root runs -----
 exec bash "$here/install/user-env.sh" --venv "${RECSYS_VENV:-$here/.venv}" --extras preproc,nvtabular,dev

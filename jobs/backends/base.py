@@ -143,9 +143,11 @@ class Backend(abc.ABC):
         """After a waited-for submit: why its jobs failed, or None (a chain stops there)."""
         return None
 
-    def allocation(self, spec, points, run_dir, token=None, concurrent=False, nodelist=None, exclude=None):
+    def allocation(self, spec, points, run_dir, token=None, concurrent=False, nodelist=None, exclude=None,
+                   schedule=None):
         """The drafts of one allocation that runs a study's points in turn on its first nodes
-        (`concurrent`: all at once, each on its own nodes; `nodelist` / `exclude`: the nodes to
+        (`concurrent`: all at once, each on its own nodes; `schedule`: rounds of points at once on
+        given nodes, jobs.backends.slurm.script.render_allocation; `nodelist` / `exclude`: the nodes to
         allocate / to leave out, Slurm host lists):
         (the allocation's draft, [each point's draft]); `spec`: the allocation's JobSpec (its
         size and time), `points`: [(point JobSpec, its run dir)]. The allocation's draft is

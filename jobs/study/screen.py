@@ -35,6 +35,7 @@ from jobs.status import poll_many
 from jobs.submit import load
 
 from . import allocation
+from . import network_screen as netscreen
 from .report import BREAKDOWN, BREAKDOWN_PHASES, _breakdown, fmt_number
 from .run import point_request
 from .spec import expand, spec_from_flags
@@ -113,15 +114,23 @@ class ScreenPlan:
     slots: list             # one benchmark JobSpec per node
     alloc: object           # the allocation's JobSpec
     hook: dict              # the test hook's env (empty: none)
+    network: object = None  # network_screen.NetworkPlan (`--network`), else None
 
-    def drafts(self, backend, screen_dir, slot_dirs):
-        """(the allocation's draft, [each node's draft]): every node's copy at once."""
-        return backend.allocation(self.alloc, list(zip(self.slots, slot_dirs)), screen_dir, concurrent=True,
-                                  nodelist=self.nodelist)
+    def drafts(self, backend, screen_dir, slot_dirs, network_slots=()):
+        """(the allocation's draft, [each node's draft, then each network slot's]): every node's
+        copy at once; with `--network`, then the node pairs in rounds, then the whole set."""
+        points = list(zip(self.slots, slot_dirs))
+        if not network_slots:
+            return backend.allocation(self.alloc, points, screen_dir, concurrent=True, nodelist=self.nodelist)
+        rounds = [[(i, [i]) for i in range(len(points))]] + netscreen.schedule(len(points), network_slots)
+        points += [(s["spec"], s["dir"]) for s in network_slots]
+        return backend.allocation(self.alloc, points, screen_dir, nodelist=self.nodelist, schedule=rounds)
 
 
-def plan_screen(profile, nodes=None, nodelist=None, margin=MARGIN, **benchmark):
-    """A ScreenPlan; RequestError (one line naming the flag) on bad input."""
+def plan_screen(profile, nodes=None, nodelist=None, margin=MARGIN, network=False, network_sizes=None,
+                network_iters=None, network_time=None, **benchmark):
+    """A ScreenPlan; RequestError (one line naming the flag) on bad input. `network`: the node
+    pairs and the whole set too (jobs.study.network_screen)."""
     profile = load(profile)
     if profile.scheduler != "slurm":
         raise RequestError(f"--profile: a screen runs in one Slurm allocation; profile {profile.name} "
@@ -129,18 +138,26 @@ def plan_screen(profile, nodes=None, nodelist=None, margin=MARGIN, **benchmark):
     count, nodelist = _nodes(profile, nodes, nodelist)
     margin = _check_margin(margin)
     spec, point = benchmark_point(profile, **benchmark)
+    net = None
+    if network:
+        net = netscreen.check(count, point.gpus_per_node, network_sizes, network_iters, network_time)
+    elif any(v is not None for v in (network_sizes, network_iters, network_time)):
+        raise RequestError("--network-sizes/--network-iters/--network-time: settings of --network's checks; "
+                           "add --network")
     resolved, slots, hook = _slot_specs(spec, point, profile, count)
-    alloc = dataclasses.replace(slots[0], key=KEY, name=slug(f"screen-{profile.name}"), subject="node screen",
-                                nodes=count, time_seconds=slots[0].time_seconds + allocation.MARGIN_S,
+    alloc = dataclasses.replace(slots[0], key=KEY, name=slug(f"screen-{profile.name}"),
+                                subject="node screen" + (" and network" if net else ""), nodes=count,
+                                time_seconds=slots[0].time_seconds + allocation.MARGIN_S + (net.seconds if net else 0),
                                 command=list(slots[0].command), env={})
     return ScreenPlan(profile=profile, count=count, nodelist=nodelist, margin=margin, spec=spec, point=point,
-                      resolved=resolved, slots=slots, alloc=alloc, hook=hook)
+                      resolved=resolved, slots=slots, alloc=alloc, hook=hook, network=net)
 
 
 def submit(profile, nodes=None, nodelist=None, margin=MARGIN, runs_dir=None, log=None, **benchmark):
-    """Submit the screen: one allocation of the nodes, the benchmark on each at once. Returns the
-    screen's directory (<runs dir>/screen-<profile>-<time>: the allocation's run dir, with
-    nodes/<slot>/ per node and screen.json once `collect` wrote it)."""
+    """Submit the screen: one allocation of the nodes, the benchmark on each at once (with
+    `network=True`, then every node pair and the whole set). Returns the screen's directory
+    (<runs dir>/screen-<profile>-<time>: the allocation's run dir, with nodes/<slot>/ per node,
+    network/pair-<i>-<j>/ and network/all/ with --network, and screen.json once `collect` wrote it)."""
     sp = plan_screen(profile, nodes, nodelist, margin, **benchmark)
     profile, count, spec, point, resolved, slots, hook = \
         sp.profile, sp.count, sp.spec, sp.point, sp.resolved, sp.slots, sp.hook
@@ -156,35 +173,42 @@ def submit(profile, nodes=None, nodelist=None, margin=MARGIN, runs_dir=None, log
         rundir.make_private_dir(path, group, parents=True)
         os.mkdir(os.path.join(path, "logs"))
         slot_dirs.append(path)
-    alloc_draft, drafts = sp.drafts(backend, screen_dir, slot_dirs)
+    net_slots = netscreen.slots(profile, sp.network, screen_dir) if sp.network else []
+    for slot in net_slots:
+        rundir.make_private_dir(os.path.join(slot["dir"], "logs"), group, parents=True)
+    alloc_draft, drafts = sp.drafts(backend, screen_dir, slot_dirs, net_slots)
     accounting = backend.accounting()
 
     def record(run_dir, key):
         return RunRecord(run_dir=run_dir, profile=profile.name, profile_path=profile.path,
                          scheduler=backend.scheduler, accounting=accounting, planned=[key])
 
-    for draft in drafts:
-        RequestRecord(requests=[r.request.to_dict() for r in resolved], profile=profile.as_dict()).save(draft.run_dir)
+    own = [[r.request.to_dict() for r in resolved]] * count + [s["requests"] for s in net_slots]
+    for draft, requests in zip(drafts, own):
+        RequestRecord(requests=requests, profile=profile.as_dict()).save(draft.run_dir)
         write_text(draft.script, draft.text)
     write_text(os.path.join(screen_dir, "screen-request.json"), json.dumps(
         {"version": SCREEN_VERSION, "profile": profile.name, "nodes": count, "nodelist": nodelist,
          "margin": margin, "model": spec.model, "gpus_per_node": point.gpus_per_node,
          "engine_args": spec.engine_args, "steps": spec.steps, "warmup_steps": spec.warmup_steps,
-         "slots": slot_dirs, "test_hook": hook or None}, indent=2) + "\n")
+         "slots": slot_dirs, "test_hook": hook or None,
+         "network": netscreen.request_record(sp.network, net_slots) if sp.network else None}, indent=2) + "\n")
     alloc_record = record(screen_dir, KEY)
     alloc_record.save()
 
     jobs = allocation.submit_recorded(backend, alloc_draft, alloc_record, "the screen's allocation",
                                       f" (screen dir {screen_dir})", log=log)
-    for slot, draft in zip(slots, drafts):
+    for slot, draft in zip(slots + [s["spec"] for s in net_slots], drafts):
         run = record(draft.run_dir, slot.key)
-        run.jobs = [JobRecord(key=slot.key, name=slot.name, job_id=jobs[0].job_id, ntasks=slot.ntasks_per_node,
+        run.jobs = [JobRecord(key=slot.key, name=slot.name, job_id=jobs[0].job_id,
+                              ntasks=slot.nodes * slot.ntasks_per_node,
                               script=draft.script, token=alloc_draft.token, submitted_at=jobs[0].submitted_at)]
         run.state = SUBMITTED
         run.save()
     if log:
-        log(f"screen allocation job {jobs[0].job_id}: {count} node(s), the benchmark on each at once "
-            f"(screen dir {screen_dir})")
+        log(f"screen allocation job {jobs[0].job_id}: {count} node(s), the benchmark on each at once"
+            + (f", then {len(sp.network.rounds)} round(s) of node pairs and the whole set" if sp.network else "")
+            + f" (screen dir {screen_dir})")
     return screen_dir
 
 
@@ -244,12 +268,14 @@ def build(screen_dir, job, margin):
                 row["state"] = FLAGGED
                 row["reason"] = f"{(1.0 - row['vs_median']) * 100:.0f}% below the median"
     excluded = [r["node"] for r in rows if r["state"] in (FLAGGED, FAILED) and r["node"]]
+    net = netscreen.build(request["network"], job, margin) if request.get("network") else None
+    excluded += [n for n in (net["flagged"] if net else []) if n not in excluded]
     return {"version": SCREEN_VERSION, "screen_dir": screen_dir, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "profile": request["profile"], "job_id": job.job_id, "job_state": job.state, "margin": margin,
             "model": request["model"], "gpus_per_node": request["gpus_per_node"],
             "engine_args": request["engine_args"], "steps": request["steps"],
             "warmup_steps": request["warmup_steps"], "test_hook": request.get("test_hook"),
-            "median_throughput": median, "nodes": rows, "flagged": excluded,
+            "median_throughput": median, "nodes": rows, "network": net, "flagged": excluded,
             "exclude": f"--exclude={','.join(excluded)}" if excluded else None}
 
 
@@ -271,6 +297,8 @@ def markdown(screen):
                  fmt_number(row["vs_median"], 2)]
         cells += [fmt_number((row["breakdown"] or {}).get(p), 2) for p in phases]
         lines.append("| " + " | ".join(cells + [row["reason"] or ""]) + " |")
+    if s.get("network"):
+        lines += netscreen.markdown(s["network"], s["margin"])
     lines += ["", (f"Exclude them: `{s['exclude']}` (`recsys-submit study run SPEC --allocation {s['exclude']}`, "
                    "or any sbatch)") if s["exclude"] else "No node flagged."]
     return "\n".join(lines) + "\n"

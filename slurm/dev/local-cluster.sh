@@ -17,6 +17,12 @@
 #                                            next job id), wait until it answers and every node responds
 #   local-cluster.sh restart-ctld [--dir DIR] [--down-for S]   stop-ctld, S seconds (0) without a
 #                                            controller, start-ctld: a controller outage for fault tests
+#   local-cluster.sh slow-link [--dir DIR] --node NODE [--rate R]   slow NODE's network link on
+#                                            purpose (root; tc, iptables, cgroup v2): every TCP
+#                                            connection a process of NODE opens or accepts goes
+#                                            through an htb class of rate R (200mbit) on lo; the
+#                                            other nodes' and clusters' traffic is untouched
+#   local-cluster.sh slow-link [--dir DIR] --off   undo it
 #
 # Options for `up`: --dir DIR (default /tmp/recsys-slurm; at most about 70 characters, since
 # slurmstepd's Unix sockets live under it), --nodes N (4),
@@ -44,6 +50,7 @@ EXTRA_PKGS=()
 if [ "$cmd" = install ]; then EXTRA_PKGS=("$@"); set --; fi
 
 DIR=/tmp/recsys-slurm NODES=4 GPUS=2 CPUS=2 MEM=4000 PORT_BASE=auto ACCOUNTING=0 DOWN_FOR=0 MIN_JOB_AGE=300
+SLOW_NODE="" SLOW_RATE=200mbit SLOW_OFF=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
@@ -55,6 +62,9 @@ while [ $# -gt 0 ]; do
     --accounting) ACCOUNTING=1; shift ;;
     --down-for) DOWN_FOR=$2; shift 2 ;;
     --min-job-age) MIN_JOB_AGE=$2; shift 2 ;;
+    --node) SLOW_NODE=$2; shift 2 ;;
+    --rate) SLOW_RATE=$2; shift 2 ;;
+    --off) SLOW_OFF=1; shift ;;
     *) die "unknown option: $1" ;;
   esac
 done
@@ -278,6 +288,50 @@ do_up() {
   log "up in $((SECONDS - t0))s: $NODES nodes x $GPUS gpus, accounting=$ACCOUNTING, SLURM_CONF=$CONF"
 }
 
+# A slowed link: the emulated nodes share this host's loopback, so a node's "link" is the TCP
+# connections its processes open or accept. Its slurmd (and with it every step it starts: with
+# proctrack/linuxproc they stay in its cgroup) goes into a cgroup v2 group of its own; iptables
+# marks each connection a socket of that group opens or accepts (CONNMARK, so the peer's packets
+# of the same connection carry it too), and an htb qdisc on lo sends the marked packets through
+# a class of the given rate, everything else through a 100gbit default. State in DIR/slow-link.
+do_slow_link() {
+  local state=$DIR/slow-link cgroot mark=0x5253 group node rate
+  cgroot=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
+  if [ "$SLOW_OFF" = 1 ]; then
+    [ -f "$state" ] || { log "slow-link: no slowed link in $DIR"; return 0; }
+    read -r group node rate < "$state"
+    tc qdisc del dev lo root 2>/dev/null || true
+    iptables -t mangle -D OUTPUT -m cgroup --path "$group" -j CONNMARK --set-mark $mark 2>/dev/null || true
+    iptables -t mangle -D POSTROUTING -m connmark --mark $mark -j CLASSIFY --set-class 1:20 2>/dev/null || true
+    if [ -n "$cgroot" ] && [ -d "$cgroot/$group" ]; then
+      while read -r p; do echo "$p" > "$cgroot/cgroup.procs" 2>/dev/null || true; done < "$cgroot/$group/cgroup.procs"
+      rmdir "$cgroot/$group" 2>/dev/null || log "slow-link: $cgroot/$group still holds processes"
+    fi
+    rm -f "$state"
+    log "slow-link: $node's link restored"
+    return 0
+  fi
+  [ -n "$SLOW_NODE" ] || die "slow-link: give --node NODE (or --off)"
+  [[ $SLOW_NODE =~ ^node[0-9]+$ ]] || die "slow-link: --node is one of this cluster's nodes (nodeN), got '$SLOW_NODE'"
+  [[ $SLOW_RATE =~ ^[0-9]+[kmg]?bit$ ]] || die "slow-link: --rate is a tc rate such as 200mbit, got '$SLOW_RATE'"
+  [ "$(id -u)" = 0 ] || die "slow-link: needs root (tc, iptables, cgroups)"
+  command -v tc >/dev/null && command -v iptables >/dev/null || die "slow-link: needs tc (iproute2) and iptables"
+  [ -n "$cgroot" ] || die "slow-link: no cgroup v2 hierarchy mounted (/proc/mounts)"
+  [ ! -f "$state" ] || die "slow-link: a link is slowed already ($(cat "$state")); --off first"
+  tc qdisc show dev lo | grep -q "qdisc noqueue" || die "slow-link: lo has a qdisc already: $(tc qdisc show dev lo | head -1)"
+  pid_alive "$RUN/slurmd-$SLOW_NODE.pid" || die "slow-link: no slurmd of $SLOW_NODE running in $DIR"
+  group="recsys-slow-link-$$"
+  echo "$group $SLOW_NODE $SLOW_RATE" > "$state"
+  mkdir "$cgroot/$group"
+  cat "$RUN/slurmd-$SLOW_NODE.pid" > "$cgroot/$group/cgroup.procs"
+  iptables -t mangle -A OUTPUT -m cgroup --path "$group" -j CONNMARK --set-mark $mark
+  iptables -t mangle -A POSTROUTING -m connmark --mark $mark -j CLASSIFY --set-class 1:20
+  tc qdisc add dev lo root handle 1: htb default 10 r2q 100000 2>/dev/null
+  tc class add dev lo parent 1: classid 1:10 htb rate 100gbit 2>/dev/null
+  tc class add dev lo parent 1: classid 1:20 htb rate "$SLOW_RATE" 2>/dev/null
+  log "slow-link: $SLOW_NODE's connections at $SLOW_RATE (cgroup $group, lo htb class 1:20); undo with --off"
+}
+
 stop_pidfile() {  # stop_pidfile FILE NAME
   local f=$1 pid
   pid_alive "$f" || { rm -f "$f"; return 0; }
@@ -291,6 +345,7 @@ stop_pidfile() {  # stop_pidfile FILE NAME
 
 do_down() {
   [ -f "$CONF" ] || { log "nothing to stop in $DIR"; return 0; }
+  if [ -f "$DIR/slow-link" ]; then SLOW_OFF=1; do_slow_link; fi
   if pid_alive "$RUN/slurmctld.pid"; then
     scancel --quiet --full --user="$SLURM_USER" 2>/dev/null || true
     scontrol shutdown >/dev/null 2>&1 || true
@@ -349,5 +404,6 @@ case "$cmd" in
   stop-ctld) do_stop_ctld ;;
   start-ctld) do_start_ctld ;;
   restart-ctld) do_stop_ctld; sleep "$DOWN_FOR"; do_start_ctld ;;
-  *) die "unknown command '$cmd' (install|up|down|status|env|stop-ctld|start-ctld|restart-ctld)" ;;
+  slow-link) do_slow_link ;;
+  *) die "unknown command '$cmd' (install|up|down|status|env|stop-ctld|start-ctld|restart-ctld|slow-link)" ;;
 esac

@@ -69,7 +69,8 @@ class SlurmBackend(Backend):
             self.check_after(specs)
         return DryRun(scheduler=self.scheduler, run_dir=run_dir, wait=False, drafts=tuple(drafts))
 
-    def allocation(self, spec, points, run_dir, token=None, concurrent=False, nodelist=None, exclude=None):
+    def allocation(self, spec, points, run_dir, token=None, concurrent=False, nodelist=None, exclude=None,
+                   schedule=None):
         """Each point's own script (render(..., in_allocation=True): its steps on the node set the
         allocation gives it) and the allocation's script that runs them in turn (`concurrent`: at
         once, each on its own nodes: a node screen), one token."""
@@ -83,7 +84,7 @@ class SlurmBackend(Backend):
                                      text=render(point, point_dir, script, in_allocation=True)))
         script = os.path.join(run_dir, f"{spec.key}.sbatch")
         text = render_allocation(spec, run_dir, [(d.spec, d.run_dir, d.script) for d in drafts], token,
-                                 concurrent=concurrent, nodelist=nodelist, exclude=exclude)
+                                 concurrent=concurrent, nodelist=nodelist, exclude=exclude, schedule=schedule)
         return SlurmDraft(spec=spec, run_dir=run_dir, script=script, token=token, text=text), drafts
 
     def missing_jobs(self, job_ids):

@@ -328,27 +328,47 @@ def render(spec, run_dir, script_path=None, ids=None, token=None, written=True, 
     )
 
 
-def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodelist=None, exclude=None):
+def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodelist=None, exclude=None,
+                      schedule=None):
     """The sbatch script of one allocation (`spec`: its size, time and name) that runs a study's
     points in turn (slurm/study-allocation.sbatch.tmpl); `points`: [(point JobSpec, its run dir,
     its script path)], each script rendered by `render(..., in_allocation=True)`. `concurrent`
     (a node screen, jobs.study.screen): every point at once, each on its own nodes after the
     previous point's; `nodelist`, `exclude`: the allocation's `--nodelist` / `--exclude`, Slurm host
-    lists (`exclude`: e.g. the nodes a `study screen` flagged)."""
+    lists (`exclude`: e.g. the nodes a `study screen` flagged). `schedule` (a screen with
+    `--network`): rounds, each [(index into `points`, [allocation node indices])], the points of a
+    round at once on their nodes, one round after the other; every point in one round."""
     profile = spec.profile
     path = os.path.join(slurm_dir(), "study-allocation.sbatch.tmpl")
     with open(path) as handle:
         template = _Template(handle.read())
-    lines, first = [], 0
-    for point, point_dir, script in points:
-        line = ["recsys_point", shlex.quote(os.path.abspath(point_dir)), shlex.quote(script),
+    def call(point, point_dir, script):
+        return ["recsys_point", shlex.quote(os.path.abspath(point_dir)), shlex.quote(script),
                 shlex.quote(point.key), str(int(point.nodes)), str(60 * step_minutes(point))]
-        if concurrent:
-            line += [str(first), "&"]
-            first += int(point.nodes)
-        lines.append(" ".join(line))
-    if concurrent and lines:
-        lines.append("wait")
+
+    lines, first = [], 0
+    if schedule is not None:
+        placed = sorted(i for rnd in schedule for i, _ in rnd)
+        if placed != list(range(len(points))):
+            raise ValueError(f"schedule: every point in one round, got {placed} for {len(points)} point(s)")
+        for number, rnd in enumerate(schedule, 1):
+            lines.append(f"# round {number} of {len(schedule)}: {len(rnd)} point(s) at once")
+            for i, nodes in rnd:
+                if len(nodes) != int(points[i][0].nodes) or not all(0 <= n < int(spec.nodes) for n in nodes):
+                    raise ValueError(f"schedule: point {i} needs {points[i][0].nodes} of the allocation's "
+                                     f"{spec.nodes} node(s), got indices {nodes}")
+                # a trailing comma keeps one index a list (FIRST alone is a start)
+                lines.append(" ".join(call(*points[i]) + [",".join(map(str, nodes)) + ",", "&"]))
+            lines.append("wait")
+    else:
+        for point, point_dir, script in points:
+            line = call(point, point_dir, script)
+            if concurrent:
+                line += [str(first), "&"]
+                first += int(point.nodes)
+            lines.append(" ".join(line))
+        if concurrent and lines:
+            lines.append("wait")
     heads = directives(spec, run_dir, None, token)
     for flag, hosts in (("--nodelist", nodelist), ("--exclude", exclude)):
         if hosts is not None:
@@ -356,7 +376,9 @@ def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodel
                 raise RequestError(f"{flag}: {hosts!r} is not a Slurm host list such as node[1-4],gpu7")
             heads.append(f"#SBATCH {flag}={hosts}")
     title = (f"study allocation {spec.subject}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s), "
-             f"{len(points)} point(s)" + (", all at once, each on its own node(s) (not in turn as below)"
+             f"{len(points)} point(s)" + (f", in {len(schedule)} rounds, each round's points at once on their "
+                                          "own nodes" if schedule is not None else
+                                          ", all at once, each on its own node(s) (not in turn as below)"
                                           if concurrent else ""))
     return template.substitute(
         directives="\n".join(heads),
