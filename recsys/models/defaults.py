@@ -8,7 +8,7 @@ Reference values follow NVIDIA's DeepLearningExamples recipes for each model
 """
 from __future__ import annotations
 
-# Channels of each model (see recsys.feature_spec / recsys.data).
+# Channels of each model (see recsys.features.spec / recsys.data).
 CATEGORICAL_CHANNELS = {
     "dlrm": ("categorical",),
     "wide_deep": ("onehot_categorical", "multihot_categorical"),
@@ -90,7 +90,7 @@ SMALL_DATA_MIN_STEPS_PER_EPOCH = 16
 SMALL_DATA_EARLY_STOP = dict(early_stop_patience=2, early_stop_min_delta=0.001, keep_best=True)
 SMALL_DATA_DEFAULTS = {
     # SGD at a few hundred rows per step: the transcoding example's rate; warm-up and decay span
-    # the run (recsys.config scales them as for --synthetic).
+    # the run (recsys.configuration.train_config scales them as for --synthetic).
     "dlrm": dict(lr=0.5, epochs=3, **SMALL_DATA_EARLY_STOP),
     # RMSprop for the deep part at the usual small-batch rate, one warm-up epoch; FTRL as the reference.
     "wide_deep": dict(lr=0.001, deep_warmup_epochs=1.0, epochs=10, **SMALL_DATA_EARLY_STOP),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from recsys.feature_spec import FeatureSpec, FeatureSpecError, categorical_dtype, parse_transform
+from recsys.features.spec import FeatureSpec, FeatureSpecError, categorical_dtype, parse_transform
 
 pytestmark = pytest.mark.fast
 
@@ -173,16 +173,16 @@ def test_bad_yaml_and_missing_sections(tmp_path):
 
 def test_cli_validates_and_exits_nonzero_with_one_line(tmp_path):
     path, _ = write_dlrm(tmp_path)
-    ok = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "recsys.features.spec", str(path)], capture_output=True, text=True)
     assert ok.returncode == 0 and "train: 10 rows" in ok.stdout
     os.remove(tmp_path / "train/label.bin")
-    bad = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "recsys.features.spec", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and "label.bin" in bad.stderr
 
 
 def test_no_tensorflow_at_import():
-    code = ("import sys, recsys.feature_spec, recsys.metrics, recsys.data, recsys.data.synthetic, "
+    code = ("import sys, recsys.features.spec, recsys.models.metrics, recsys.data, recsys.data.synthetic, "
             "recsys.data.transcode, recsys.data.ncf; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

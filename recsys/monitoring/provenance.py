@@ -51,7 +51,7 @@ def collect(all_nodes=None) -> dict:
 @functools.lru_cache(maxsize=None)
 def _facts() -> dict:
     """What this process can tell on its own, in the documented key order (nodes filled in later)."""
-    # multi-rank jobs have loaded Horovod (recsys.distributed); a single rank loads it here (about
+    # multi-rank jobs have loaded Horovod (recsys.runtime.distributed); a single rank loads it here (about
     # 0.1 s after TensorFlow, no MPI_Init), so that every point of a study records the same build
     hvd = sys.modules.get("horovod.tensorflow") or _import_horovod()
     build = _horovod_build(hvd)
