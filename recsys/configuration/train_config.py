@@ -25,6 +25,7 @@ from recsys.configuration.checks import (check_creatable, fail, fitting_batch, f
 from recsys.configuration.predictions import check_directory, check_flags
 from recsys.models.defaults import (MODEL_DEFAULTS, REFERENCE_MIN_STEPS_PER_EPOCH, SMALL_DATA_DEFAULTS,
                                     is_small_data, resolved, small_data_batch)
+from recsys.placement.decision import Placement
 from recsys.runtime.distributed import launcher_world_size
 
 # Share of the run before the synthetic DLRM schedule ends its warm-up / starts its decay
@@ -122,7 +123,7 @@ class TrainConfig:
     # derived by from_args, before TensorFlow starts
     notes: list = dataclasses.field(default_factory=list)  # [(warning kind, one line)] the run logs at start
     embedding_groups: Tuple = ()    # the TableGroup of each embedding layer (recsys.models.embedding_tables)
-    placement: Optional[object] = None  # recsys.placement.decision.Placement: where every group's tables live
+    placement: Optional[Placement] = None  # where every group's tables live
 
     @classmethod
     def from_args(cls, namespace) -> "TrainConfig":
@@ -205,6 +206,7 @@ class TrainConfig:
     def _scaled_schedule(self, rows) -> dict:
         """The synthetic (and small-data) DLRM schedule spans the run (warm-up, constant, decay to 0
         at the last step) instead of fixed step numbers that would end it early in a longer run."""
+        assert self.batch_size is not None and self.epochs is not None, "the model's defaults fill them first"
         if self.batch_size < 1 or self.epochs < 1:
             return {}  # refused by _check_values
         per_epoch = max(1, rows // self.batch_size)
@@ -235,6 +237,7 @@ class TrainConfig:
             self.model, channels, embedding_dim=self.embedding_dim, factors=self.factors,
             layers=self.layers, combiner=self.combiner, optimizer=self.optimizer))
         budget = memory_budget_gb(self.embedding_memory_gb)
+        assert self.batch_size is not None, "the model's defaults fill it first"
         try:
             placement = choose_placement(
                 self.embedding_placement, self.world_size, cfg.embedding_groups, model=self.model,
@@ -430,6 +433,7 @@ class TrainConfig:
         if self.mode not in ("train", "benchmark"):
             return None
         samples = rows * (1 + (self.negative_samples or 0)) if self.model == "ncf" else rows
+        assert self.batch_size is not None and self.epochs is not None, "the model's defaults fill them first"
         if self.batch_size > samples:
             extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
             fail(f"--batch-size {self.batch_size} is larger than {what}{extra}: give --batch-size "
