@@ -22,8 +22,8 @@ from pathlib import Path
 
 # Seconds one external command (git, scontrol, ompi_info) may take before it reads as unknown.
 COMMAND_TIMEOUT_S = 5.0
-# The checkout the engine is imported from: the parent of the recsys/ package.
-CHECKOUT = Path(__file__).resolve().parent.parent
+# The checkout the engine is imported from: the parent of the recsys/ package (this is recsys/monitoring/).
+CHECKOUT = Path(__file__).resolve().parents[2]
 # Large enough for any MPI's MPI_MAX_LIBRARY_VERSION_STRING (Open MPI 256, MPICH 8192).
 _MPI_VERSION_BUFFER = 8192
 _VERSION = r"(?P<version>\d+(?:\.\d+)+)"
