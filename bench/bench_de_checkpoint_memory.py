@@ -2,14 +2,14 @@
 
     python bench/bench_de_checkpoint_memory.py [--ranks 8,16,64] [--slots 0]
 
-Computed from the project's own layout (``recsys.embeddings.planner.distributed_embeddings_layout``,
+Computed from the project's own layout (``recsys.placement.planner.distributed_embeddings_layout``,
 held equal to DE's strategy in tests/recsys/test_de_strategy.py): DLRM's 26 Criteo 1TB tables at
 width 128, float32, DE's default thresholds (none: every table model parallel), ``--slots``
 optimizer slots per table (DLRM's SGD: 0; Adagrad: 1). Per rank, the largest over ranks:
 
 * slices: the rank's table slices (and slots), the files it writes;
 * disk per save: ``sharded-v1`` wrote the slices twice (the files and the TF checkpoint), ``sharded-v2``
-  once (recsys.checkpoint_graph);
+  once (recsys.checkpoints.graph);
 * host peak of a save or a same-layout restore: TensorFlow's SaveV2/RestoreV2 hold every tensor of a
   TF checkpoint on the host at once, so v1 held the rank's whole shard; v2's TF checkpoint holds the
   dense weights only, and the slices move one chunk (``de_adapter.CHUNK_ELEMENTS``) at a time;
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from recsys.embeddings.de_adapter import CHUNK_ELEMENTS  # noqa: E402
-from recsys.embeddings.planner import distributed_embeddings_layout  # noqa: E402
+from recsys.placement.planner import distributed_embeddings_layout  # noqa: E402
 
 CRITEO_1TB_ROWS = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
                    11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
@@ -58,8 +58,8 @@ def measured_small_case() -> tuple:
     """(largest block read, bytes written, the same from the layout) of a 3-rank stand-in save."""
     import tensorflow as tf
 
+    from recsys.checkpoints.pieces import write_distributed_pieces
     from recsys.embeddings.de_adapter import _shapes, set_global
-    from recsys.sharded_checkpoint import write_distributed_pieces
     tables = [(40, 8), (30, 8), (5, 4), (64, 6), (12, 8)]
     layout = distributed_embeddings_layout(tables, 3, 50)
     chunk, stats, written = 40, {}, 0

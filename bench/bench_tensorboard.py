@@ -1,4 +1,4 @@
-"""What TensorBoard's event files cost a training step (recsys/tensorboard.py; issue: < 1 % of a step).
+"""What TensorBoard's event files cost a training step (recsys/monitoring/tensorboard.py; issue: < 1 % of a step).
 
 Two measurements in one run, each in interleaved pairs (sink on, sink off, on, off, ...):
 
@@ -38,8 +38,8 @@ CONFIG = ["--model", "dlrm", "--synthetic", "--synthetic-rows", "65536", "--batc
 
 def per_record(pairs, records, out_dir):
     """[(on - off) wall µs, (on - off) CPU µs] per logged step record, one per pair."""
-    from recsys.logger import RunLogger
-    from recsys.tensorboard import ScalarSink
+    from recsys.monitoring.logger import RunLogger
+    from recsys.monitoring.tensorboard import ScalarSink
 
     def block(sink, k):
         log = RunLogger(os.path.join(out_dir, f"log-{k}.jsonl"), console=open(os.devnull, "w"), progress_every=10**9,

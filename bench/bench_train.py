@@ -65,11 +65,11 @@ def _setup(model, data_dir, threads):
 
 def _engine(config):
     import tensorflow as tf
-    from recsys.distributed import Distributed
     from recsys.engine import Engine
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
+    from recsys.features.spec import FeatureSpec
     from recsys.models.tasks import TASKS
+    from recsys.monitoring.logger import RunLogger
+    from recsys.runtime.distributed import Distributed
     tf.keras.utils.set_random_seed(0)
     dist, log = Distributed(use_horovod=False), RunLogger(None, enabled=False)
     task = TASKS[config.model](config, FeatureSpec.from_yaml(config.feature_spec), dist, log)
@@ -260,7 +260,7 @@ def main(argv=None):
                         "tracing run slower, and the engine is measured first in a round)")
     p.add_argument("--steps-per-call", type=int, default=None,
                    help="engine training steps per compiled call (default: the engine's default, "
-                        "recsys.config.TrainConfig.steps_per_call); one step per call is measured alongside")
+                        "recsys.configuration.train_config.TrainConfig.steps_per_call); one step per call is measured alongside")
     p.add_argument("--threads", type=int, default=0, help="TF intra-op threads (0: TF default)")
     p.add_argument("--data-dir", default=None, help="where the synthetic datasets are kept (default: a temp dir)")
     a = p.parse_args(argv)
@@ -314,7 +314,7 @@ def main(argv=None):
     span = time.perf_counter() - wall0
     others = max(0.0, ((busy1[0] - busy0[0]) - (busy1[1] - busy0[1])) / span)
     steal = (busy1[2] - busy0[2]) / span
-    from recsys.config import TrainConfig
+    from recsys.configuration.train_config import TrainConfig
     spc = a.steps_per_call or TrainConfig.steps_per_call
     print(f"\n{started}; CPU cores available: {len(os.sched_getaffinity(0))} (os.cpu_count {cores}); "
           f"1-minute load average {min(loads):.2f}-{load:.2f} during the run (this benchmark's threads "

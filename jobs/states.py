@@ -11,7 +11,7 @@ COMPLETED, FAILED, CANCELLED, TIMEOUT = "COMPLETED", "FAILED", "CANCELLED", "TIM
 NODE_FAIL, OUT_OF_MEMORY, PREEMPTED = "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"
 UNKNOWN = "UNKNOWN"
 # Slurm says FAILED; the engine's no-progress watchdog says why: no step completed within its limit
-# (recsys.watchdog, read back by jobs.status from the engine log's `hang` records)
+# (recsys.monitoring.watchdog, read back by jobs.status from the engine log's `hang` records)
 HUNG = "HUNG"
 
 # queued or running: the job may still produce a result

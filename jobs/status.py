@@ -52,7 +52,7 @@ def attach_summaries(result):
         bad = sorted({s for s in task_states if s != states.COMPLETED})
         if bad and not job.reason:      # the backend's own reason (a job Slurm forgot) stands
             hang = enginelog.hang_reason(enginelog.job_logs(result.run_dir, job.key)) if len(task_states) == 1 else None
-            if hang:                    # Slurm's FAILED, told apart: the watchdog ended it (recsys.watchdog)
+            if hang:                    # Slurm's FAILED, told apart: the watchdog ended it (recsys.monitoring.watchdog)
                 job.state, job.tasks = states.HUNG, {task: states.HUNG for task in job.tasks}
             job.reason = hang or enginelog.failure_reason(result.run_dir, job.key, "/".join(bad))
     return result

@@ -2,14 +2,14 @@
 login-node ``pip install recsys-submit``), one line naming the extra, exit 2, instead of a
 traceback from a dataset module's imports (issue 48). Imports only the standard library until
 the check passes; Spark itself is needed only when a stage runs. On a Python or machine the extra
-does not install on (:mod:`recsys.platforms`), the line names what is supported instead."""
+does not install on (:mod:`recsys.runtime.platforms`), the line names what is supported instead."""
 from __future__ import annotations
 
 import importlib.util
 import sys
 from typing import Optional, Sequence
 
-from recsys.platforms import refusal, this_host
+from recsys.runtime.platforms import refusal, this_host
 
 # What listing the datasets and their flags (`recsys-preproc --help`) imports from the extra.
 NEEDS = ("numpy",)

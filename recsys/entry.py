@@ -3,9 +3,9 @@
 traceback from deep inside the engine's imports (issue 48).
 
 Imports nothing but the standard library until the check passes: the engine's flag parsing
-already needs numpy (recsys.feature_spec); TensorFlow itself is checked later, by
-:mod:`recsys.tfcompat`, before the engine imports it. On a Python or machine the extras do not
-install on (:mod:`recsys.platforms`: setup.cfg's markers leave TensorFlow out there), a missing
+already needs numpy (recsys.features.spec); TensorFlow itself is checked later, by
+:mod:`recsys.runtime.tfcompat`, before the engine imports it. On a Python or machine the extras do not
+install on (:mod:`recsys.runtime.platforms`: setup.cfg's markers leave TensorFlow out there), a missing
 numpy or TensorFlow is refused naming what is supported instead (issue 48 item 3)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from typing import Optional, Sequence
 
-from recsys.platforms import Host, refusal, this_host
+from recsys.runtime.platforms import Host, refusal, this_host
 
 # What `recsys-train --help` imports from the [train] / [gpu] extras.
 NEEDS = ("numpy",)

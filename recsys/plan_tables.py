@@ -3,12 +3,12 @@ as JSON, without TensorFlow: the tables, the placement, the dense parameters.
 
 The submission layer projects a study onto GPU counts it never ran (``recsys-submit study
 project``); it knows the engine only as commands, so it asks this one. Every figure comes from
-the engine's own derivation (recsys.config.TrainConfig.from_args: the parser, the model's
+the engine's own derivation (recsys.configuration.train_config.TrainConfig.from_args: the parser, the model's
 defaults, the feature spec or the synthetic one, the placement recsys-train applies), so the
 projection and the run cannot disagree on what lives where.
 
 stdin:  {"points": [{"world_size": N, "argv": [recsys-train flags ...]}, ...]}, or a table list the
-        engine's placement rule (recsys.embeddings.placement.plan_for_group) spreads as one group:
+        engine's placement rule (recsys.placement.decision.plan_for_group) spreads as one group:
         {"tables": [[name, rows, width, ids per sample, outputs per sample], ...], "world_sizes": [N, ...],
          "dense_params": P, "implementation": "horovod-alltoall" | "distributed-embeddings",
          "dp_input": true (ids exchanged; false: every rank reads its own tables' ids, 0 id bytes),
@@ -22,21 +22,22 @@ Exit 2 with one line on stderr on bad input.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import sys
 
-from recsys.config import TrainConfig
+from recsys.configuration.flags import build_parser
+from recsys.configuration.train_config import TrainConfig
 from recsys.errors import EngineError
-from recsys.train import build_parser
 
-WORLD_ENV = "WORLD_SIZE"        # the first variable recsys.distributed.launcher_world_size reads
+WORLD_ENV = "WORLD_SIZE"        # the first variable recsys.runtime.distributed.launcher_world_size reads
 
 
 def _spec(cfg):
     if cfg.feature_spec:
-        from recsys.feature_spec import FeatureSpec
+        from recsys.features.spec import FeatureSpec
         return FeatureSpec.from_yaml(cfg.feature_spec)
     from recsys.data.synthetic import default_spec
     return default_spec(cfg.model)
@@ -44,7 +45,7 @@ def _spec(cfg):
 
 def describe(argv, world_size):
     """The engine's tables, placement and dense size for `argv` on `world_size` ranks."""
-    from recsys.feature_spec import categorical_dtype
+    from recsys.features.spec import categorical_dtype
     os.environ[WORLD_ENV] = str(int(world_size))
     # the flags checked as on a submit host (no data read: a login node projects without it),
     # then the engine's own tables and placement from the feature spec (the dataset's, or the
@@ -77,8 +78,8 @@ def describe(argv, world_size):
 
 def describe_tables(request, world_size):
     """The same description for an explicit table list placed as one group."""
-    from recsys.embeddings.placement import BYTES_PER_PARAM, plan_for_group
-    from recsys.feature_spec import categorical_dtype
+    from recsys.features.spec import categorical_dtype
+    from recsys.placement.decision import BYTES_PER_PARAM, plan_for_group
     tables = request["tables"]
     slots = int(request.get("optimizer_slots", 0))
     mp = bool(request.get("model_parallel", True)) and world_size > 1
@@ -101,6 +102,9 @@ def describe_tables(request, world_size):
 
 
 def main(argv=None):
+    # no flags: --help prints this module's description (the stdin and stdout formats) and exits 0
+    argparse.ArgumentParser(prog="python -m recsys.plan_tables", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     try:
         request = json.load(sys.stdin)
         if "tables" in request:

@@ -88,7 +88,7 @@ def _start_cluster(directory: Path, accounting: bool, extra=()) -> SlurmCluster:
     env.update(MPI_ENV)
     env["SLURM_CONF"] = str(directory / "etc" / "slurm.conf")
     # the GRES GPUs are fake device files (Slurm sets CUDA_VISIBLE_DEVICES for them): every
-    # recsys-train launched here is a CPU run (recsys.devices; the ci profile says the same)
+    # recsys-train launched here is a CPU run (recsys.runtime.devices; the ci profile says the same)
     env["RECSYS_DEVICE"] = "cpu"
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     for var in [k for k in env if k.startswith(("SLURM_JOB", "SLURM_STEP", "SLURM_PROCID"))]:

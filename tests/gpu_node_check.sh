@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU-node checks that need no TensorFlow (not run in CI): on a node with NVIDIA GPUs, does
-# recsys.devices count the GPUs nvidia-smi lists, what Horovod build would the installer choose, and
+# recsys.runtime.devices count the GPUs nvidia-smi lists, what Horovod build would the installer choose, and
 # does the study sampler read every GPU's nvidia-smi row? Exit 0 when the detection agrees with
 # nvidia-smi, 1 when not, 2 when no GPU is listed.
 #   bash tests/gpu_node_check.sh            (from the repository root; python3 with PyYAML not needed)
@@ -18,23 +18,23 @@ status=0
 check() {   # label, env assignments...: run the detection, compare with the expected count
   local label=$1 want=$2; shift 2
   local out
-  out=$(cd "$here" && env "$@" "$py" -m recsys.devices --expected 2>&1)
+  out=$(cd "$here" && env "$@" "$py" -m recsys.runtime.devices --expected 2>&1)
   local got
   got=$(sed -n 's/^expected=\([0-9a-z]*\) .*/\1/p' <<<"$out")
   if [ "$got" = "$want" ]; then echo "ok   $label: $(head -1 <<<"$out")"
   else echo "FAIL $label: expected=$want, got: $out"; status=1; fi
 }
-echo "== recsys.devices (no TensorFlow)"
+echo "== recsys.runtime.devices (no TensorFlow)"
 # the bare node: nvidia-smi is the source; Slurm's and CUDA's variables cleared
 check "nvidia-smi only" "$listed" -u CUDA_VISIBLE_DEVICES -u SLURM_STEP_GPUS -u SLURM_JOB_GPUS -u SLURM_GPUS_ON_NODE
 check "CUDA_VISIBLE_DEVICES=0" 1 CUDA_VISIBLE_DEVICES=0
 check "CUDA_VISIBLE_DEVICES='' hides them" 0 CUDA_VISIBLE_DEVICES=
 check "Slurm step of all GPUs" "$listed" -u CUDA_VISIBLE_DEVICES SLURM_STEP_GPUS="$(seq -s, 0 $((listed - 1)))"
-out=$(cd "$here" && "$py" -m recsys.devices --expected)
-grep -q "^nvidia_smi=$listed\$" <<<"$out" || { echo "FAIL: recsys.devices counts nvidia-smi as: $out"; status=1; }
+out=$(cd "$here" && "$py" -m recsys.runtime.devices --expected)
+grep -q "^nvidia_smi=$listed\$" <<<"$out" || { echo "FAIL: recsys.runtime.devices counts nvidia-smi as: $out"; status=1; }
 # no TensorFlow was imported for any of this
-(cd "$here" && "$py" -c 'import sys, recsys.devices; sys.exit("tensorflow" in sys.modules)') \
-  || { echo "FAIL: recsys.devices imported TensorFlow"; status=1; }
+(cd "$here" && "$py" -c 'import sys, recsys.runtime.devices; sys.exit("tensorflow" in sys.modules)') \
+  || { echo "FAIL: recsys.runtime.devices imported TensorFlow"; status=1; }
 
 echo "== tests/install.sh --print-horovod-flags (detection only, nothing installed)"
 flags=$(bash "$here/tests/install.sh" --print-horovod-flags) || { echo "FAIL: installer dry mode failed"; status=1; }

@@ -158,7 +158,7 @@ def gradient_boosting_auc(directory: Path) -> float:
 
 def hr_ndcg(scores, k: int = 10):
     """HR@k, NDCG@k of [users, 1 + negatives] scores, the positive in column 0, ties pessimistic
-    (as recsys.metrics.hit_rate_and_ndcg)."""
+    (as recsys.models.metrics.hit_rate_and_ndcg)."""
     import numpy as np
     rank = (scores[:, 1:] >= scores[:, :1]).sum(axis=1)
     hit = rank < k

@@ -83,9 +83,9 @@ def test_every_error_the_toolkit_raises_on_purpose_has_one_base():
     from jobs.errors import SlurmCommandError, StorageError, SubmitError
     from jobs.study.spec import StudyError
     from preproc.errors import OutputError, PreprocError
-    from recsys.embeddings.planner import PlacementError
     from recsys.errors import DataError, DivergedError, EngineError
-    from recsys.feature_spec import FeatureSpecError
+    from recsys.features.spec import FeatureSpecError
+    from recsys.placement.planner import PlacementError
     from slurm.common.errors import ToolkitError
     from slurm.common.yamlfile import YamlFileError
 

@@ -2,7 +2,7 @@
 
 setup.cfg keeps ranges with environment markers, install/constraints.txt the tested exact stack:
 every pin lies in its ranges, every installer of the tree uses the file, the markers agree with the
-refusal table of recsys/platforms.py on every Python and machine, and the engine entry points
+refusal table of recsys/runtime/platforms.py on every Python and machine, and the engine entry points
 refuse an unsupported Python or machine in one line (the check run as a pure function here; in a
 real base-install venv by tests/jobs/test_entry_points.py)."""
 from __future__ import annotations
@@ -18,7 +18,9 @@ from packaging.requirements import Requirement
 
 import preproc.entry
 import recsys.entry
-from recsys import devices, platforms, tfcompat
+from recsys.runtime import devices
+from recsys.runtime import platforms
+from recsys.runtime import tfcompat
 
 pytestmark = pytest.mark.fast
 
@@ -90,7 +92,7 @@ def test_every_installer_of_the_tree_installs_with_the_constraints_file():
 
 @pytest.mark.parametrize("extra", ENGINE_EXTRAS)
 def test_the_markers_and_the_refusal_table_agree_on_every_python_and_machine(extra):
-    """Where recsys/platforms.py says the extra installs, all of its requirements apply; elsewhere not
+    """Where recsys/runtime/platforms.py says the extra installs, all of its requirements apply; elsewhere not
     all do (no TensorFlow on aarch64, nothing on Python 3.12 and 3.13)."""
     reqs = _extras()[extra]
     for python, machine in itertools.product([(3, 9), (3, 10), (3, 11), (3, 12), (3, 13)], ["x86_64", "aarch64"]):

@@ -24,7 +24,7 @@ from .argv import RunPath
 
 # Attempts in a row without a new checkpoint after which a job stops requeueing itself.
 MAX_IDLE_REQUEUES = 3
-ATTEMPT = "attempt.json"          # written by the engine (recsys.checkpoint.note_attempt)
+ATTEMPT = "attempt.json"          # written by the engine (recsys.checkpoints.atomic.note_attempt)
 
 
 def previous_attempt(directory, run_dir=None):

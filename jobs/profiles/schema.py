@@ -111,7 +111,7 @@ DEFAULT_KEYS: Dict[str, Any] = {
     # seconds the multinode preprocessing helpers (slurm/spark-standalone.sh, dask-cluster.sh) give
     # their master and workers to come up, after the job's container exists on every node (120)
     "cluster_start_seconds": (int, None),
-    # hangs (recsys.watchdog, docs/reliability.md): the engine's no-progress limit in seconds
+    # hangs (recsys.monitoring.watchdog, docs/reliability.md): the engine's no-progress limit in seconds
     # (recsys-train --hang-timeout; without it the limit scales with the step time), and Horovod's
     # own stall check (a warning naming the missing ranks after CHECK, the job ended after SHUTDOWN)
     "hang_timeout": (int, None),

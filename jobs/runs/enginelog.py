@@ -1,6 +1,6 @@
 """What the submission layer reads back from a finished job: the engine's JSON-lines log.
 
-The engine writes one JSON object per line (recsys.logger); the submission layer passes its
+The engine writes one JSON object per line (recsys.monitoring.logger); the submission layer passes its
 `--log-path` (jobs.planning.argv.EngineLog), so the log of job <key> is logs/<key>-<tag>.engine.jsonl in
 the run dir. The final `summary` record (throughput, step time, metrics, world size) is what
 status and studies report: read defensively (a torn last line, a record of a later summary
@@ -247,7 +247,7 @@ def failure_reason(run_dir, key, state):
 # what a start-up that reached the last `startup` record of this phase was doing next (recsys.train)
 _AFTER_STARTUP = {None: "start-up, before Horovod's initialisation", "horovod_init": "start-up, loading its data",
                   "data": "start-up, building its model", "model": "its first step (tracing included)"}
-# each rank's heartbeat beside the engine log when the job has more than one rank (recsys.watchdog's
+# each rank's heartbeat beside the engine log when the job has more than one rank (recsys.monitoring.watchdog's
 # heartbeat_dir: <engine log>.ranks/rank<R>.json, the rank's phase and step, rewritten about once a second)
 HEARTBEATS = ".ranks"
 

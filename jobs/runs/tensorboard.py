@@ -1,7 +1,7 @@
 """What a run directory holds for TensorBoard, and the command that opens it (docs/tensorboard.md).
 
 The engine writes each job's event files and profiler traces under the run directory's
-``logs/tensorboard/<job>/rank<k>/`` (recsys/tensorboard.py: ``<job>`` is the name of the job's
+``logs/tensorboard/<job>/rank<k>/`` (recsys/monitoring/tensorboard.py: ``<job>`` is the name of the job's
 engine log, ``<key>-<tag>``). This module finds them, names them for TensorBoard's
 ``--logdir_spec`` (a run's jobs by job name, a study's points by point id such as
 ``g8-n1x8-r0``) and writes the command and the ``ssh -L`` tunnel line. Pure Python: the login

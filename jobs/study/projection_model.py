@@ -253,7 +253,7 @@ def embedding_work(layout: Dict[str, Any], n: int, batch_per_gpu: int) -> List[i
 def gradient_bytes(layout: Dict[str, Any], batch_per_gpu: int):
     """(allreduced bytes, allgathered bytes per rank) of a step's gradient exchange: the dense
     parameters (and under --sparse-as-dense the replicated tables whole) allreduced; otherwise
-    the replicated tables' looked-up rows and their ids allgathered (recsys.distributed.
+    the replicated tables' looked-up rows and their ids allgathered (recsys.runtime.distributed.
     gradient_payload_bytes' count; model-parallel tables stay on their rank)."""
     reduce = layout["dense_params"] * BYTES_PER_PARAM + GRADIENT_EXTRAS_BYTES
     gather = 0

@@ -8,7 +8,7 @@ several shards (array mode) is merged by (key, file, line) from the pieces'
 ``order.bin``, which gives the bytes of a one-shard run. Files are copied with
 ``os.copy_file_range`` (no user-space copy), several at a time. The dataset is
 assembled in a temporary sibling of the output, verified (the feature specs
-validate with ``recsys.feature_spec`` and each mapping has the number of rows
+validate with ``recsys.features.spec`` and each mapping has the number of rows
 the shards counted, so every file has exactly rows x record size bytes) and
 only then renamed to the output; the staging directory is removed afterwards
 unless ``keep_stages``. The dictionaries move to ``<output>/dictionary/``.
@@ -17,7 +17,7 @@ Feature specs (``Rules.spec_layout``): ``reference`` writes
 ``feature_spec.yaml`` with exactly the mappings ``train`` and ``test`` (NVIDIA's
 DLRM loaders assert this) and ``feature_spec_validation.yaml`` with
 ``validation`` (named in the first one's ``metadata.mapping_specs``, which
-``recsys.feature_spec`` follows); ``combined`` writes one spec with all three.
+``recsys.features.spec`` follows); ``combined`` writes one spec with all three.
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def feature_specs(cardinalities: list[int], rows: dict[str, int], meta: dict) ->
 
 
 def write_feature_spec(spec: dict, directory: Path, name: str = SPEC_FILE) -> None:
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     FeatureSpec(spec["feature_spec"], spec["source_spec"], spec["channel_spec"], spec["metadata"],
                 base_directory=str(directory)).to_yaml(str(directory / name))

@@ -108,7 +108,7 @@ def numerical_transform(values: np.ndarray, rule: str = "reference") -> np.ndarr
 def categorical_dtype(cardinality: int) -> str:
     """int8/int16/int32: the first whose maximum is larger than ``cardinality`` (the reference's rule).
 
-    Stricter than ``recsys.feature_spec.categorical_dtype`` (which needs only
+    Stricter than ``recsys.features.spec.categorical_dtype`` (which needs only
     ``cardinality - 1 <= max``) at cardinalities 127-128 and 32767-32768; both
     readers follow the dtype the spec names.
     """

@@ -16,7 +16,7 @@
   has its previous output put back by the next writer.
 * ``verify_against_spec(dir, expected_rows)`` is the verification the stages
   use: the directory's ``feature_spec.yaml`` must validate with
-  ``recsys.feature_spec`` (every file present, byte size a whole number of rows,
+  ``recsys.features.spec`` (every file present, byte size a whole number of rows,
   all chunks of a mapping the same number of rows) and the rows per mapping must
   equal what the Spark job counted. A marker file is never trusted.
 """
@@ -214,7 +214,7 @@ def verify_against_spec(directory: str | os.PathLike, expected_rows: dict[str, i
                         spec_files: tuple[str, ...] = ("feature_spec.yaml",)) -> dict[str, int]:
     """Validate each spec file of ``directory`` that exists (files present, whole rows); the rows
     per mapping over all of them must match ``expected_rows``."""
-    from recsys.feature_spec import FeatureSpec, FeatureSpecError
+    from recsys.features.spec import FeatureSpec, FeatureSpecError
 
     rows: dict[str, int] = {}
     for name in spec_files:

@@ -150,8 +150,8 @@ def write_parquet_files(df, stage: str, name: str, num_files: int, by: str | Non
 
 
 def write_feature_spec(spec: dict, directory) -> str:
-    """Write ``directory/feature_spec.yaml`` through recsys.feature_spec (structure checked on the way)."""
-    from recsys.feature_spec import FeatureSpec
+    """Write ``directory/feature_spec.yaml`` through recsys.features.spec (structure checked on the way)."""
+    from recsys.features.spec import FeatureSpec
 
     fs = FeatureSpec(spec["feature_spec"], spec["source_spec"], spec["channel_spec"], spec["metadata"],
                      base_directory=str(directory))

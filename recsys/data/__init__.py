@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.features.spec import FeatureSpec, FeatureSpecError
 
 __all__ = ["make_dataset", "make_reader", "numerical_scale", "off_scale_warning", "label_counts", "evaluation_problem",
            "FeatureSpec", "FeatureSpecError"]

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from recsys.errors import DataError
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.features.spec import FeatureSpec, FeatureSpecError
 
 LABEL_CHANNELS = ("label", "label_ch")
 MATRIX_CHANNELS = {"numerical": "float32", "categorical": "int32"}

@@ -27,7 +27,7 @@ import warnings
 
 from recsys.data.layout import Layout, check_finite, check_ids, check_labels
 from recsys.data.parquet import ParquetReader
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.features.spec import FeatureSpec, FeatureSpecError
 
 
 def merlin_file_order(n_files: int, world_size: int) -> list[int]:

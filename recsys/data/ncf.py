@@ -11,7 +11,7 @@ user). As in the reference:
   distinct items the user never interacted with, drawn once with a fixed seed
   (:func:`eval_set`), or against the negatives the preprocessing stored
   (``metadata.test_samples_per_series`` = 1 + N, :func:`stored_eval_set`);
-  the metric is HR@10/NDCG@10 from recsys.metrics.
+  the metric is HR@10/NDCG@10 from recsys.models.metrics.
 
 :func:`load_pairs` returns positives only (label > 0.5), so stored test
 negatives never count as interactions.
@@ -25,7 +25,7 @@ from typing import Tuple
 
 import numpy as np
 
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.features.spec import FeatureSpec, FeatureSpecError
 
 
 def load_pairs(spec: FeatureSpec, mapping: str, positives_only: bool = True) -> Tuple[np.ndarray, np.ndarray]:
@@ -148,7 +148,7 @@ def eval_set(test_users, test_items, train_users, train_items, num_items: int, n
 
     A user's negatives are distinct and exclude the user's train and test
     positives. Score the items matrix row-wise and pass ``scores[:, 0]`` and
-    ``scores[:, 1:]`` to ``recsys.metrics.hit_rate_and_ndcg``.
+    ``scores[:, 1:]`` to ``recsys.models.metrics.hit_rate_and_ndcg``.
     """
     tu = np.asarray(test_users, dtype=np.int64)
     ti = np.asarray(test_items, dtype=np.int64)

@@ -35,7 +35,7 @@ import numpy as np
 from recsys.data.layout import (Layout, channel_features, check_finite, check_ids, check_labels, check_shard,
                                 label_features)
 from recsys.errors import DataError
-from recsys.feature_spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
+from recsys.features.spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
 
 
 def list_column_to_padded(column, hotness: int, where: str, cardinality: Optional[int] = None,

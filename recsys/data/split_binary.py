@@ -40,7 +40,7 @@ import numpy as np
 
 from recsys.data.layout import (Layout, channel_features, check_finite, check_ids, check_labels, check_shard,
                                 label_features)
-from recsys.feature_spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
+from recsys.features.spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
 
 # Up to this many bytes of categorical ids per mapping, the engine checks every id before training.
 CHECK_IDS_MAX_BYTES = 1 << 30

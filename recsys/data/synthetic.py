@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from recsys.data.writer import ChunkWriter
-from recsys.feature_spec import FeatureSpec, categorical_dtype
+from recsys.features.spec import FeatureSpec, categorical_dtype
 
 MODELS = ("dlrm", "wide_deep", "ncf")
 BLOCK_ROWS = 1 << 17

@@ -43,8 +43,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from recsys.data.writer import ChunkWriter
-from recsys.feature_spec import (CATEGORICAL_CHANNELS, TRANSFORM, FeatureSpec, FeatureSpecError,
-                                 categorical_dtype, parse_transform)
+from recsys.features.spec import (CATEGORICAL_CHANNELS, TRANSFORM, FeatureSpec, FeatureSpecError,
+                                  categorical_dtype, parse_transform)
 
 FORMATS = ("split_binary", "parquet")
 MULTIHOT_SEP = ";"
@@ -295,7 +295,7 @@ def transcode(spec: FeatureSpec, input_dir: str, output_dir: str, fmt: str, num_
 
 
 def _count_rows(path: str) -> int:
-    from recsys.feature_spec import _count_lines
+    from recsys.features.spec import _count_lines
     return _count_lines(path)
 
 

@@ -11,7 +11,7 @@ from typing import Dict
 
 import numpy as np
 
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.features.spec import FeatureSpec, FeatureSpecError
 
 
 def arrow_type(spec: FeatureSpec, feature: str):

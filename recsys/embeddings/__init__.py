@@ -1,14 +1,8 @@
-"""Embedding tables: where they live, and the layers that hold them.
+"""Embedding layers: the TensorFlow layers that hold a model's tables where recsys.placement put them.
 
-Pure Python, planned before TensorFlow starts:
+The layers hold the plans recsys.placement made (its ``decision``), as they are.
 
-* ``tables``: what a table and a group of them are (each model's groups come from
-  recsys.models.embedding_tables, the one builder of a model's table list);
-* ``planner``: the memory-balanced placement of one table list on the ranks;
-* ``placement``: the run's one decision, every group's plan and the memory check made on those
-  plans, carried in the TrainConfig (``python -m recsys.placement`` prints it).
-
-TensorFlow layers, built from those:
+The layers:
 
 * ``group``: EmbeddingGroup, one group's tables replicated or model parallel (our alltoall layer,
   or NVIDIA distributed-embeddings when ``--embedding-implementation`` names it);
@@ -19,6 +13,5 @@ TensorFlow layers, built from those:
 * ``combine``: multi-hot rows summed or averaged;
 * ``lockstep``: ranks stepping through evaluation together.
 
-Nothing here imports recsys.models, and this package imports nothing itself:
-``import recsys.embeddings.placement`` loads no TensorFlow.
+Nothing here imports recsys.models, and this package imports nothing itself.
 """

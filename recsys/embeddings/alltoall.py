@@ -1,7 +1,7 @@
 """Model-parallel embedding tables exchanged with Horovod alltoall (CPU or GPU ranks).
 
 Each rank holds only its share of a group's tables, as the run's placement
-(:mod:`recsys.embeddings.placement`, decided before TensorFlow started) plans
+(:mod:`recsys.placement.decision`, decided before TensorFlow started) plans
 them: whole tables or column slices, tables under the data-parallel threshold
 replicated. The layer takes that plan as it is. A forward pass:
 

@@ -13,11 +13,11 @@ NVIDIA-Merlin/distributed-embeddings 4cb42d4, version 1.0.0; docs/embeddings.md)
 * its own ``Embedding`` layer, with a ``sum`` combiner for multi-hot features (ragged ids);
 * one batch size on every rank (the caller pads evaluation batches, recsys.embeddings.group);
 * its placement (``DistEmbeddingStrategy``), reproduced in pure Python for the plan and the memory
-  check before TensorFlow (:func:`recsys.embeddings.planner.distributed_embeddings_layout`) and
+  check before TensorFlow (:func:`recsys.placement.planner.distributed_embeddings_layout`) and
   checked against the strategy it built (:func:`make_layer`);
 * whole tables in, cut by that layout (:func:`set_global`; DE's own ``set_weights`` cuts a rank's
   merged slices of one table wrongly, see :func:`set_global`), in row chunks; each rank's slices out,
-  as they are (:func:`local_pieces`), so a checkpoint never gathers a table (recsys.sharded_checkpoint).
+  as they are (:func:`local_pieces`), so a checkpoint never gathers a table (recsys.checkpoints.sharded).
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import inspect
 
 import numpy as np
 
-from recsys.embeddings.planner import distributed_embeddings_layout
 from recsys.embeddings.seeding import SEED_BLOCK_ROWS, column_values
 from recsys.errors import EngineError
+from recsys.placement.planner import distributed_embeddings_layout
 
 IMPLEMENTATION = "distributed-embeddings"
 FLAG = "--embedding-implementation distributed-embeddings"
@@ -122,7 +122,7 @@ def layout_name(layer):
     """A name for this rank's part of ``layer``'s layout (world size, rank, a digest of where DE put
     every table slice): the attribute the group tracks it under, so its checkpoint keys match only
     this rank's checkpoint of the same layout; any other (another rank's, another layout) comes back
-    whole through :func:`set_global` (recsys.sharded_checkpoint)."""
+    whole through :func:`set_global` (recsys.checkpoints.sharded)."""
     import hashlib
     st = layer.strategy
     shapes = [[(c["input_dim"], c["output_dim"]) for c in rank] for rank in getattr(st, "local_configs", [])]

@@ -55,10 +55,10 @@ def ragged_feed(ids):
 
 
 class EmbeddingGroup(tf.keras.layers.Layer):
-    """The tables of one :class:`recsys.embeddings.tables.TableGroup`; call(list of [B] or [B, hot]
+    """The tables of one :class:`recsys.placement.tables.TableGroup`; call(list of [B] or [B, hot]
     id tensors, in table order) -> list of [B, width].
 
-    ``placement``: the run's :class:`recsys.embeddings.placement.Placement`; None or a replicated
+    ``placement``: the run's :class:`recsys.placement.decision.Placement`; None or a replicated
     one keeps every table on every rank. ``hvd``: the Horovod module (tests give a stand-in).
     """
 
@@ -86,7 +86,7 @@ class EmbeddingGroup(tf.keras.layers.Layer):
                                           data_parallel_threshold=data_parallel_threshold)
             # Tracked under a name of its layout: a checkpoint of another layout (world size, thresholds)
             # has other shard shapes, and its keys then do not match (the tables come back whole,
-            # through set_weights: recsys.sharded_checkpoint); the same layout restores as saved.
+            # through set_weights: recsys.checkpoints.sharded); the same layout restores as saved.
             self._de_attr = de_adapter.layout_name(layer)
             setattr(self, self._de_attr, layer)
             self._batch_rows = (placement.local_batch, placement.local_eval_batch)

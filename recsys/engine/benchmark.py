@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 
-from recsys import watchdog
 from recsys.engine.breakdown import StepBreakdown
 from recsys.engine.summary import Summary
-from recsys.tensorboard import ProfileWindow, optimizer_figures
+from recsys.monitoring import watchdog
+from recsys.monitoring.tensorboard import ProfileWindow, optimizer_figures
 
 
 class Benchmark:

@@ -2,7 +2,7 @@
 
 Every evaluation is judged here: a new best is recorded with the checkpoint that holds its step
 (kept from pruning with --keep-best, and named in best.json), and spent patience ends the epoch
-loop on every rank at once. The count itself is :class:`recsys.checkpoint.BestEvaluation`'s; this
+loop on every rank at once. The count itself is :class:`recsys.checkpoints.atomic.BestEvaluation`'s; this
 object ties it to the run (its checkpoints, its ranks, its log).
 
 When the evaluations are a validation mapping's, the best one's weights are also kept in memory (a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsys.checkpoint import BestEvaluation, write_best
+from recsys.checkpoints.atomic import BestEvaluation, write_best
 from recsys.engine.checkpoints import Checkpoints
 from recsys.engine.state import TrainState
 

@@ -15,12 +15,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from recsys import watchdog
-from recsys.distributed import gradient_payload_bytes
 from recsys.embeddings.alltoall import ModelParallelEmbedding
 from recsys.embeddings.group import EmbeddingGroup
 from recsys.engine.guards import Guards
 from recsys.engine.step import Step
+from recsys.monitoring import watchdog
+from recsys.runtime.distributed import gradient_payload_bytes
 
 # The phases of a split step (--breakdown-steps), in order; their times add up to the step's.
 BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder")

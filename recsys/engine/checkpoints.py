@@ -3,13 +3,13 @@
 The loops, the best model and the summary all ask "which checkpoint holds this step?": the one
 written last (:attr:`Checkpoints.saved_path`) or the one restored (:attr:`Checkpoints.restored_path`);
 this object is the one place that knows. Replicated weights: rank 0 writes; model-parallel tables:
-every rank its shard (recsys.sharded_checkpoint).
+every rank its shard (recsys.checkpoints.sharded).
 """
 from __future__ import annotations
 
 import time
 
-from recsys.checkpoint import BestEvaluation, note_attempt
+from recsys.checkpoints.atomic import BestEvaluation, note_attempt
 from recsys.engine.state import TrainState, inner_optimizer
 
 
@@ -26,7 +26,7 @@ class Checkpoints:
         self.startup_s = None                       # process start -> first trained step of this process
         self.checkpointer = None
         if self.config.checkpoint_dir:
-            from recsys.sharded_checkpoint import make_checkpointer
+            from recsys.checkpoints.sharded import make_checkpointer
             self.checkpointer = make_checkpointer(
                 self.config, state.checkpoint(), state.model, self.dist, state.counters(),
                 optimizers=[inner_optimizer(o) for _, o, _ in state.groups], log=self.log)

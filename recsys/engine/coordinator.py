@@ -10,8 +10,8 @@ them once and forwards ``train``, ``evaluate``, ``benchmark``, ``inference``, ``
 """
 from __future__ import annotations
 
-from recsys.checkpoint import BestEvaluation
-from recsys.config import TrainConfig
+from recsys.checkpoints.atomic import BestEvaluation
+from recsys.configuration.train_config import TrainConfig
 from recsys.engine.benchmark import Benchmark
 from recsys.engine.best import BestModel
 from recsys.engine.breakdown import StepBreakdown
@@ -22,7 +22,7 @@ from recsys.engine.predict import Predictions
 from recsys.engine.state import TrainState
 from recsys.engine.step import Step
 from recsys.engine.summary import Summary
-from recsys.tensorboard import ProfileWindow
+from recsys.monitoring.tensorboard import ProfileWindow
 
 
 class Engine:
@@ -30,7 +30,7 @@ class Engine:
 
     def __init__(self, config: TrainConfig, task, dist, logger):
         self.config, self.task, self.dist, self.log = config, task, dist, logger
-        self.profiler = ProfileWindow.of(config, dist.rank)   # --profile-steps (recsys.tensorboard)
+        self.profiler = ProfileWindow.of(config, dist.rank)   # --profile-steps (recsys.monitoring.tensorboard)
         self.state = TrainState(config, task, dist, logger)
         # the best evaluation and the early stop's count (--early-stop-patience, --keep-best)
         self.best = BestEvaluation(task.watched_metric, config.early_stop_patience, config.early_stop_min_delta)

@@ -14,16 +14,16 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from recsys import watchdog
-from recsys.checkpoint import StopRequest
+from recsys.checkpoints.atomic import StopRequest
 from recsys.engine.best import BestModel
 from recsys.engine.checkpoints import Checkpoints
 from recsys.engine.guards import Guards
 from recsys.engine.step import Step
 from recsys.engine.summary import Summary
 from recsys.errors import DataError, data_error_message
-from recsys.logger import process_start
-from recsys.tensorboard import ProfileWindow, optimizer_figures
+from recsys.monitoring import watchdog
+from recsys.monitoring.logger import process_start
+from recsys.monitoring.tensorboard import ProfileWindow, optimizer_figures
 
 
 class StopTraining(Exception):

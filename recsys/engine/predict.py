@@ -9,7 +9,7 @@ tabular``) are read from the same files beside it. A model-parallel model scores
 (recsys.embeddings.lockstep): a rank out of rows feeds empty batches, which score no row.
 
 Rank ``r`` writes ``DIR/part-RRRRR.parquet`` (a temporary name, then renamed): the key columns
-under their own names, then recsys.predictions.COLUMNS: ``file``, ``row``, ``score``. The ``summary`` record names the files and
+under their own names, then recsys.configuration.predictions.COLUMNS: ``file``, ``row``, ``score``. The ``summary`` record names the files and
 the rows (``prediction_files``, ``predicted_rows``).
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 
+from recsys.configuration.predictions import part_name
 from recsys.data import make_dataset, make_reader
 from recsys.engine.step import Step
 from recsys.engine.summary import Summary
 from recsys.errors import DataError, EngineError, data_error_message
-from recsys.predictions import part_name
 
 MAPPING = "test"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from recsys.config import TrainConfig
+from recsys.configuration.train_config import TrainConfig
 from recsys.embeddings.group import EmbeddingGroup, broadcast, uses_distributed_embeddings
 
 

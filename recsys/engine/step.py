@@ -16,10 +16,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from recsys import watchdog
-from recsys.distributed import gradient_payload_bytes
 from recsys.embeddings.group import distributed_tape
 from recsys.engine.state import TrainState
+from recsys.monitoring import watchdog
+from recsys.runtime.distributed import gradient_payload_bytes
 
 # Test-only: "RANK:STEP" makes that rank's first model-parallel shard gradient non-finite at that
 # step, as an fp16 overflow on the shard's owner would (tests/recsys/test_amp_sync.py).

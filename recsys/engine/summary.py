@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsys import provenance, watchdog
-from recsys.config import CHECKPOINT_MODES
+from recsys.monitoring import provenance
+
+from recsys.configuration.train_config import CHECKPOINT_MODES
 from recsys.engine.checkpoints import Checkpoints
 from recsys.engine.guards import DRIFT_ADVICE, Guards
+from recsys.monitoring import watchdog
 
 # Full weight digests (bitwise run comparisons in the summary) only for models up to this size.
 DIGEST_MAX_PARAMS = 50_000_000

@@ -8,7 +8,13 @@ Reference values follow NVIDIA's DeepLearningExamples recipes for each model
 """
 from __future__ import annotations
 
-# Channels of each model (see recsys.feature_spec / recsys.data).
+from typing import Any
+
+# A model's settings by flag name: heterogeneous on purpose (numbers, widths, names, booleans),
+# each read by the flag it fills.
+Settings = dict[str, Any]
+
+# Channels of each model (see recsys.features.spec / recsys.data).
 CATEGORICAL_CHANNELS = {
     "dlrm": ("categorical",),
     "wide_deep": ("onehot_categorical", "multihot_categorical"),
@@ -16,9 +22,9 @@ CATEGORICAL_CHANNELS = {
 }
 
 # The reference recipes train a fixed schedule: every epoch, the last checkpoint is the result.
-NO_EARLY_STOP = dict(early_stop_patience=0, early_stop_min_delta=0.0, keep_best=False)
+NO_EARLY_STOP: Settings = dict(early_stop_patience=0, early_stop_min_delta=0.0, keep_best=False)
 
-MODEL_DEFAULTS = {
+MODEL_DEFAULTS: dict[str, Settings] = {
     "dlrm": dict(
         batch_size=65536, eval_batch_size=65536, epochs=1, optimizer="sgd", lr=24.0,
         warmup_steps=8000, decay_start_step=48000, decay_steps=24000, decay_power=2.0,
@@ -59,7 +65,7 @@ def embedding_dims(model: str, features, embedding_dim: int) -> list:
 
 
 # Small model and data sizes for `--synthetic` (a laptop/CI-sized run).
-SYNTHETIC_DEFAULTS = {
+SYNTHETIC_DEFAULTS: dict[str, Settings] = {
     "dlrm": dict(batch_size=512, eval_batch_size=2048, epochs=2, lr=0.5, warmup_steps=10,
                  decay_start_step=60, decay_steps=40, embedding_dim=16, bottom_mlp=[32, 16],
                  top_mlp=[64, 32, 1], synthetic_rows=16384),
@@ -87,10 +93,10 @@ SMALL_DATA_MIN_STEPS_PER_EPOCH = 16
 # On small data the best evaluation often comes epochs before the last (W&D on Adult: docs/data.md):
 # keep the best checkpoint and stop once two evaluations in a row have not beaten the best by more
 # than 0.001 (of AUC, or of HR@10: one user in a thousand), what an epoch's noise moves it.
-SMALL_DATA_EARLY_STOP = dict(early_stop_patience=2, early_stop_min_delta=0.001, keep_best=True)
-SMALL_DATA_DEFAULTS = {
+SMALL_DATA_EARLY_STOP: Settings = dict(early_stop_patience=2, early_stop_min_delta=0.001, keep_best=True)
+SMALL_DATA_DEFAULTS: dict[str, Settings] = {
     # SGD at a few hundred rows per step: the transcoding example's rate; warm-up and decay span
-    # the run (recsys.config scales them as for --synthetic).
+    # the run (recsys.configuration.train_config scales them as for --synthetic).
     "dlrm": dict(lr=0.5, epochs=3, **SMALL_DATA_EARLY_STOP),
     # RMSprop for the deep part at the usual small-batch rate, one warm-up epoch; FTRL as the reference.
     "wide_deep": dict(lr=0.001, deep_warmup_epochs=1.0, epochs=10, **SMALL_DATA_EARLY_STOP),
@@ -119,7 +125,7 @@ def is_small_data(model: str, samples: int) -> bool:
     return samples < REFERENCE_MIN_STEPS_PER_EPOCH * MODEL_DEFAULTS[model]["batch_size"]
 
 
-def resolved(model: str, synthetic: bool) -> dict:
+def resolved(model: str, synthetic: bool) -> Settings:
     """The defaults that apply to a run: reference values, small ones for --synthetic."""
     out = dict(MODEL_DEFAULTS[model])
     if synthetic:
@@ -127,12 +133,12 @@ def resolved(model: str, synthetic: bool) -> dict:
     return out
 
 
-def _mlp_params(sizes):
+def _mlp_params(sizes: list[int]) -> int:
     return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
 def dense_param_count(model: str, n_tables: int, embedding_dim: int, n_numerical: int = 13,
-                      total_embedding_dim: int | None = None, **overrides) -> int:
+                      total_embedding_dim: int | None = None, **overrides: Any) -> int:
     """Replicated (non-embedding) parameters, for the per-rank memory estimate (``total_embedding_dim``:
     the summed widths when the tables differ, see :func:`embedding_dims`)."""
     d = dict(MODEL_DEFAULTS[model])

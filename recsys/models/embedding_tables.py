@@ -2,13 +2,13 @@
 
 Pure Python (no TensorFlow). The configuration plans the placement and checks the memory on
 these groups before TensorFlow starts; the models build one EmbeddingGroup layer per group from
-them; the ``placement`` log record, ``python -m recsys.placement`` and the sharded-checkpoint
+them; the ``placement`` log record, ``python -m recsys.place_tables`` and the sharded-checkpoint
 signature list them. Nothing else decides a table's name, width or combiner.
 """
 from __future__ import annotations
 
-from recsys.embeddings.tables import Table, TableGroup
 from recsys.models.defaults import CATEGORICAL_CHANNELS, dense_param_count, embedding_dims
+from recsys.placement.tables import Table, TableGroup
 
 # Wide & Deep trains its wide part (the 1-wide tables) with FTRL, whatever --optimizer says.
 WIDE_OPTIMIZER = "ftrl"

@@ -3,9 +3,9 @@
 A Task gives the engine: the model, optimizer groups ``[(name, optimizer,
 variables_fn)]``, this rank's training dataset for an epoch (per-rank batch =
 global batch / world size), and ``evaluate(engine)`` returning metrics that
-are the same whatever the number of ranks (sums from recsys.metrics,
+are the same whatever the number of ranks (sums from recsys.models.metrics,
 allreduced). It builds the model from its ``config`` (a checked
-recsys.config.TrainConfig): the embedding groups and the placement in it.
+recsys.configuration.train_config.TrainConfig): the embedding groups and the placement in it.
 
 ``eval_mapping`` is the mapping ``evaluate`` reads: a training run on a spec with a ``validation``
 mapping judges its epochs on it (the test rows are evaluated once, by the loops, at the end);
@@ -18,11 +18,11 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from recsys import metrics as M
 from recsys.data import make_dataset, make_reader
 from recsys.errors import EngineError
+from recsys.models import metrics as M
 from recsys.models.embedding_tables import WIDE_OPTIMIZER
-from recsys.optim import WarmupPolyDecay, make_optimizer
+from recsys.models.optim import WarmupPolyDecay, make_optimizer
 
 
 class Task:

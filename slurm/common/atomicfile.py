@@ -3,7 +3,7 @@ so a crash never leaves one half-written, and a durable write survives a crash o
 
 Every writer that replaces a file whole uses it: the submission layer's records and scripts
 (jobs.runs.atomic), the hardware sampler's node files (slurm/hwsample.py) and the checkpoints'
-JSON files (recsys.checkpoint). Standard library only: `slurm/` is the leaf both the engines and
+JSON files (recsys.checkpoints.atomic). Standard library only: `slurm/` is the leaf both the engines and
 the submission layer may import (setup.cfg).
 
 The temporary is `.<name>.tmp.<host>-<pid>.<random>` beside the target, created exclusively

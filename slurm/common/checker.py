@@ -1,7 +1,7 @@
 """The toolkit's one checker of a YAML file a user wrote: every mistake at once, each one line.
 
 Why one: profiles (``jobs.profiles.schema``), study specs (``jobs.study.spec``), tabular configs
-(``preproc.tabular.config``) and feature specs (``recsys.feature_spec``) are all read from YAML a
+(``preproc.tabular.config``) and feature specs (``recsys.features.spec``) are all read from YAML a
 user wrote, and a user fixing a file wants every mistake in one run, each in the same shape:
 ``<file>: <key.path>: <problem>`` (``<file>: line N: ...`` from the reader, slurm.common.yamlfile,
 where only a line is known), an unknown key with the closest known one ("did you mean"). A single

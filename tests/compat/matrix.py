@@ -36,16 +36,16 @@ MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMP
 REFUSED_MODES = (("train", ()), ("evaluate", ("--run-mode", "evaluate")), ("train --amp", ("--amp",)),
                  ("train --xla", ("--xla",)))
 HOROVOD_RUNS = (("ncf", ()), ("dlrm", ("--embedding-placement", "model_parallel")))
-# Each rank: Horovod's own allreduce (sum) and the engine's wrappers (recsys.distributed), into its own
+# Each rank: Horovod's own allreduce (sum) and the engine's wrappers (recsys.runtime.distributed), into its own
 # file (mpirun interleaves the ranks' stdout). Both ranks must write [3.0, 2, [2.5, 7.0], [0, 1]].
-ALLREDUCE = ("import json, sys\nfrom recsys import tfcompat\ntfcompat.prepare()\nimport numpy as np\n"
-             "import tensorflow as tf\nimport horovod.tensorflow as hvd\nfrom recsys.distributed import Distributed\n"
+ALLREDUCE = ("import json, sys\nfrom recsys.runtime import tfcompat\ntfcompat.prepare()\nimport numpy as np\n"
+             "import tensorflow as tf\nimport horovod.tensorflow as hvd\nfrom recsys.runtime.distributed import Distributed\n"
              "d = Distributed(True)\ns = hvd.allreduce(tf.constant(1.0 + d.rank), op=hvd.Sum)\n"
              "m = d.allreduce_max(np.array([1.5 + d.rank, 7.0 - d.rank]))\n"
              "with open(f'{sys.argv[1]}/rank{d.rank}.json', 'w') as f:\n"
              "    json.dump([float(s), d.size, m.tolist(), d.allgather_object(d.rank)], f)\n")
 ALLREDUCE_WANT = [3.0, 2, [2.5, 7.0], [0, 1]]
-PROBE = ("import json, os; from recsys import tfcompat; f = tfcompat.detect(); "
+PROBE = ("import json, os; from recsys.runtime import tfcompat; f = tfcompat.detect(); "
          "d = tfcompat.decide(f, os.environ); "
          "print(json.dumps({'tensorflow': f.tensorflow, 'keras': f.keras, 'tf_keras': f.tf_keras, "
          "'error': d.error, 'uses': d.keras}))")

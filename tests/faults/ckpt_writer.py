@@ -2,8 +2,8 @@
 
     python -m tests.faults.ckpt_writer DIR PROGRESS {replicated|sharded} [--once]
 
-Uses the engine's own checkpointers (recsys.checkpoint.AtomicCheckpointer, or
-recsys.sharded_checkpoint.ShardedCheckpointer on one rank). On start it reports, as one JSON
+Uses the engine's own checkpointers (recsys.checkpoints.atomic.AtomicCheckpointer, or
+recsys.checkpoints.sharded.ShardedCheckpointer on one rank). On start it reports, as one JSON
 line in PROGRESS, what a killed predecessor left: every listed checkpoint and whether it is
 complete (its weights digest matches the one its meta.json was saved with), the leftovers it
 clears, and what it restores. Then it trains one step and saves, forever, appending
@@ -29,9 +29,9 @@ def main(directory, progress, layout, once=False):
     import numpy as np
     import tensorflow as tf
 
-    from recsys.checkpoint import AtomicCheckpointer, CheckpointError
-    from recsys.distributed import Distributed
-    from recsys.sharded_checkpoint import ShardedCheckpointer, is_sharded, rank_dir
+    from recsys.checkpoints.atomic import AtomicCheckpointer, CheckpointError
+    from recsys.checkpoints.sharded import ShardedCheckpointer, is_sharded, rank_dir
+    from recsys.runtime.distributed import Distributed
 
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.Input(shape=(4,), dtype="int64"), tf.keras.layers.Embedding(4000, 32), tf.keras.layers.Flatten(),

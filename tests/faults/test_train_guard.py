@@ -13,7 +13,7 @@ from jobs.planning.plan import plan
 from jobs.planning.request import JobRequest
 from jobs.planning.requeue import MAX_IDLE_REQUEUES, lead_time_warning
 from jobs.profiles import load_profile
-from recsys.checkpoint import AtomicCheckpointer, recover
+from recsys.checkpoints.atomic import AtomicCheckpointer, recover
 
 pytestmark = [pytest.mark.faults, pytest.mark.fast]
 

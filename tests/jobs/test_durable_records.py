@@ -108,10 +108,10 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path):
 
 
 def test_the_checkpoints_json_and_the_samplers_files_use_the_same_scheme(tmp_path):
-    from recsys import checkpoint
+    from recsys.checkpoints import atomic
 
     stale = killed_writer(tmp_path / "attempt.json")
-    checkpoint.write_json(str(tmp_path / "attempt.json"), {"a": 1})
+    atomic.write_json(str(tmp_path / "attempt.json"), {"a": 1})
     assert sorted(os.listdir(tmp_path)) == ["attempt.json"], stale
     sampler = subprocess.run([sys.executable, "slurm/hwsample.py", "--out", str(tmp_path / "hw"), "--once",
                               "--interval", "0.05"],

@@ -114,11 +114,13 @@ def test_the_check_imports_the_engine_parser_only(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     loaded = set(json.loads(proc.stdout))
-    # recsys.embeddings' planning modules are pure Python (the placement's implementation names)
-    assert loaded <= {"recsys", "recsys.train", "recsys.config", "recsys.errors", "recsys.distributed",
-                      "recsys.models", "recsys.models.defaults", "recsys.checkpoint", "recsys.embeddings",
-                      "recsys.embeddings.placement", "recsys.embeddings.planner", "recsys.embeddings.tables",
-                      "recsys.predictions"}, loaded
+    # the configuration and the placement are pure Python (the placement's implementation names)
+    assert loaded <= {"recsys", "recsys.train", "recsys.configuration", "recsys.configuration.flags",
+                      "recsys.configuration.train_config", "recsys.configuration.checks",
+                      "recsys.configuration.predictions", "recsys.errors", "recsys.runtime",
+                      "recsys.runtime.distributed", "recsys.models", "recsys.models.defaults", "recsys.checkpoints",
+                      "recsys.checkpoints.atomic", "recsys.placement", "recsys.placement.decision",
+                      "recsys.placement.planner", "recsys.placement.tables"}, loaded
     assert "recsys.train" in loaded
 
 

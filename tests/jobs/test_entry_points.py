@@ -102,7 +102,7 @@ def test_python_m_preproc_names_the_extra_too(base_install):
 def test_the_submission_cli_works_on_the_base_install(base_install):
     res = _run(base_install, "recsys-submit", "--help")
     assert res.returncode == 0 and "usage:" in res.stdout, res.stderr
-    res = _run(base_install, "python", "-m", "recsys.tfcompat")
+    res = _run(base_install, "python", "-m", "recsys.runtime.tfcompat")
     assert res.returncode == 2 and "[train]" in res.stdout + res.stderr
 
 

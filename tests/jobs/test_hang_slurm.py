@@ -1,5 +1,5 @@
 """A hang caught (issue 35, item 4): one rank of a 2-rank study point is stopped (SIGSTOP) in its
-timed steps on the local Slurm cluster. The other rank's watchdog (recsys.watchdog, the profile's
+timed steps on the local Slurm cluster. The other rank's watchdog (recsys.monitoring.watchdog, the profile's
 hang_timeout 8 s) names itself, where it waits and the stopped rank; the job ends within the limit
 plus a margin, Slurm says FAILED, status and the study say HUNG / hung, and the report lists the
 point as hung. The same job runs the hardware sampler (slurm/hwsample.py, item 5) beside its step.
@@ -91,7 +91,7 @@ def hung_point(slurm_cluster, tmp_path_factory):
 
 def test_a_stopped_rank_ends_the_job_within_the_limit_naming_it(hung_point):
     values = info(hung_point["point_dir"])
-    assert values["exit_code"] == "86", values                  # recsys.watchdog.HANG_EXIT_CODE
+    assert values["exit_code"] == "86", values                  # recsys.monitoring.watchdog.HANG_EXIT_CODE
     assert "hung" in values, values                              # the batch script saw the hang: no requeue
     took = int(values["end"]) - hung_point["stopped_at"]
     print(f"the job ended {took:.1f} s after rank 1 was stopped (limit {LIMIT_S} s)")

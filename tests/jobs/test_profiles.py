@@ -98,7 +98,7 @@ def test_ci_profile_describes_the_emulated_cluster():
     assert ci.shared_nodes is True
     assert ci.env == {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
                       "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1",
-                      # fake GRES GPUs: the engine's GPU check is off (recsys.devices)
+                      # fake GRES GPUs: the engine's GPU check is off (recsys.runtime.devices)
                       "RECSYS_DEVICE": "cpu"}
 
 

@@ -105,7 +105,7 @@ def test_dictionary_ids_by_frequency_ties_threshold_and_missing(run_output):
 
 
 def test_split_binary_dtypes_by_cardinality_and_feature_spec(run_output):
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     out, _ = run_output
     spec = FeatureSpec.from_yaml(str(out / "feature_spec.yaml"))

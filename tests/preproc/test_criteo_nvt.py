@@ -53,7 +53,7 @@ def _files(raw_dir):
 
 
 def read_spark(out: Path, mapping: str) -> dict:
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     spec = FeatureSpec.from_yaml(str(out / "feature_spec.yaml"))
     if mapping not in spec.mappings():
@@ -79,7 +79,7 @@ def read_nvt(out: Path, mapping: str) -> dict:
 @pytest.mark.parametrize("rules", [Rules(), STRICT], ids=["reference", "strict"])
 def test_nvtabular_equals_spark(spark, raw, rules, monkeypatch):
     from preproc.criteo import layout as criteo_layout, nvt as criteo_nvt
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     # 3 shuffle buckets for the 2000 training rows (one per 2**21 rows on real data), in both engines
     monkeypatch.setattr(criteo_layout, "SHUFFLE_BUCKET_ROWS", 700)

@@ -217,7 +217,7 @@ def reference_structure_errors(spec: dict, base: Path) -> list[str]:
 
 def test_feature_spec_passes_the_reference_loader_checks_and_our_reader_reads_validation(default_run):
     from recsys.data import make_reader
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     out, _ = default_run
     spec = yaml.safe_load((out / "feature_spec.yaml").read_text())
@@ -287,7 +287,7 @@ def test_array_shards_and_small_splits_give_the_one_shard_bytes(spark, raw, defa
 def test_reader_refuses_a_validation_spec_with_other_features(tmp_path):
     """``metadata.mapping_specs`` is followed only to a spec describing the same features (no Spark needed)."""
     from recsys.data import make_reader
-    from recsys.feature_spec import FeatureSpec, FeatureSpecError
+    from recsys.features.spec import FeatureSpec, FeatureSpecError
 
     def spec(mappings, cardinality, metadata=None):
         features = {"label": {"dtype": "bool"}, "num_0": {"dtype": "float16"},

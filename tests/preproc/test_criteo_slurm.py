@@ -33,7 +33,7 @@ def raw_and_reference(criteo_reference, tmp_path_factory):
 
 
 def assert_same_dataset(out: Path, reference: Path) -> None:
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     rows = FeatureSpec.from_yaml(str(out / "feature_spec.yaml")).validate()
     rows.update(FeatureSpec.from_yaml(str(out / VALIDATION_SPEC)).validate())

@@ -126,7 +126,7 @@ def test_generated_data_files_reader_and_training(spark, tmp_path):
 
     pytest.importorskip("tensorflow")
     from recsys.data import make_dataset
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     fs = FeatureSpec.from_yaml(str(out))
     inputs, labels = next(iter(make_dataset(fs, "train", batch_size=16, rank=1, world_size=2)))

@@ -193,7 +193,7 @@ def test_pipeline_reader_and_short_training(generated):
     base, spec = generated
     pytest.importorskip("tensorflow")
     from recsys.data import make_dataset
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     fs = FeatureSpec.from_yaml(str(base / "out"))
     assert fs.validate() == spec["metadata"]["rows"]

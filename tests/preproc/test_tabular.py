@@ -128,7 +128,7 @@ def csv_run(tmp_path_factory):
 
 def test_time_split_ids_statistics_and_specs(csv_run):
     from recsys.data import make_reader
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
 
     base, raw, report = csv_run
     out = base / "out"

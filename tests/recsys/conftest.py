@@ -74,10 +74,10 @@ def in_process_task(argv, log_path=None, **overrides):
     """(config, task, dist, log) of a one-rank run of ``recsys-train argv`` in this process: the
     configuration resolved as the CLI resolves it, then ``overrides`` (TrainConfig fields) applied."""
     import dataclasses
-    from recsys.distributed import Distributed
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
+    from recsys.features.spec import FeatureSpec
     from recsys.models.tasks import TASKS
+    from recsys.monitoring.logger import RunLogger
+    from recsys.runtime.distributed import Distributed
     from recsys.train import build_parser, resolve
     config = dataclasses.replace(resolve(build_parser().parse_args([str(a) for a in argv])), **overrides)
     dist = Distributed(use_horovod=False)

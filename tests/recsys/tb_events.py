@@ -1,4 +1,4 @@
-"""Reading back what recsys/tensorboard.py writes, with TensorBoard's own loader and the XSpace proto
+"""Reading back what recsys/monitoring/tensorboard.py writes, with TensorBoard's own loader and the XSpace proto
 that ships with TensorFlow (tests/recsys/test_tensorboard.py, test_step_breakdown.py)."""
 from __future__ import annotations
 

@@ -72,9 +72,9 @@ def test_the_replica_check_samples_every_variable_at_any_size_and_stops_a_drifte
     import tensorflow as tf
 
     from conftest import in_process_task
-    from recsys.distributed import Distributed
     from recsys.engine import REPLICA_SAMPLE_ROWS, Engine
     from recsys.errors import DivergedError
+    from recsys.runtime.distributed import Distributed
     config, task, dist, log = in_process_task(["--model", "dlrm", "--data-path", tiny_data("dlrm"), *SMALL["dlrm"],
                                                "--amp"])
     engine = Engine(config, task, dist, log)

@@ -121,12 +121,12 @@ def test_ncf_eval_negatives_exact_without_replacement_for_100_and_101_unseen_ite
 
 # ---------------------------------------------------------------- TensorFlow
 def _engine(model, data, *flags):
-    from recsys.config import TrainConfig
-    from recsys.distributed import Distributed
+    from recsys.configuration.train_config import TrainConfig
     from recsys.engine import Engine
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
+    from recsys.features.spec import FeatureSpec
     from recsys.models.tasks import TASKS
+    from recsys.monitoring.logger import RunLogger
+    from recsys.runtime.distributed import Distributed
     from recsys.train import build_parser
     cfg = TrainConfig.from_args(build_parser().parse_args(["--model", model, "--data-path", str(data), *flags]))
     dist, log = Distributed(use_horovod=False), RunLogger(None)

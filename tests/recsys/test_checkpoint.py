@@ -78,11 +78,11 @@ def test_usr2_saves_checkpoint_and_exits_zero(tiny_data, tmp_path):
 def test_restore_gives_identical_predictions(tiny_data, tmp_path):
     """In-process: train a few steps, save, rebuild everything, restore: same predictions, same counters."""
     import tensorflow as tf
-    from recsys.distributed import Distributed
     from recsys.engine import Engine
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
+    from recsys.features.spec import FeatureSpec
     from recsys.models.tasks import TASKS
+    from recsys.monitoring.logger import RunLogger
+    from recsys.runtime.distributed import Distributed
     from recsys.train import build_parser, resolve
 
     data = tiny_data("wide_deep")      # two optimizers (FTRL + RMSprop) to restore

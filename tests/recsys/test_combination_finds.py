@@ -80,7 +80,7 @@ def test_startup_limit_from_a_profile():
     """A profile's startup_timeout reaches the job as $RECSYS_STARTUP_TIMEOUT, which sets the
     watchdog's limit before the first step (default 30 min); a bad value is one line."""
     from jobs.profiles.schema import defaults_env
-    from recsys.watchdog import STARTUP_LIMIT_S, Watchdog, resolve_startup_limit
+    from recsys.monitoring.watchdog import STARTUP_LIMIT_S, Watchdog, resolve_startup_limit
     assert defaults_env({"startup_timeout": 300, "hang_timeout": 900}) == {
         "RECSYS_STARTUP_TIMEOUT": "300", "RECSYS_HANG_TIMEOUT": "900"}
     assert resolve_startup_limit({}) == STARTUP_LIMIT_S == 1800.0

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from recsys.config import TrainConfig
+from recsys.configuration.train_config import TrainConfig
 from recsys.errors import EngineError
 from recsys.train import build_parser
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.fast
 def test_every_flag_has_a_typed_field():
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
-    assert dests <= fields, f"add fields to recsys/config.py:TrainConfig for {sorted(dests - fields)}"
+    assert dests <= fields, f"add fields to recsys/configuration/train_config.py:TrainConfig for {sorted(dests - fields)}"
 
 
 def test_from_args_fills_model_defaults_and_keeps_flag_names():

@@ -1,4 +1,4 @@
-"""The engine's console summary line (recsys.logger.short_summary)."""
+"""The engine's console summary line (recsys.monitoring.logger.short_summary)."""
 import pytest
 
 pytestmark = pytest.mark.fast
@@ -7,7 +7,7 @@ pytestmark = pytest.mark.fast
 def test_the_console_summary_is_short_and_says_why_the_run_stopped():
     """Issue 45 section 2: the console's summary is one short line for a person; the full record
     stays the JSON log's (it was 1,100 characters of Python reprs)."""
-    from recsys.logger import short_summary
+    from recsys.monitoring.logger import short_summary
 
     record = {"mode": "train", "model": "dlrm", "world_size": 2, "step": 80, "epoch": 5, "eval_step": 80,
               "auc": 0.71234567, "bce": 0.45, "final_loss": 0.44321, "throughput_samples_per_s": 51234.5,
@@ -26,7 +26,7 @@ def test_the_console_summary_is_short_and_says_why_the_run_stopped():
 
 def test_the_console_summary_shows_the_one_test_evaluation():
     """Issue 45 section 2: a run judged on a validation split says so, and shows its test figure."""
-    from recsys.logger import short_summary
+    from recsys.monitoring.logger import short_summary
 
     record = {"mode": "train", "model": "wide_deep", "world_size": 1, "step": 40, "epoch": 4, "eval_step": 40,
               "auc": 0.7, "bce": 0.5, "interrupted": False, "early_stopped": None,

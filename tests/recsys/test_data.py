@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from recsys.data import make_dataset, make_reader, ncf, synthetic
-from recsys.feature_spec import FeatureSpecError
+from recsys.features.spec import FeatureSpecError
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_ncf_stored_test_negatives(tmp_path):
     """A test mapping with preprocessing-written negatives: load_pairs keeps positives, stored_eval_set the blocks."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
     (tmp_path / "t").mkdir()
     pq.write_table(pa.table({"user": pa.array([0, 0, 1], pa.int32()), "item": pa.array([1, 2, 0], pa.int32()),
                              "label": pa.array([1.0, 1.0, 1.0], pa.float32())}), tmp_path / "t/train.parquet")

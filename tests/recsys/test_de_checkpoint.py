@@ -44,11 +44,11 @@ def _stand_in(layout, rank, tf):
 def test_slices_are_written_by_each_rank_in_row_chunks_and_re_sharded_with_their_slots(tmp_path):
     import tensorflow as tf
 
-    from recsys.embeddings.de_adapter import set_global
-    from recsys.embeddings.planner import distributed_embeddings_layout
-    from recsys.checkpoint_contents import checkpoint_table_slots
-    from recsys.sharded_checkpoint import (_assemble, _distributed_tables, _saved_pieces, rank_dir,
+    from recsys.checkpoints.contents import checkpoint_table_slots
+    from recsys.checkpoints.pieces import (assemble, distributed_tables, rank_dir, saved_pieces,
                                            write_distributed_pieces)
+    from recsys.embeddings.de_adapter import set_global
+    from recsys.placement.planner import distributed_embeddings_layout
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal(s).astype(np.float32) for s in TABLES]
     accumulators = [rng.random(s).astype(np.float32) for s in TABLES]
@@ -77,9 +77,9 @@ def test_slices_are_written_by_each_rank_in_row_chunks_and_re_sharded_with_their
     meta = {"writers": [0, 1, 2], "groups": {"g": {"cardinalities": [r for r, _ in TABLES],
                                                     "dims": [w for _, w in TABLES]}}}
     (tmp_path / "meta.json").write_text(json.dumps(meta))
-    saved = _saved_pieces(str(tmp_path), meta)
+    saved = saved_pieces(str(tmp_path), meta)
     for t, (rows, width) in enumerate(TABLES):
-        np.testing.assert_array_equal(_assemble(saved[("g", t, None)], 0, width, (rows, width), np), tables[t])
+        np.testing.assert_array_equal(assemble(saved[("g", t, None)], 0, width, (rows, width), np), tables[t])
     slots = checkpoint_table_slots(str(tmp_path))
     for t in range(len(TABLES)):
         np.testing.assert_array_equal(slots[f"g/{t}/accumulators"], accumulators[t])
@@ -96,7 +96,7 @@ def test_slices_are_written_by_each_rank_in_row_chunks_and_re_sharded_with_their
         group = types.SimpleNamespace(_dist=layer, name="g", cardinalities=[r for r, _ in TABLES],
                                       dims=[w for _, w in TABLES])
         reads[rank] = {}
-        restored, restarted = _distributed_tables(group, [opt], lambda t, slot: saved.get(("g", t, slot)), np,
+        restored, restarted = distributed_tables(group, [opt], lambda t, slot: saved.get(("g", t, slot)), np,
                                                   chunk=chunk, stats=reads[rank])
         assert restored == {"accumulators"} and not restarted
         for r, v, r0, r1, t, c0, c1 in new_layout.pieces:
@@ -114,12 +114,12 @@ _SAVE = textwrap.dedent("""\
     import json, os, sys, time
     import numpy as np
     import tensorflow as tf
-    from recsys.checkpoint import CheckpointWriteError
-    from recsys.distributed import Distributed
+    from recsys.checkpoints.atomic import CheckpointWriteError
+    from recsys.runtime.distributed import Distributed
     from recsys.embeddings.group import EmbeddingGroup
-    from recsys.embeddings.placement import place
-    from recsys.embeddings.tables import Table, TableGroup
-    from recsys.sharded_checkpoint import ShardedCheckpointer
+    from recsys.placement.decision import place
+    from recsys.placement.tables import Table, TableGroup
+    from recsys.checkpoints.sharded import ShardedCheckpointer
 
     directory, stale_view, results = sys.argv[1], sys.argv[2], sys.argv[3]
     dist = Distributed()
@@ -189,13 +189,13 @@ _DE_RANKS = textwrap.dedent("""\
     import sys
     import numpy as np
     import tensorflow as tf
-    from recsys.distributed import Distributed
+    from recsys.runtime.distributed import Distributed
     from recsys.embeddings import de_adapter
     from recsys.embeddings.group import EmbeddingGroup
-    from recsys.embeddings.placement import place
-    from recsys.embeddings.tables import Table, TableGroup
-    from recsys.checkpoint_contents import checkpoint_weights
-    from recsys.sharded_checkpoint import ShardedCheckpointer
+    from recsys.placement.decision import place
+    from recsys.placement.tables import Table, TableGroup
+    from recsys.checkpoints.contents import checkpoint_weights
+    from recsys.checkpoints.sharded import ShardedCheckpointer
 
     dist = Distributed()
     tf.keras.utils.set_random_seed(1)               # one table seed on every rank, as the engine's runs

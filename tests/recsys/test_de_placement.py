@@ -3,7 +3,7 @@
 DE stops at model build ("Not enough table after slicing to run on all worker") when its column
 slicing leaves a rank without a piece; 1-wide tables cannot be cut, so Wide & Deep's wide group of
 16 tables (the reference Outbrain feature set) fails on more than 16 ranks (3 DGX nodes and up).
-The placement now decides it before TensorFlow starts (recsys.embeddings.placement): that group is
+The placement now decides it before TensorFlow starts (recsys.placement.decision): that group is
 kept data parallel (DE's data-parallel threshold raised over its tables, so DE keeps them all data
 parallel), counted on every rank in the memory check, and said in the placement record and lines.
 
@@ -36,7 +36,7 @@ def _outbrain_groups():
 
 @pytest.mark.fast
 def test_wide_group_on_more_ranks_than_wide_tables_is_data_parallel_with_distributed_embeddings():
-    from recsys.embeddings.placement import choose_placement
+    from recsys.placement.decision import choose_placement
     deep, wide = _outbrain_groups()
     assert len(wide.tables) == 16 and set(wide.widths) == {1}
     for ranks in (8, 16):            # as many pieces as ranks or more: DE places both groups itself
@@ -64,7 +64,7 @@ def test_wide_group_on_more_ranks_than_wide_tables_is_data_parallel_with_distrib
 def test_the_decision_reaches_the_run_configuration_before_tensorflow(monkeypatch):
     """recsys-train's configuration, built before TensorFlow on every rank, holds it (and the layer
     reads it from there: recsys.embeddings.group)."""
-    from recsys.config import TrainConfig
+    from recsys.configuration.train_config import TrainConfig
     from recsys.train import build_parser
     monkeypatch.setenv("WORLD_SIZE", "32")
     args = ["--model", "wide_deep", "--synthetic", "--batch-size", "4096", "--eval-batch-size", "4096",
@@ -94,7 +94,7 @@ _STRATEGY = textwrap.dedent("""\
 def test_the_rule_agrees_with_distributed_embeddings_own_strategy(tmp_path):
     """For each case, DE's strategy leaves a rank without a piece exactly when the placement says so, and
     the data-parallel threshold the group then gets leaves DE nothing to slice."""
-    from recsys.embeddings.placement import distributed_embeddings_slices
+    from recsys.placement.decision import distributed_embeddings_slices
     deep, wide = _outbrain_groups()
     cases = []
     for group in (deep, wide):
@@ -117,9 +117,9 @@ def test_the_rule_agrees_with_distributed_embeddings_own_strategy(tmp_path):
 
 @pytest.mark.fast
 def test_the_placement_cli_shows_it_before_any_job():
-    """``python -m recsys.placement --embedding-implementation distributed-embeddings`` prints the same decision."""
+    """``python -m recsys.place_tables --embedding-implementation distributed-embeddings`` prints the same decision."""
     cards = ",".join(str(r) for r in _outbrain_groups()[1].cardinalities)
-    res = subprocess.run([sys.executable, "-m", "recsys.placement", "--model", "wide_deep", "--cardinalities", cards,
+    res = subprocess.run([sys.executable, "-m", "recsys.place_tables", "--model", "wide_deep", "--cardinalities", cards,
                           "--gpus", "24", "--embedding-implementation", DE], env=base_env(), cwd=REPO, text=True,
                          capture_output=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -34,8 +34,8 @@ _SCRIPT = textwrap.dedent("""\
 
     # 2. An EmbeddingGroup on DE's DistributedEmbedding (1 rank), fed ids with an empty row.
     from recsys.embeddings.group import EmbeddingGroup
-    from recsys.embeddings.placement import place
-    from recsys.embeddings.tables import Table, TableGroup
+    from recsys.placement.decision import place
+    from recsys.placement.tables import Table, TableGroup
     group = TableGroup("deep", (Table("a", "a", "multihot", 10, 3, "sum"), Table("b", "b", "multihot", 12, 2, "mean"),
                                 Table("c", "c", "cat", 9, 4)))
     placement = place("model_parallel", "test", 1, [group], implementation="distributed-embeddings",

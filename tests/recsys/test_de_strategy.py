@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from de_source import needs_de_source, run_with_de
-from recsys.embeddings.planner import distributed_embeddings_layout
+from recsys.placement.planner import distributed_embeddings_layout
 
 DE = "distributed-embeddings"
 
@@ -102,8 +102,8 @@ def test_des_rules_where_the_balancing_planner_differs():
 @pytest.mark.fast
 def test_a_de_run_is_checked_against_the_plan_de_builds():
     """The placement's plan of a DE group is DE's layout: per-rank bytes, slices and the verdict."""
-    from recsys.embeddings.placement import choose_placement
-    from recsys.embeddings.planner import plan_distributed_embeddings
+    from recsys.placement.decision import choose_placement
+    from recsys.placement.planner import plan_distributed_embeddings
     tables = [(f"cat_{i}", r, w) for i, (r, w) in enumerate(CRITEO_1TB)]
     p = choose_placement("model_parallel", 8, tables, implementation=DE, data_parallel_threshold=100_000)
     layout = distributed_embeddings_layout(CRITEO_1TB, 8, None, 100_000)

@@ -1,4 +1,4 @@
-"""The GPU-visibility check (recsys.devices): GPUs given to a rank that TensorFlow does not see stop
+"""The GPU-visibility check (recsys.runtime.devices): GPUs given to a rank that TensorFlow does not see stop
 `recsys-train` with one line (exit 2) unless the run is declared a CPU run; the installer's
 Horovod build choice (tests/install.sh --print-horovod-flags) on fake CUDA / NCCL trees."""
 import json
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import REPO, SMALL, base_env, run_train
-from recsys import devices
 from recsys.errors import EngineError
+from recsys.runtime import devices
 
 H100_SMI = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b)\n"
             "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2c3d)\n")
@@ -83,7 +83,7 @@ def test_nccl_and_amp_warnings():
 @pytest.mark.fast
 def test_module_prints_expectation_without_tensorflow():
     env = dict(base_env(), CUDA_VISIBLE_DEVICES="0,1")
-    code = ("import runpy, sys\ntry:\n    runpy.run_module('recsys.devices', run_name='__main__')\n"
+    code = ("import runpy, sys\ntry:\n    runpy.run_module('recsys.runtime.devices', run_name='__main__')\n"
             "except SystemExit as e:\n    assert not e.code\nprint('TF', 'tensorflow' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code, "--expected"], env=env, cwd=REPO, text=True,
                          capture_output=True, timeout=60)

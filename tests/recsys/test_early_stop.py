@@ -1,4 +1,4 @@
-"""Issue 37 items 5 and 7, pure: the best evaluation and the early stop's count (recsys.checkpoint
+"""Issue 37 items 5 and 7, pure: the best evaluation and the early stop's count (recsys.checkpoints.atomic
 BestEvaluation), carried through a checkpoint; the best checkpoint kept from pruning; the flags and
 their small-data defaults; a table of numerical columns alone for Wide & Deep (no embedding table)
 and one line for DLRM. The runs on real data are tests/recsys/test_realdata_adult.py's."""
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from recsys.checkpoint import AtomicCheckpointer, BestEvaluation
-from recsys.config import TrainConfig
+from recsys.checkpoints.atomic import AtomicCheckpointer, BestEvaluation
+from recsys.configuration.train_config import TrainConfig
 from recsys.errors import EngineError
 from recsys.models.embedding_tables import dense_params, wide_deep_groups
 from recsys.train import build_parser

@@ -73,7 +73,7 @@ def test_xla_with_distributed_embeddings_is_refused_before_tensorflow(tmp_path):
 
 
 def test_the_flag_defaults_to_horovod_alltoall_and_reaches_the_placement():
-    from recsys.config import TrainConfig
+    from recsys.configuration.train_config import TrainConfig
     from recsys.train import build_parser
     base = ["--model", "wide_deep", "--synthetic", "--batch-size", "256", "--eval-batch-size", "1000"]
     default = TrainConfig.from_args(build_parser().parse_args(base))

@@ -11,7 +11,7 @@ import numpy as np
 
 def test_plain_sgd_keeps_no_slot_and_updates_only_the_gradient_rows():
     import tensorflow as tf
-    from recsys.optim import make_optimizer
+    from recsys.models.optim import make_optimizer
     table = np.arange(40, dtype=np.float32).reshape(10, 4) / 7
     var = tf.Variable(table)
     opt = make_optimizer("sgd", 0.5)
@@ -41,7 +41,7 @@ def test_plain_sgd_applies_repeated_rows_without_keras_deduplication():
     update; plain SGD's scatter sums a repeated id's rows itself, so its step has neither op, and the
     result is Keras's deduplicated sum (docs/benchmarks.md: 3.7 ms of DLRM's 22 ms step)."""
     import tensorflow as tf
-    from recsys.optim import make_optimizer
+    from recsys.models.optim import make_optimizer
     table = np.arange(40, dtype=np.float32).reshape(10, 4) / 7
     ids = tf.constant(np.array([3, 7, 3, 3, 0], np.int32))
     values = tf.constant(np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4))

@@ -105,13 +105,13 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_data, 
 def test_non_finite_predictions_at_evaluation_stop_the_run(tiny_data, tmp_path):
     """NaN predictions (here: a NaN output bias) raise DivergedError naming the step, not NaN metrics."""
     import tensorflow as tf
-    from recsys.config import TrainConfig
-    from recsys.distributed import Distributed
+    from recsys.configuration.train_config import TrainConfig
     from recsys.engine import Engine
     from recsys.errors import DivergedError
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
+    from recsys.features.spec import FeatureSpec
     from recsys.models.tasks import TASKS
+    from recsys.monitoring.logger import RunLogger
+    from recsys.runtime.distributed import Distributed
     from recsys.train import build_parser
 
     cfg = TrainConfig.from_args(build_parser().parse_args(
@@ -157,7 +157,7 @@ def _with_stored_negatives(src, dst, negatives=20):
     """The tiny NCF dataset with a test mapping of 1 + N rows per user (positive first), as
     `preproc movielens --test-negatives N` writes it."""
     from recsys.data import ncf
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
     _copy(src, dst)
     spec = FeatureSpec.from_yaml(str(dst / "feature_spec.yaml"))
     tu, ti = ncf.load_pairs(spec, "test")
@@ -180,11 +180,11 @@ def _with_stored_negatives(src, dst, negatives=20):
 
 
 def test_ncf_evaluates_against_stored_negatives(tiny_data, tmp_path):
-    from recsys.config import TrainConfig
-    from recsys.distributed import Distributed
-    from recsys.feature_spec import FeatureSpec
-    from recsys.logger import RunLogger
+    from recsys.configuration.train_config import TrainConfig
+    from recsys.features.spec import FeatureSpec
     from recsys.models.tasks import NCFTask
+    from recsys.monitoring.logger import RunLogger
+    from recsys.runtime.distributed import Distributed
     from recsys.train import build_parser
 
     data, users, items = _with_stored_negatives(tiny_data("ncf"), tmp_path / "ncf")

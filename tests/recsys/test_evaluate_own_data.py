@@ -87,7 +87,7 @@ def test_evaluate_uses_the_checkpoint_best_json_names_or_the_latest(trained, cho
 
 
 def test_keep_best_without_a_checkpoint_dir_says_it_keeps_nothing(tmp_path):
-    from recsys.config import TrainConfig
+    from recsys.configuration.train_config import TrainConfig
     from recsys.train import build_parser
 
     cfg = TrainConfig.from_args(build_parser().parse_args(["--model", "dlrm", "--synthetic", "--keep-best"]))

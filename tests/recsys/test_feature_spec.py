@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from recsys.feature_spec import FeatureSpec, FeatureSpecError, categorical_dtype, parse_transform
+from recsys.features.spec import FeatureSpec, FeatureSpecError, categorical_dtype, parse_transform
 
 pytestmark = pytest.mark.fast
 
@@ -190,7 +190,7 @@ def test_a_spec_with_three_mistakes_reports_all_three(tmp_path):
         f"{path}: source_spec.train[2]: chunk type 'parqet' cannot be read (known: split_binary, parquet, csv) "
         "(did you mean 'parquet'?)"]
     assert str(err.value) == err.value.problems[0]          # a single mistake stays one line
-    bad = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "recsys.features.spec", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [f"error: {p}" for p in err.value.problems]
     spec["metadata"] = spec.pop("metdata")           # without the top-level mistake: the same two from the constructor
@@ -201,16 +201,16 @@ def test_a_spec_with_three_mistakes_reports_all_three(tmp_path):
 
 def test_cli_validates_and_exits_nonzero_with_one_line(tmp_path):
     path, _ = write_dlrm(tmp_path)
-    ok = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "recsys.features.spec", str(path)], capture_output=True, text=True)
     assert ok.returncode == 0 and "train: 10 rows" in ok.stdout
     os.remove(tmp_path / "train/label.bin")
-    bad = subprocess.run([sys.executable, "-m", "recsys.feature_spec", str(path)], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "recsys.features.spec", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and "label.bin" in bad.stderr
 
 
 def test_no_tensorflow_at_import():
-    code = ("import sys, recsys.feature_spec, recsys.metrics, recsys.data, recsys.data.synthetic, "
+    code = ("import sys, recsys.features.spec, recsys.models.metrics, recsys.data, recsys.data.synthetic, "
             "recsys.data.transcode, recsys.data.ncf; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

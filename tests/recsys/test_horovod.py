@@ -19,7 +19,7 @@ TOL = {"auc": 2e-3, "final_loss": 2e-3}
 def test_max_and_object_gather_across_ranks(tmp_path):
     """The summary's timed seconds are the slowest rank's (allreduce_max), its node list every
     rank's (allgather_object). Each rank writes its own file (mpirun interleaves their stdout)."""
-    code = ("import json, sys, numpy as np\nfrom recsys.distributed import Distributed\nd = Distributed(True)\n"
+    code = ("import json, sys, numpy as np\nfrom recsys.runtime.distributed import Distributed\nd = Distributed(True)\n"
             "m = d.allreduce_max(np.array([1.5 + d.rank, 7.0 - d.rank]))\n"
             "with open(f'{sys.argv[1]}/rank{d.rank}.json', 'w') as f:\n"
             "    json.dump([m.tolist(), d.allgather_object({'rank': d.rank})], f)\n")

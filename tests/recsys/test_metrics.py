@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from recsys import metrics as M
+from recsys.models import metrics as M
 
 pytestmark = pytest.mark.fast
 

@@ -60,7 +60,7 @@ def _latest(ck):
 
 
 def _weights(ck):
-    from recsys.checkpoint_contents import checkpoint_weights
+    from recsys.checkpoints.contents import checkpoint_weights
     return checkpoint_weights(str(_latest(ck)))
 
 
@@ -77,7 +77,7 @@ def _assert_same_training(mp, rep):
 
 
 def _assert_each_rank_holds_its_plan_share(ck, world, column_slice_threshold=None, data_parallel_threshold=None):
-    from recsys.embeddings.placement import plan_for_group
+    from recsys.placement.decision import plan_for_group
     path = _latest(ck)
     meta = json.loads((path / "meta.json").read_text())
     assert meta["world_size"] == world and meta["writers"] == list(range(world))
@@ -210,8 +210,8 @@ def test_wide_deep_four_ranks_sliced_and_data_parallel_tables_match_replicated(w
     # the tables' optimizer slots (RMSprop's velocities for the deep tables, FTRL's accumulators and
     # linears for the wide ones) went through the re-shard with the tables: the 2-rank checkpoint holds
     # exactly the 4-rank one's
-    from recsys.checkpoint_contents import checkpoint_table_slots
-    from recsys.sharded_checkpoint import read_meta
+    from recsys.checkpoints.contents import checkpoint_table_slots
+    from recsys.checkpoints.sharded import read_meta
     assert "table optimizer slots re-sharded (accumulators, linears, velocities)" in res_2.stderr
     assert read_meta(str(_latest(ck2)))["world_size"] == 2
     before, after = checkpoint_table_slots(str(_latest(mp["ck"]))), checkpoint_table_slots(str(_latest(ck2)))

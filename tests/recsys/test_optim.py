@@ -1,4 +1,4 @@
-"""The engine's Adam is Keras's Adam computed by one fused kernel per variable (recsys/optim.py).
+"""The engine's Adam is Keras's Adam computed by one fused kernel per variable (recsys/models/optim.py).
 
 Checked against ``tf.keras.optimizers.Adam`` itself: the same slots (checkpoints unchanged), the
 same values over several steps for dense and for sparse gradients with repeated ids, and a graph
@@ -11,7 +11,7 @@ import pytest
 
 def _pair(**kw):
     import tensorflow as tf
-    from recsys.optim import make_optimizer
+    from recsys.models.optim import make_optimizer
     ours = make_optimizer("adam", 0.05, **kw)
     keras = tf.keras.optimizers.Adam(0.05, beta_1=kw.get("beta1", 0.9), beta_2=kw.get("beta2", 0.999),
                                      epsilon=kw.get("eps", 1e-8))
@@ -63,5 +63,5 @@ def test_adam_update_is_one_fused_kernel_without_keras_deduplication():
     assert fused.count("ResourceApplyAdam") == 2 and "Unique" not in fused
     assert len(fused) < len(plain)
     # AMSGrad keeps Keras's own update
-    from recsys.optim import Adam
+    from recsys.models.optim import Adam
     assert "ResourceApplyAdam" not in graph_ops(Adam(0.05, amsgrad=True))

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from recsys.embeddings.planner import PlacementError, format_plan, plan_placement
+from recsys.placement.planner import PlacementError, format_plan, plan_placement
 
 pytestmark = pytest.mark.fast
 
@@ -59,12 +59,12 @@ def test_replicated_plan_and_errors():
 
 def test_cli_with_feature_spec(tiny_data):
     spec = tiny_data("dlrm") / "feature_spec.yaml"
-    res = subprocess.run([sys.executable, "-m", "recsys.placement", "--model", "dlrm", "--feature-spec", str(spec),
+    res = subprocess.run([sys.executable, "-m", "recsys.place_tables", "--model", "dlrm", "--feature-spec", str(spec),
                           "--gpus", "8", "--gpu-memory-gb", "80"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "rank 7:" in res.stdout and "fits" in res.stdout
     # Criteo-1TB-sized tables (T=3: about 22.8B parameters... here 4 x 1e9 rows x 128) do not fit one 16 GB GPU
-    res = subprocess.run([sys.executable, "-m", "recsys.placement", "--model", "dlrm", "--cardinalities",
+    res = subprocess.run([sys.executable, "-m", "recsys.place_tables", "--model", "dlrm", "--cardinalities",
                           "1000000000,1000000000,1000000000,1000000000", "--gpus", "1", "--gpu-memory-gb", "16"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "DOES NOT FIT" in res.stdout
@@ -143,7 +143,7 @@ def test_placement_errors_are_one_line_before_tensorflow(argv, env, message, tmp
 
 
 def test_auto_picks_model_parallel_when_replicated_does_not_fit():
-    from recsys.embeddings.placement import choose_placement
+    from recsys.placement.decision import choose_placement
     tables = [(f"t{i}", 1000, 16) for i in range(8)]                   # 64 kB each, 512 kB in all
     choice = choose_placement("auto", 4, tables, budget_bytes=200_000)
     assert choice.model_parallel and "do not fit" in choice.reason
@@ -153,7 +153,7 @@ def test_auto_picks_model_parallel_when_replicated_does_not_fit():
 
 def test_model_parallel_on_one_rank_is_every_table_local():
     """A study's 1-GPU point of a model-parallel sweep runs with all tables on its one rank."""
-    from recsys.embeddings.placement import PlacementError, choose_placement
+    from recsys.placement.decision import PlacementError, choose_placement
     tables = [(f"t{i}", 1000, 16) for i in range(8)]
     one = choose_placement("model_parallel", 1, tables, budget_bytes=10**9)
     assert one.mode == "replicated" and one.reason.startswith("one rank")

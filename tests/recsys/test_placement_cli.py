@@ -1,13 +1,13 @@
-"""``python -m recsys.placement`` on bad input, a plan that does not fit, and every rank's tables.
+"""``python -m recsys.place_tables`` on bad input, a plan that does not fit, and every rank's tables.
 
-In-process calls of ``recsys.placement.main`` (it imports neither TensorFlow nor NumPy)."""
+In-process calls of ``recsys.place_tables.main`` (it imports neither TensorFlow nor NumPy)."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from recsys import placement as cli
+from recsys import place_tables as cli
 
 pytestmark = pytest.mark.fast
 
@@ -34,7 +34,7 @@ def run(capsys, *argv):
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith("python -m recsys.placement: error: ") and message in err, err
+    assert err.count("\n") == 1 and err.startswith("python -m recsys.place_tables: error: ") and message in err, err
 
 
 @pytest.mark.parametrize("model, cards", [("ncf", "100,200"), ("wide_deep", "100,200,300"), ("dlrm", "5,6")])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import SMALL, read_log, records, run_train, summary
-from recsys.embeddings.placement import plan_for_group
+from recsys.placement.decision import plan_for_group
 from recsys.train import build_parser, resolve
 
 # The issue's example: with rmsprop the old check (weights + slots against the thresholds)
@@ -63,7 +63,7 @@ def _cut(plan):
 @pytest.mark.parametrize("optimizer", ["rmsprop", "adam", "sgd"])
 def test_issue_example_one_plan_in_the_check_the_layer_and_the_record(issue_data, optimizer, monkeypatch, tmp_path):
     from recsys.embeddings.group import EmbeddingGroup
-    from recsys.logger import RunLogger
+    from recsys.monitoring.logger import RunLogger
     from recsys.train import _log_placement
 
     config = _issue_config(issue_data, optimizer, monkeypatch)
@@ -110,7 +110,7 @@ def test_a_layer_refuses_a_plan_of_another_world_size(issue_data, monkeypatch):
 def reference_wide_deep(tmp_path_factory):
     """A small Wide & Deep dataset whose features are the 16 of the reference Outbrain set."""
     from recsys.data import synthetic
-    from recsys.feature_spec import FeatureSpec
+    from recsys.features.spec import FeatureSpec
     spec = synthetic.default_spec("wide_deep", cardinalities=[40 + i for i in range(len(ONEHOT))],
                                   multihot={name: (30, 3) for name in MULTIHOT}).to_dict()
     rename = {f"onehot_{i}": name for i, name in enumerate(ONEHOT)}
@@ -127,7 +127,7 @@ def reference_wide_deep(tmp_path_factory):
 def test_wide_deep_record_lists_every_group_with_the_widths_the_run_built(reference_wide_deep, tmp_path):
     """A real run: its `placement` record has the deep and the wide group, 32 tables, with the
     recipe's per-feature widths, and those are the widths of the tables in its checkpoint."""
-    from recsys.checkpoint_contents import checkpoint_weights
+    from recsys.checkpoints.contents import checkpoint_weights
     log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
     res = run_train(["--model", "wide_deep", "--data-path", reference_wide_deep, "--embedding-dim", "64",
                      "--deep-hidden-units", "16", "--batch-size", "256", "--eval-batch-size", "512", "--epochs", "1",

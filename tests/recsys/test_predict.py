@@ -141,7 +141,7 @@ def test_new_rows_without_labels_are_predicted_not_evaluated(trained):
      "--predictions {tmp}/file: exists and is not a directory"),
 ])
 def test_predict_flags_are_refused_in_one_line(tmp_path, flags, needle):
-    from recsys.config import TrainConfig
+    from recsys.configuration.train_config import TrainConfig
     from recsys.errors import EngineError
     from recsys.train import build_parser
 

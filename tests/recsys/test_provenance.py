@@ -1,4 +1,4 @@
-"""The `provenance` of a summary (recsys.provenance), read in this process: every documented key,
+"""The `provenance` of a summary (recsys.monitoring.provenance), read in this process: every documented key,
 the values this interpreter and checkout have, and None (never an exception) for what cannot be
 read. The values from a real 2-node job are checked in tests/jobs/test_submit_train_job.py."""
 import platform
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-from recsys import provenance
+from recsys.monitoring import provenance
 
 # not the fast tier: it imports TensorFlow (docs/testing.md)
 

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from conftest import REPO, SMALL, base_env, read_log, records, run_train, summary
-from recsys.config import TrainConfig
+from recsys.configuration.slow import slow_warning
+from recsys.configuration.train_config import TrainConfig
 from recsys.errors import EngineError
-from recsys.slow_config import slow_warning
 from recsys.train import build_parser, resolve
 
 NO_TF = ("import sys, runpy; sys.argv=['recsys-train']+sys.argv[1:]\n"
@@ -78,7 +78,7 @@ def test_reference_sizes_on_cpu_warn_and_small_ones_do_not():
 def test_warnings_reach_stderr_and_the_json_log(tmp_path):
     """train.py's start-up notes go through the run logger: one console line and one info record each."""
     import io
-    from recsys.logger import RunLogger
+    from recsys.monitoring.logger import RunLogger
     from recsys.train import _log_notes
     cfg = resolve(build_parser().parse_args(["--model", "dlrm", "--synthetic", "--synthetic-rows", "65536",
                                              "--batch-size", "65536", "--embedding-dim", "128",

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import read_log, records, run_train, summary
-from recsys.checkpoint import BestEvaluation
+from recsys.checkpoints.atomic import BestEvaluation
 from recsys.models.defaults import SMALL_DATA_MIN_STEPS_PER_EPOCH, small_data_batch
 
 

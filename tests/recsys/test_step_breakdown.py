@@ -77,7 +77,7 @@ def test_two_ranks_model_parallel_breakdown(tiny_data, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     b = _breakdown(summary(read_log(log)), 2)
     # every rank's event files hold the breakdown, one table in the Text tab at the summary's step
-    # (recsys/tensorboard.py; no scalar cards: issue 48 item 9); rank 1 alone traced steps 3-4
+    # (recsys/monitoring/tensorboard.py; no scalar cards: issue 48 item 9); rank 1 alone traced steps 3-4
     from tb_events import markers, traces
     slowest = b["slowest_rank"]["rank"]
     for rank in (0, 1):

@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from recsys import metrics as M
 from recsys.data import make_reader, ncf, synthetic
-from recsys.feature_spec import FeatureSpec
+from recsys.features.spec import FeatureSpec
+from recsys.models import metrics as M
 
 
 def digest(spec):

@@ -1,5 +1,5 @@
 """TensorBoard event files and tf.profiler traces of real engine runs, read back with TensorBoard's
-own loader and the XSpace proto that ships with TensorFlow (recsys/tensorboard.py)."""
+own loader and the XSpace proto that ships with TensorFlow (recsys/monitoring/tensorboard.py)."""
 from __future__ import annotations
 
 import gzip

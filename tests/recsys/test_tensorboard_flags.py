@@ -1,11 +1,11 @@
-"""The TensorBoard and profiler flags (recsys.train / recsys.config) and the pure parts of
-recsys/tensorboard.py: where a run's event files go, which figures a record gives, the profiled
+"""The TensorBoard and profiler flags (recsys.train / recsys.configuration.train_config) and the pure parts of
+recsys/monitoring/tensorboard.py: where a run's event files go, which figures a record gives, the profiled
 window's calls. No TensorFlow: the fast tier."""
 import pytest
 
-from recsys import tensorboard as tb
-from recsys.config import TrainConfig
+from recsys.configuration.train_config import TrainConfig
 from recsys.errors import EngineError
+from recsys.monitoring import tensorboard as tb
 from recsys.train import build_parser, check_submission
 
 pytestmark = pytest.mark.fast

@@ -1,4 +1,4 @@
-"""The TensorFlow / Keras version rule (recsys.tfcompat): what the engine does on each stack.
+"""The TensorFlow / Keras version rule (recsys.runtime.tfcompat): what the engine does on each stack.
 
 Pure logic on version strings; the real stacks are run by tests/compat/run.sh (docs/testing.md).
 """
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from recsys import tfcompat
-from recsys.tfcompat import ALLOW_ENV, LEGACY_ENV, Installed, decide
+from recsys.runtime import tfcompat
+from recsys.runtime.tfcompat import ALLOW_ENV, LEGACY_ENV, Installed, decide
 
 pytestmark = pytest.mark.fast
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def test_prepare_sets_and_unsets_the_environment(monkeypatch):
 
 
 def test_detect_reads_this_environment_without_importing_tensorflow():
-    code = ("import sys; from recsys import tfcompat; f = tfcompat.detect(); "
+    code = ("import sys; from recsys.runtime import tfcompat; f = tfcompat.detect(); "
             "assert not {'tensorflow', 'keras', 'tf_keras'} & set(sys.modules), sorted(sys.modules); print(f)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -134,7 +134,7 @@ def test_detect_reads_this_environment_without_importing_tensorflow():
 
 def test_train_refuses_in_one_line_before_importing_tensorflow(tmp_path):
     # recsys-train on a Keras 3 stack without tf-keras: one line, exit 2, TensorFlow never imported
-    code = ("import sys; from recsys import tfcompat, train\n"
+    code = ("import sys; from recsys import train\nfrom recsys.runtime import tfcompat\n"
             "tfcompat.detect = lambda: tfcompat.Installed('2.17.1', '3.4.1', None)\n"
             "try:\n    train.main(sys.argv[1:])\n"
             "finally:\n    assert 'tensorflow' not in sys.modules\n")
@@ -164,7 +164,7 @@ def test_a_tensorflow_without_metadata_is_not_checked_but_noted():
 
 def test_several_ranks_without_horovod_stop_in_one_line(monkeypatch):
     # no Horovod (TF 2.19 / 2.20 with Horovod 0.28.1 as released): the engine's one line, not a traceback
-    from recsys.distributed import Distributed
+    from recsys.runtime.distributed import Distributed
     monkeypatch.setitem(sys.modules, "horovod", None)        # import horovod.tensorflow -> ModuleNotFoundError
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     with pytest.raises(tfcompat.EngineError) as err:

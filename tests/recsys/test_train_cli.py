@@ -96,5 +96,5 @@ def test_amp_and_xla_train(tiny_data, tmp_path):
     ({"WORLD_SIZE": "2", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}, 2),   # explicit wins
 ])
 def test_world_size_from_launcher(env, size):
-    from recsys.distributed import launcher_world_size
+    from recsys.runtime.distributed import launcher_world_size
     assert launcher_world_size(env) == size

@@ -12,8 +12,8 @@ MARGIN = {"dlrm": 0.10, "wide_deep": 0.10, "ncf": 0.25}
 
 
 def _constant_map12(data_dir):
-    from recsys import metrics
     from recsys.data import make_reader
+    from recsys.models import metrics
     ys, gs = [], []
     for inputs, y in make_reader(str(data_dir / "feature_spec.yaml"), "test", 4096).numpy_batches():
         ys.append(y.reshape(-1))

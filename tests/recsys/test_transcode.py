@@ -8,7 +8,7 @@ import yaml
 
 from recsys.data import make_reader
 from recsys.data.transcode import transcode
-from recsys.feature_spec import FeatureSpec, FeatureSpecError
+from recsys.features.spec import FeatureSpec, FeatureSpecError
 
 CARDS = [5, 200, 40000]  # int8, int16, int32 ids in split_binary
 

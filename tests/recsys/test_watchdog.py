@@ -1,4 +1,4 @@
-"""The no-progress watchdog (recsys.watchdog) on a fake clock: its limits, what a rank says when it
+"""The no-progress watchdog (recsys.monitoring.watchdog) on a fake clock: its limits, what a rank says when it
 fires (itself, its phase, the peer whose heartbeat went stale), a pause of its own process not
 counted, and the records the submission layer reads back (jobs.runs.enginelog.hang_reason, the
 batch script's hang exit code). The real thing, a stopped rank under srun: tests/jobs/test_hang_slurm.py."""
@@ -13,8 +13,8 @@ import pytest
 
 from jobs.runs.enginelog import hang_reason, with_state
 from jobs.profiles.schema import defaults_env
-from recsys import watchdog
-from recsys.watchdog import HANG_EXIT_CODE, Watchdog, resolve_limit
+from recsys.monitoring import watchdog
+from recsys.monitoring.watchdog import HANG_EXIT_CODE, Watchdog, resolve_limit
 
 pytestmark = pytest.mark.fast
 

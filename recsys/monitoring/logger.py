@@ -7,7 +7,7 @@ embedding placement), ``step`` (step, epoch, loss, samples_per_s, lr),
 test evaluation, with the best weights), ``startup`` (one per start-up phase:
 horovod_init, data, model, first_step, with seconds since the process started)
 and ``summary`` (throughput, mean step time, final metrics). Lines are flushed as written so a killed job keeps its log.
-A ``sink`` (recsys.tensorboard.ScalarSink) gets every record too, on any rank that has one, so the
+A ``sink`` (recsys.monitoring.tensorboard.ScalarSink) gets every record too, on any rank that has one, so the
 TensorBoard figures are the JSON log's at the same steps.
 """
 from __future__ import annotations

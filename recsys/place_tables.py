@@ -1,9 +1,9 @@
-"""``python -m recsys.placement``: where a model's embedding tables would live, and whether they fit.
+"""``python -m recsys.place_tables``: where a model's embedding tables would live, and whether they fit.
 
 Without TensorFlow or a GPU, before asking for GPUs: the tables of recsys.models.embedding_tables,
-placed by recsys.embeddings.placement as ``recsys-train`` places them with the same flags.
+placed by recsys.placement.decision as ``recsys-train`` places them with the same flags.
 
-    python -m recsys.placement --model dlrm --feature-spec F --gpus 8 --gpu-memory-gb 80
+    python -m recsys.place_tables --model dlrm --feature-spec F --gpus 8 --gpu-memory-gb 80
 
 Prints every table group's tables on every rank, each rank's memory and ``fits`` / ``DOES NOT FIT``.
 Exit codes: 0 fits; 1 does not fit (and one line on stderr saying how many GPUs would fit it);
@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recsys.embeddings.placement import IMPLEMENTATIONS, OPTIMIZER_SLOTS, place, slots
-from recsys.embeddings.planner import PlacementError
 from recsys.models.defaults import MODEL_DEFAULTS
 from recsys.models.embedding_tables import dense_params, model_groups, spec_channels
+from recsys.placement.decision import IMPLEMENTATIONS, OPTIMIZER_SLOTS, place, slots
+from recsys.placement.planner import PlacementError
 from slurm.common.errors import ToolkitError
 
-PROG = "python -m recsys.placement"
+PROG = "python -m recsys.place_tables"
 # The largest job the "would fit on N GPUs" search considers.
 MAX_GPUS = 1 << 16
 
@@ -98,7 +98,7 @@ def _cardinalities(text):
 
 def _channels(args):
     if args.feature_spec:
-        from recsys.feature_spec import FeatureSpec
+        from recsys.features.spec import FeatureSpec
         return spec_channels(args.model, FeatureSpec.from_yaml(args.feature_spec))
     cards = _cardinalities(args.cardinalities)
     if args.model == "ncf":

@@ -6,7 +6,7 @@ installed *and* ``TF_USE_LEGACY_KERAS`` is true when ``tensorflow`` is first imp
 (tensorflow/__init__.py reads it once, to pick the package behind ``tf.keras``).
 
 :func:`decide` is the pure rule, from the installed versions and the environment
-(``python -m recsys.tfcompat`` prints it for this Python, for checking a container);
+(``python -m recsys.runtime.tfcompat`` prints it for this Python, for checking a container);
 :func:`prepare` applies it to this process (``recsys.train.run`` calls it before its first
 TensorFlow import): it sets or unsets ``TF_USE_LEGACY_KERAS``, returns the one-line notes to
 log, or raises :class:`~recsys.errors.EngineError` (one line, exit 2) naming the version
@@ -201,7 +201,7 @@ def describe(found: Installed, decision: Decision) -> str:
 
 
 def main() -> int:
-    """``python -m recsys.tfcompat``: would recsys-train run on this Python's TensorFlow? (exit 0 / 2)"""
+    """``python -m recsys.runtime.tfcompat``: would recsys-train run on this Python's TensorFlow? (exit 0 / 2)"""
     found = detect()
     decision = decide(found, os.environ)
     print(describe(found, decision))

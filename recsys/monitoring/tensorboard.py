@@ -1,6 +1,6 @@
 """TensorBoard event files and tf.profiler traces of an engine run (docs/tensorboard.md).
 
-The event files are a second sink of the JSON log: :class:`recsys.logger.RunLogger` hands every
+The event files are a second sink of the JSON log: :class:`recsys.monitoring.logger.RunLogger` hands every
 record it builds to :class:`ScalarSink`, which writes the figures of the ``step``, ``eval`` and
 ``summary`` records as scalars at those records' steps, so TensorBoard and the JSON log never
 disagree. Each rank writes into its own directory ``<root>/rank<k>`` (a TensorBoard run), the root
@@ -114,7 +114,7 @@ def chosen(ranks, rank):
 
 
 def scalars(record):
-    """``[(tag, value)]`` of one JSON-log record (already plain: recsys.logger._plain), and its step."""
+    """``[(tag, value)]`` of one JSON-log record (already plain: recsys.monitoring.logger._plain), and its step."""
     kind, step = record.get("type"), record.get("step")
     if not isinstance(step, int) or kind not in ("step", "eval", "summary"):
         return None, []

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from recsys.devices import amp_cpu_slowdown
+from recsys.runtime.devices import amp_cpu_slowdown
 
 CPU_FLOPS_PER_CORE = 10e9      # sustained fp32 rate of TF's CPU kernels on one core, about
-AMP_CPU_SLOWDOWN = amp_cpu_slowdown()  # float16 is emulated on CPUs: measured (recsys.devices)
+AMP_CPU_SLOWDOWN = amp_cpu_slowdown()  # float16 is emulated on CPUs: measured (recsys.runtime.devices)
 SLOW_STEP_S = 2.0              # warn when one step is estimated to take longer than this
 
 

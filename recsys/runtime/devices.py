@@ -11,7 +11,7 @@ importing TensorFlow and stops with one line (exit 2) when GPUs were given but T
 none, unless the run is declared a CPU run (``--device cpu`` or ``RECSYS_DEVICE=cpu``, which the
 ``ci`` profile and the test cluster set: their GRES GPUs are fake device files).
 
-``python -m recsys.devices --expected`` prints the expectation on a node without importing
+``python -m recsys.runtime.devices --expected`` prints the expectation on a node without importing
 TensorFlow (tests/gpu_node_check.sh). docs/engine.md, "GPUs: the device check".
 """
 from __future__ import annotations
@@ -112,7 +112,7 @@ def device_mode(flag: Optional[str], env: Mapping[str, str]) -> Tuple[str, str]:
 def check(expected: Expected, mode: str, tf_gpus: int, distribution: str, version: str,
           cuda_build: Optional[bool], smi_listed: Optional[int]) -> Optional[str]:
     """The refusal line, or None to run (pure). ``distribution``/``version``: the installed
-    TensorFlow distribution (recsys.tfcompat.detect); ``cuda_build``: tf.test.is_built_with_cuda();
+    TensorFlow distribution (recsys.runtime.tfcompat.detect); ``cuda_build``: tf.test.is_built_with_cuda();
     ``smi_listed``: GPUs nvidia-smi lists (None: no nvidia-smi / driver)."""
     if mode == "cpu" or tf_gpus > 0:
         return None
@@ -162,10 +162,10 @@ def amp_warning(amp: bool, tf_gpus: int) -> Optional[str]:
 
 
 def main(argv=None) -> int:
-    """``python -m recsys.devices --expected``: the GPUs this process was given (no TensorFlow);
+    """``python -m recsys.runtime.devices --expected``: the GPUs this process was given (no TensorFlow);
     prints ``expected=N source=...`` and ``nvidia_smi=N`` (``none``: unknown)."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m recsys.devices", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m recsys.runtime.devices", description=main.__doc__)
     p.add_argument("--expected", action="store_true", help="print the expected GPUs (the default)")
     p.parse_args(argv)
     smi = nvidia_smi_list()

@@ -414,10 +414,10 @@ def _count_lines(path: str) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m recsys.feature_spec FILE``: validate a spec and its files, print rows per mapping."""
+    """``python -m recsys.features.spec FILE``: validate a spec and its files, print rows per mapping."""
     import argparse
     import sys
-    p = argparse.ArgumentParser(prog="python -m recsys.feature_spec", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m recsys.features.spec", description=main.__doc__)
     p.add_argument("spec", help="feature_spec.yaml (or the directory holding it)")
     a = p.parse_args(argv)
     try:

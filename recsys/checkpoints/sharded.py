@@ -7,7 +7,7 @@ Layout (format ``sharded-v2``)::
     ckpt-<step>/rank-<r>/ckpt.*      rank r's tf.train.Checkpoint: dense weights, optimizer
                                      state, counters; not the table slices rank r writes as
                                      files below (nor their optimizer slots): each is written
-                                     once (recsys.checkpoint_graph). ``sharded-v1`` held them
+                                     once (recsys.checkpoints.graph). ``sharded-v1`` held them
                                      in both; it is still read.
     ckpt-<step>/rank-<r>/tables.json the table slices rank r wrote as .npy (group, table, slots,
                                      columns, file), to re-shard at another world size
@@ -42,17 +42,14 @@ import os
 import shutil
 import time
 
-from recsys.checkpoint import (META, PREFIX, AtomicCheckpointer, CheckpointError, publish,
-                               write_failure)
+from recsys.checkpoints.atomic import (META, PREFIX, AtomicCheckpointer, CheckpointError, publish,
+                                       write_failure)
+from recsys.checkpoints.pieces import (TABLES, assemble, distributed_tables, rank_dir, saved_pieces, table_slots,
+                                       write_distributed_pieces)
 
 FORMAT = "sharded-v2"
 FORMATS = ("sharded-v1", FORMAT)   # v1: each rank's TF checkpoint held its table slices too
-TABLES = "tables.json"
 DONE = "DONE"
-
-
-def rank_dir(path, rank):
-    return os.path.join(path, f"rank-{rank:05d}")
 
 
 def read_meta(path):
@@ -128,67 +125,6 @@ def _written_pieces(group, rank):
     return [(key, var) for key, var in sorted(pieces.items()) if key in own or replicated_too]
 
 
-def table_slots(optimizers, var):
-    """{slot name: optimizer variable} of table ``var`` (e.g. FTRL's accumulators and linears, RMSprop's
-    velocities): a Keras optimizer keeps one list per slot, indexed like the variables it was built on."""
-    import tensorflow as tf
-    for opt in optimizers:
-        index = getattr(opt, "_index_dict", None) or {}
-        key = opt._var_key(var)
-        if key not in index:
-            continue
-        i, n = index[key], len(index)
-        return {name.strip("_"): value[i] for name, value in sorted(vars(opt).items())
-                if name != "_variables" and isinstance(value, list) and len(value) == n
-                and all(isinstance(x, tf.Variable) for x in value) and value[i].shape == var.shape}
-    return {}
-
-
-def _saved_pieces(path, meta):
-    """{(group, table, slot or None): [(col_start, col_end, file)]} of every rank's saved table slices."""
-    saved = {}
-    for r in meta["writers"]:
-        with open(os.path.join(rank_dir(path, r), TABLES)) as f:
-            for p in json.load(f):
-                for slot, name in [(None, p["file"]), *sorted(p.get("slots", {}).items())]:
-                    saved.setdefault((p["group"], p["table"], slot), []).append(
-                        (p["col_start"], p["col_end"], os.path.join(rank_dir(path, r), name)))
-    return saved
-
-
-def _distributed_tables(group, optimizers, fetch, np, chunk=None, stats=None):
-    """Whole tables (and their optimizer slots) into a distributed-embeddings group, cut by its layout
-    and assigned by row chunks (``de_adapter.set_global``): ``fetch(table, slot or None)`` gives the
-    table's saved column pieces (or None); each rank reads only its own slices, one row chunk at a
-    time from the memory-mapped files (``stats``: ``peak_elements`` and ``read_elements``, as
-    :func:`_assemble` counts them). Returns (slots restored, slots restarted)."""
-    from recsys.embeddings import de_adapter
-    layer = group._dist
-
-    def lazy(pieces, t):
-        rows, dim = group.cardinalities[t], group.dims[t]
-        return de_adapter.LazyTable((rows, dim), lambda r0, r1, c0, c1: _assemble(
-            pieces, c0, c1, (r1 - r0, c1 - c0), np, rows=(r0, r1), stats=stats))
-    tables = []
-    for t in range(len(group.cardinalities)):
-        pieces = fetch(t, None)
-        if not pieces:
-            raise CheckpointError(f"no saved values of {group.name} table {t} in the checkpoint")
-        tables.append(lazy(pieces, t))
-    de_adapter.set_global(layer, tables, chunk=chunk)
-    slot_vars = [table_slots(optimizers, v) for v in layer.weights]
-    restored, restarted = set(), set()
-    for slot in sorted(set().union(*slot_vars)):
-        saved = [fetch(t, slot) for t in range(len(group.cardinalities))]
-        if all(saved):
-            de_adapter.set_global(layer, [lazy(p, t) for t, p in enumerate(saved)],
-                                  variables=[sv[slot] for sv in slot_vars], chunk=chunk)
-            restored.add(slot)
-        else:
-            restarted.add(slot)
-    return restored, restarted
-
-
 def has_local_tables(model):
     return any(g._mp is not None or g._dist is not None for g in _groups(model))
 
@@ -228,7 +164,7 @@ class ShardedCheckpointer(AtomicCheckpointer):
         if writer not in self._rest:
             import tensorflow as tf
 
-            from recsys.checkpoint_graph import without
+            from recsys.checkpoints.graph import without
             self._rest[writer] = tf.train.Checkpoint(**without(self.checkpoint, self._written_as_files(writer)))
         return self._rest[writer]
 
@@ -357,30 +293,30 @@ class ShardedCheckpointer(AtomicCheckpointer):
     def _tables_from_files(self, path, meta, np):
         """Every table slice this rank holds, and its optimizer slots, from the checkpoint's table files
         (cut by this run's layout). Returns (slots restored, slots restarted)."""
-        saved = _saved_pieces(path, meta)
+        saved = saved_pieces(path, meta)
         resharded, restarted = set(), set()
         for group in _groups(self.model):
             if group._dist is not None:         # distributed-embeddings: whole tables in, each rank its share
-                done, missing = _distributed_tables(group, self.optimizers,
+                done, missing = distributed_tables(group, self.optimizers,
                                                     lambda t, slot, g=group.name: saved.get((g, t, slot)), np)
                 resharded |= done
                 restarted |= missing
                 continue
             pieces, _ = _pieces(group, self.dist.rank)
             for (t, c0, c1), var in pieces.items():
-                var.assign(_assemble(saved.get((group.name, t, None), []), c0, c1, tuple(var.shape), np))
+                var.assign(assemble(saved.get((group.name, t, None), []), c0, c1, tuple(var.shape), np))
                 # The tables' optimizer slots are re-sharded like the tables (checkpoints written
                 # before slots were saved have none: those slots restart from their initial value).
                 for slot, slot_var in table_slots(self.optimizers, var).items():
                     if (group.name, t, slot) in saved:
-                        slot_var.assign(_assemble(saved[(group.name, t, slot)], c0, c1, tuple(var.shape), np))
+                        slot_var.assign(assemble(saved[(group.name, t, slot)], c0, c1, tuple(var.shape), np))
                         resharded.add(slot)
                     else:
                         restarted.add(slot)
         return resharded, restarted
 
     def _restore_replicated(self, path, meta):
-        """A replicated run's checkpoint (``recsys.checkpoint`` layout) into this model-parallel run:
+        """A replicated run's checkpoint (``recsys.checkpoints.atomic`` layout) into this model-parallel run:
         dense weights and counters as saved, each table slice of this rank's plan cut from the saved
         table (one whole table in memory at a time); the optimizer state restarts (a replicated
         checkpoint keys the slots by the replicated model's variable order)."""
@@ -436,58 +372,6 @@ def _visible(path):
     except OSError:
         return False
     return os.path.isdir(path)
-
-
-def write_distributed_pieces(directory, group_name, layer, optimizers=(), chunk=None, stats=None):
-    """This rank's slices of a distributed-embeddings group (and their optimizer slots) as ``.npy``
-    files in ``directory``, written by row chunks of at most ``chunk`` elements (memory-mapped output):
-    the host holds one chunk at a time, never a table. Returns the ``tables.json`` entries;
-    ``stats["peak_elements"]``: the largest block read at once."""
-    import numpy as np
-
-    from recsys.embeddings import de_adapter
-    slot_vars = [table_slots(optimizers, v) for v in layer.weights]
-    listing = []
-    for t, c0, c1, v, r0, r1 in de_adapter.local_pieces(layer):
-        name = f"{group_name}.t{t}.c{c0}-{c1}"
-        sources = [(None, layer.weights[v])] + sorted(slot_vars[v].items())
-        files = {}
-        for slot, var in sources:
-            files[slot] = f"{name}.npy" if slot is None else f"{name}.{slot}.npy"
-            out = np.lib.format.open_memmap(os.path.join(directory, files[slot]), mode="w+", dtype=np.float32,
-                                            shape=(r1 - r0, c1 - c0))
-            for a, b in de_adapter._row_chunks(r1 - r0, c1 - c0, chunk):
-                block = de_adapter.read_rows(var, r0 + a, r0 + b)
-                if stats is not None:
-                    stats["peak_elements"] = max(stats.get("peak_elements", 0), block.size)
-                out[a:b] = block
-            out.flush()
-            del out
-        listing.append({"group": group_name, "table": t, "col_start": c0, "col_end": c1, "shape": [r1 - r0, c1 - c0],
-                        "file": files.pop(None), "slots": files})
-    return listing
-
-
-def _assemble(pieces, c0, c1, shape, np, rows=None, stats=None):
-    """Columns [c0, c1) of one table from the saved column slices (read memory-mapped): every row, or
-    rows [r0, r1) (``rows``) only, so a restore by row chunks reads each saved value once instead of
-    a whole column slab per chunk. ``stats`` counts the elements read (``read_elements``) and the
-    largest block (``peak_elements``)."""
-    out = np.empty(shape, np.float32)
-    r0, r1 = rows if rows is not None else (0, shape[0])
-    filled = 0
-    for a0, a1, file in sorted(pieces):
-        lo, hi = max(a0, c0), min(a1, c1)
-        if lo >= hi:
-            continue
-        out[:, lo - c0:hi - c0] = np.load(file, mmap_mode="r")[r0:r1, lo - a0:hi - a0]
-        filled += hi - lo
-    if stats is not None:
-        stats["read_elements"] = stats.get("read_elements", 0) + out.size
-        stats["peak_elements"] = max(stats.get("peak_elements", 0), out.size)
-    if filled != c1 - c0:
-        raise CheckpointError(f"table columns {c0}:{c1} are not all in the checkpoint ({filled} found)")
-    return out
 
 
 def _write_json(path, obj):

@@ -5,16 +5,16 @@
 EmbeddingGroup layer then uses as it is (it never plans), and the memory check made on those
 same plans (every group's weights and optimizer slots, plus the dense part with its slots).
 Thresholds are in elements (rows x width), as distributed-embeddings counts them, so the
-optimizer changes the memory estimate, never the cut. ``python -m recsys.placement`` shows it.
+optimizer changes the memory estimate, never the cut. ``python -m recsys.place_tables`` shows it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from recsys.embeddings.planner import (OPTIMIZER_SLOTS, Plan, PlacementError, distributed_embeddings_layout,
-                                       plan_distributed_embeddings, plan_placement, rank_lines)
-from recsys.embeddings.tables import Table, TableGroup
+from recsys.placement.planner import (OPTIMIZER_SLOTS, Plan, PlacementError, distributed_embeddings_layout,
+                                      plan_distributed_embeddings, plan_placement, rank_lines)
+from recsys.placement.tables import Table, TableGroup
 
 BYTES_PER_PARAM = 4      # fp32 tables: mixed precision keeps float32 variables
 # The model-parallel layer (--embedding-implementation): our Horovod alltoall layer unless

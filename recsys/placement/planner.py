@@ -1,7 +1,7 @@
 """The memory-balanced planner: which table (or column slice) of one table list lives on which rank.
 
-Pure Python, so the argument layer and ``python -m recsys.placement`` run it
-before TensorFlow starts; :mod:`recsys.embeddings.placement` applies it to a run's groups.
+Pure Python, so the argument layer and ``python -m recsys.place_tables`` run it
+before TensorFlow starts; :mod:`recsys.placement.decision` applies it to a run's groups.
 
 Strategy (of the project's alltoall layer; NVIDIA distributed-embeddings places its tables by its own
 rules, reproduced by :func:`distributed_embeddings_layout` at the end of this module):

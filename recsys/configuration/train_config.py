@@ -20,11 +20,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
-from recsys.distributed import launcher_world_size
-from recsys.errors import EngineError
+from recsys.configuration.checks import (check_creatable, fail, fitting_batch, flag_name, flag_text,
+                                         memory_budget_gb)
+from recsys.configuration.predictions import check_directory, check_flags
 from recsys.models.defaults import (MODEL_DEFAULTS, REFERENCE_MIN_STEPS_PER_EPOCH, SMALL_DATA_DEFAULTS,
                                     is_small_data, resolved, small_data_batch)
-from recsys.predictions import check_directory, check_flags
+from recsys.placement.decision import Placement
+from recsys.runtime.distributed import launcher_world_size
 
 # Share of the run before the synthetic DLRM schedule ends its warm-up / starts its decay
 # (the reference's 8000 / 48000 of about 72000 steps).
@@ -89,7 +91,7 @@ class TrainConfig:
     benchmark_steps: int = 100
     breakdown_steps: int = 0
     steps_per_call: int = 8          # --steps-per-call: training steps per compiled call (recsys.engine)
-    hang_timeout: Optional[float] = None   # --hang-timeout: recsys.watchdog's limit; None: its default
+    hang_timeout: Optional[float] = None   # --hang-timeout: recsys.monitoring.watchdog's limit; None: its default
     embedding_placement: str = "auto"
     embedding_memory_gb: Optional[float] = None
     column_slice_threshold: Optional[int] = None
@@ -99,7 +101,7 @@ class TrainConfig:
     affinity: str = "off"
     intra_op_threads: int = 0
     inter_op_threads: int = 0
-    # TensorBoard and profiler (recsys.tensorboard)
+    # TensorBoard and profiler (recsys.monitoring.tensorboard)
     tensorboard_dir: Optional[str] = None
     no_tensorboard: bool = False
     tensorboard_ranks: object = (0,)      # a tuple of ranks, or "all"
@@ -121,7 +123,7 @@ class TrainConfig:
     # derived by from_args, before TensorFlow starts
     notes: list = dataclasses.field(default_factory=list)  # [(warning kind, one line)] the run logs at start
     embedding_groups: Tuple = ()    # the TableGroup of each embedding layer (recsys.models.embedding_tables)
-    placement: Optional[object] = None  # recsys.embeddings.placement.Placement: where every group's tables live
+    placement: Optional[Placement] = None  # where every group's tables live
 
     @classmethod
     def from_args(cls, namespace) -> "TrainConfig":
@@ -145,7 +147,7 @@ class TrainConfig:
         cfg = cls._resolved(namespace, world_size)
         cfg._check_values()
         if cfg.restore and not cfg.checkpoint_dir:
-            _fail("--restore needs --checkpoint-dir")
+            fail("--restore needs --checkpoint-dir")
         if check_data:
             cfg._check_submitted_files([os.path.abspath(p) for p in produced], check_existence)
         return cfg
@@ -168,13 +170,13 @@ class TrainConfig:
     @property
     def embedding_tables(self) -> list:
         """``[(name, rows, width)]`` of every embedding table, group after group."""
-        from recsys.embeddings.tables import flat_tables
+        from recsys.placement.tables import flat_tables
         return flat_tables(self.embedding_groups)
 
     @property
     def dense_parameters(self) -> int:
         """Replicated (non-embedding) parameters of the model: the memory check and the CPU-speed
-        estimate (recsys.slow_config) count these."""
+        estimate (recsys.configuration.slow) count these."""
         from recsys.models.embedding_tables import dense_params
         sizes = {k: getattr(self, k) for k in ("bottom_mlp", "top_mlp", "deep_hidden_units", "layers", "factors")
                  if getattr(self, k) is not None}
@@ -192,7 +194,7 @@ class TrainConfig:
         values = dict(vars(namespace))
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:  # a programming error, not a user one: say where to add it
-            raise TypeError(f"recsys.config.TrainConfig has no field for flag destination(s) {unknown}")
+            raise TypeError(f"recsys.configuration.train_config.TrainConfig has no field for flag destination(s) {unknown}")
         cfg = cls(**values)
         user_schedule = any(v is not None for v in (cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps))
         unset = {k: v for k, v in resolved(cfg.model, cfg.synthetic_data).items() if getattr(cfg, k) is None}
@@ -204,6 +206,7 @@ class TrainConfig:
     def _scaled_schedule(self, rows) -> dict:
         """The synthetic (and small-data) DLRM schedule spans the run (warm-up, constant, decay to 0
         at the last step) instead of fixed step numbers that would end it early in a longer run."""
+        assert self.batch_size is not None and self.epochs is not None, "the model's defaults fill them first"
         if self.batch_size < 1 or self.epochs < 1:
             return {}  # refused by _check_values
         per_epoch = max(1, rows // self.batch_size)
@@ -218,10 +221,10 @@ class TrainConfig:
     def _with_placement(self) -> "TrainConfig":
         """The model's embedding groups and the run's one placement decision (recsys.embeddings):
         the plan every EmbeddingGroup layer will use, checked against the memory budget."""
-        from recsys.embeddings.placement import PlacementError, choose_placement, slots
         from recsys.models.embedding_tables import model_groups, spec_channels
+        from recsys.placement.decision import PlacementError, choose_placement, slots
         if self.feature_spec:
-            from recsys.feature_spec import FeatureSpec
+            from recsys.features.spec import FeatureSpec
             spec = FeatureSpec.from_yaml(self.feature_spec)
         else:
             from recsys.data.synthetic import default_spec
@@ -229,11 +232,12 @@ class TrainConfig:
         try:
             channels = spec_channels(self.model, spec)
         except ValueError as e:          # a model that needs ids, given numericals alone
-            _fail(str(e))
+            fail(str(e))
         cfg = replace(self, embedding_groups=model_groups(
             self.model, channels, embedding_dim=self.embedding_dim, factors=self.factors,
             layers=self.layers, combiner=self.combiner, optimizer=self.optimizer))
-        budget = _memory_budget_gb(self.embedding_memory_gb)
+        budget = memory_budget_gb(self.embedding_memory_gb)
+        assert self.batch_size is not None, "the model's defaults fill it first"
         try:
             placement = choose_placement(
                 self.embedding_placement, self.world_size, cfg.embedding_groups, model=self.model,
@@ -244,48 +248,48 @@ class TrainConfig:
                 implementation=self.embedding_implementation, local_batch=self.batch_size // self.world_size,
                 local_eval_batch=max(1, self.eval_batch_size // self.world_size) if self.eval_batch_size else None)
         except PlacementError as e:
-            _fail(str(e))
+            fail(str(e))
         return replace(cfg, placement=placement)
 
     # --- checks ------------------------------------------------------------------
     def _check_values(self):
         for flag in ("batch_size", "eval_batch_size", "epochs", "log_every", "keep_checkpoints", "steps_per_call"):
             if getattr(self, flag) < 1:
-                _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
+                fail(f"--{flag_name(flag)} must be >= 1, got {getattr(self, flag)}")
         for flag in ("max_steps", "benchmark_warmup_steps", "benchmark_steps", "breakdown_steps", "early_stop_patience"):
             if getattr(self, flag) < 0:
-                _fail(f"--{_flag(flag)} must be >= 0")
+                fail(f"--{flag_name(flag)} must be >= 0")
         if self.hang_timeout is not None and not 0 <= self.hang_timeout < float("inf"):
-            _fail(f"--hang-timeout must be >= 0 seconds (0: off), got {self.hang_timeout}")
+            fail(f"--hang-timeout must be >= 0 seconds (0: off), got {self.hang_timeout}")
         if self.breakdown_steps and self.mode != "benchmark":
-            _fail(f"--breakdown-steps needs --run-mode benchmark (the run mode is {self.mode})")
+            fail(f"--breakdown-steps needs --run-mode benchmark (the run mode is {self.mode})")
         self._check_predict()
         if self.batch_size % self.world_size:
-            _fail(f"--batch-size {self.batch_size} is not divisible by the {self.world_size} ranks")
+            fail(f"--batch-size {self.batch_size} is not divisible by the {self.world_size} ranks")
         if self.lr <= 0:
-            _fail(f"--lr must be > 0, got {self.lr}")
+            fail(f"--lr must be > 0, got {self.lr}")
         if self.model == "dlrm" and self.interaction == "dot" and self.bottom_mlp[-1] != self.embedding_dim:
-            _fail(f"--bottom-mlp last width {self.bottom_mlp[-1]} must equal --embedding-dim {self.embedding_dim}")
+            fail(f"--bottom-mlp last width {self.bottom_mlp[-1]} must equal --embedding-dim {self.embedding_dim}")
         if self.model == "dlrm" and self.top_mlp[-1] != 1:
-            _fail(f"--top-mlp must end with 1, got {self.top_mlp}")
+            fail(f"--top-mlp must end with 1, got {self.top_mlp}")
         if self.model == "ncf" and self.layers[0] % 2:
-            _fail(f"--layers first width must be even, got {self.layers[0]}")
+            fail(f"--layers first width must be even, got {self.layers[0]}")
         for flag in ("deep_dropout", "dropout"):
             v = getattr(self, flag)
             if v is not None and not 0 <= v < 1:
-                _fail(f"--{_flag(flag)} must be in [0, 1), got {v}")
+                fail(f"--{flag_name(flag)} must be in [0, 1), got {v}")
         if self.embedding_implementation == "distributed-embeddings" and self.xla:
-            _fail("--embedding-implementation distributed-embeddings cannot be used with --xla (its gradient tape "
+            fail("--embedding-implementation distributed-embeddings cannot be used with --xla (its gradient tape "
                   "runs Horovod collectives, which are not XLA ops)")
         if self.embedding_placement == "model_parallel" and self.xla:
-            _fail("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
+            fail("--embedding-placement model_parallel cannot be used with --xla (the alltoall is not an XLA op)")
         for flag in ("column_slice_threshold", "data_parallel_threshold"):
             if getattr(self, flag) is not None and getattr(self, flag) < 1:
-                _fail(f"--{_flag(flag)} must be >= 1, got {getattr(self, flag)}")
+                fail(f"--{flag_name(flag)} must be >= 1, got {getattr(self, flag)}")
         if self.early_stop_min_delta is not None and not self.early_stop_min_delta >= 0:
-            _fail(f"--early-stop-min-delta must be >= 0, got {self.early_stop_min_delta}")
+            fail(f"--early-stop-min-delta must be >= 0, got {self.early_stop_min_delta}")
         if self.embedding_memory_gb is not None and self.embedding_memory_gb <= 0:
-            _fail(f"--embedding-memory-gb must be > 0, got {self.embedding_memory_gb}")
+            fail(f"--embedding-memory-gb must be > 0, got {self.embedding_memory_gb}")
         self._check_tensorboard()
 
     def _check_tensorboard(self):
@@ -293,21 +297,21 @@ class TrainConfig:
         the paths: recsys-submit gives every job its --log-path.)"""
         if self.profile_steps:
             if self.mode not in ("train", "benchmark"):
-                _fail(f"--profile-steps needs --run-mode train or benchmark (the run mode is {self.mode})")
+                fail(f"--profile-steps needs --run-mode train or benchmark (the run mode is {self.mode})")
         for flag in ("tensorboard_ranks", "profile_ranks"):
             ranks = getattr(self, flag)
             if ranks != "all" and max(ranks) >= self.world_size:
-                _fail(f"--{_flag(flag)} {','.join(map(str, ranks))}: the run has {self.world_size} rank(s), "
+                fail(f"--{flag_name(flag)} {','.join(map(str, ranks))}: the run has {self.world_size} rank(s), "
                       f"0 to {self.world_size - 1}")
 
     def _check_predict(self):
-        check_flags(self.mode, self.model, self.predictions, _fail)
+        check_flags(self.mode, self.model, self.predictions, fail)
 
     def _check_predictions_dir(self):
         """--predictions DIR: new or empty, and creatable (where the job runs, or is submitted)."""
         if self.mode == "predict":
-            check_directory(self.predictions, _fail)
-            _check_creatable("--predictions", self.predictions, self.predictions)
+            check_directory(self.predictions, fail)
+            check_creatable("--predictions", self.predictions, self.predictions)
 
     def _check_submitted_files(self, produced, check_existence):
         """for_submission's file checks: the data and the checkpoint to evaluate are named, and
@@ -319,22 +323,22 @@ class TrainConfig:
 
         if self.feature_spec:
             if not pending(self.feature_spec) and not os.path.isfile(self.feature_spec):
-                _fail(f"--feature-spec {self.feature_spec}: no such file")
+                fail(f"--feature-spec {self.feature_spec}: no such file")
         elif self.data_path:
             if not pending(self.data_path):
                 if not os.path.isdir(self.data_path):
-                    _fail(f"--data-path {self.data_path}: no such directory")
+                    fail(f"--data-path {self.data_path}: no such directory")
                 if not os.path.isfile(os.path.join(self.data_path, "feature_spec.yaml")):
-                    _fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
+                    fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
         elif not self.synthetic:
-            _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
+            fail("give --data-path DIR, --feature-spec FILE or --synthetic")
         if self.from_checkpoint:
             if not self.checkpoint_dir:
-                _fail(f"--run-mode {self.mode} needs --checkpoint-dir (the checkpoints of a training run)")
+                fail(f"--run-mode {self.mode} needs --checkpoint-dir (the checkpoints of a training run)")
             if not pending(self.checkpoint_dir):
-                from recsys.checkpoint import AtomicCheckpointer
+                from recsys.checkpoints.atomic import AtomicCheckpointer
                 if AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
-                    _fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
+                    fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir {self.checkpoint_dir}")
         if check_existence:
             self._check_predictions_dir()
 
@@ -345,30 +349,30 @@ class TrainConfig:
         feature_spec = self.feature_spec
         if feature_spec:
             if not os.path.isfile(feature_spec):
-                _fail(f"--feature-spec {feature_spec}: no such file")
+                fail(f"--feature-spec {feature_spec}: no such file")
         elif self.data_path:
             if not os.path.isdir(self.data_path):
-                _fail(f"--data-path {self.data_path}: no such directory")
+                fail(f"--data-path {self.data_path}: no such directory")
             feature_spec = os.path.join(self.data_path, "feature_spec.yaml")
             if not os.path.isfile(feature_spec):
-                _fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
+                fail(f"--data-path {self.data_path}: no feature_spec.yaml in it")
         elif not self.synthetic:
-            _fail("give --data-path DIR, --feature-spec FILE or --synthetic")
+            fail("give --data-path DIR, --feature-spec FILE or --synthetic")
         note = None
         cfg, notes = self, []
         if feature_spec:
             from recsys.data.layout import model_kind
-            from recsys.feature_spec import FeatureSpec, FeatureSpecError
+            from recsys.features.spec import FeatureSpec, FeatureSpecError
             try:
                 spec = FeatureSpec.from_yaml(feature_spec)
                 rows = spec.validate()
                 kind = model_kind(spec)
             except (FeatureSpecError, OSError, ValueError) as e:
-                _fail(str(e))
+                fail(str(e))
             if kind != self.model:
-                _fail(f"{feature_spec}: a {kind} dataset, not for --model {self.model}")
+                fail(f"{feature_spec}: a {kind} dataset, not for --model {self.model}")
             if self.mode == "evaluate" and spec.metadata.get("labels") is False:
-                _fail(f"{feature_spec}: has no labels (new rows without the label column): use --run-mode predict")
+                fail(f"{feature_spec}: has no labels (new rows without the label column): use --run-mode predict")
             if rows.get("train"):
                 what = f"the {rows['train']} training rows of {feature_spec}"
                 cfg, small = self._small_data(rows["train"], what, given)
@@ -414,7 +418,7 @@ class TrainConfig:
         ref = MODEL_DEFAULTS[self.model]["batch_size"]
         order = ("batch_size", "lr", "linear_lr", "beta1", "beta2", "epochs", "deep_warmup_epochs", *schedule,
                  "early_stop_patience", "early_stop_min_delta", "keep_best")
-        chosen = " ".join(_flag_text(k, changes[k]) for k in order if k in changes)
+        chosen = " ".join(flag_text(k, changes[k]) for k in order if k in changes)
         extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
         return cfg, ("small_data_defaults",
                      f"small-data defaults: {chosen}: the reference --batch-size {ref} gives "
@@ -429,10 +433,11 @@ class TrainConfig:
         if self.mode not in ("train", "benchmark"):
             return None
         samples = rows * (1 + (self.negative_samples or 0)) if self.model == "ncf" else rows
+        assert self.batch_size is not None and self.epochs is not None, "the model's defaults fill them first"
         if self.batch_size > samples:
             extra = f" ({samples} samples with negatives)" if self.model == "ncf" else ""
-            _fail(f"--batch-size {self.batch_size} is larger than {what}{extra}: give --batch-size "
-                  f"{_fitting_batch(samples, self.world_size)} or less")
+            fail(f"--batch-size {self.batch_size} is larger than {what}{extra}: give --batch-size "
+                  f"{fitting_batch(samples, self.world_size)} or less")
         steps = (samples // self.batch_size) * self.epochs
         if self.max_steps:
             steps = min(steps, self.max_steps)
@@ -445,79 +450,26 @@ class TrainConfig:
 
     def _check_paths(self):
         if self.restore and not self.checkpoint_dir:
-            _fail("--restore needs --checkpoint-dir")
+            fail("--restore needs --checkpoint-dir")
         if self.from_checkpoint:
-            from recsys.checkpoint import AtomicCheckpointer
+            from recsys.checkpoints.atomic import AtomicCheckpointer
             if not self.checkpoint_dir or AtomicCheckpointer(self.checkpoint_dir, None, writer=False).latest() is None:
-                _fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir "
+                fail(f"--run-mode {self.mode} needs a checkpoint in --checkpoint-dir "
                       f"({self.checkpoint_dir or 'not given'})")
         self._check_predictions_dir()
         # Missing directories are created when the run starts (as `mkdir -p`): the nearest
         # existing ancestor must be a writable directory.
         if self.checkpoint_dir:
             if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
-                _fail(f"--checkpoint-dir {self.checkpoint_dir}: exists and is not a directory")
-            _check_creatable("--checkpoint-dir", self.checkpoint_dir, self.checkpoint_dir)
+                fail(f"--checkpoint-dir {self.checkpoint_dir}: exists and is not a directory")
+            check_creatable("--checkpoint-dir", self.checkpoint_dir, self.checkpoint_dir)
         if self.log_path:
             if os.path.isdir(self.log_path):
-                _fail(f"--log-path {self.log_path}: is a directory")
-            _check_creatable("--log-path", self.log_path, os.path.dirname(os.path.abspath(self.log_path)))
+                fail(f"--log-path {self.log_path}: is a directory")
+            check_creatable("--log-path", self.log_path, os.path.dirname(os.path.abspath(self.log_path)))
         if self.profile_steps and not (self.tensorboard_dir or self.log_path):
-            _fail("--profile-steps needs --tensorboard-dir or --log-path (the trace goes next to the run's log)")
+            fail("--profile-steps needs --tensorboard-dir or --log-path (the trace goes next to the run's log)")
         if self.tensorboard_dir:
             if os.path.exists(self.tensorboard_dir) and not os.path.isdir(self.tensorboard_dir):
-                _fail(f"--tensorboard-dir {self.tensorboard_dir}: exists and is not a directory")
-            _check_creatable("--tensorboard-dir", self.tensorboard_dir, self.tensorboard_dir)
-
-
-def _memory_budget_gb(flag_value):
-    """--embedding-memory-gb, else the profile's value exported by the job, else memory / local ranks."""
-    if flag_value is not None:
-        return flag_value
-    env = os.environ.get("RECSYS_EMBEDDING_MEMORY_GB")
-    if env:
-        try:
-            return float(env)
-        except ValueError:
-            _fail(f"RECSYS_EMBEDDING_MEMORY_GB={env!r} is not a number")
-    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1")
-                .split("(")[0] or 1)
-    if os.environ.get("SLURM_MEM_PER_NODE", "").isdigit():
-        return int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20 / 1e9 / max(1, local)
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / max(1, local)
-    except (ValueError, OSError):
-        return None
-
-
-def _fitting_batch(samples: int, world_size: int) -> int:
-    """A batch to suggest: the ranks times the largest power of two that fits ``samples``."""
-    per_rank = max(1, samples // world_size)
-    return world_size * (1 << (per_rank.bit_length() - 1))
-
-
-def _check_creatable(flag: str, value: str, directory: str):
-    """``directory`` exists or can be made with ``mkdir -p``: its nearest existing ancestor
-    is a writable directory (not a file)."""
-    path = os.path.abspath(directory)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        _fail(f"{flag} {value}: {path} is not a directory")
-    if not os.access(path, os.W_OK):
-        _fail(f"{flag} {value}: directory {path} is not writable")
-
-
-def _flag_text(dest: str, value) -> str:
-    """A flag and its value as the user would type it (``--keep-best``, ``--lr 0.001``)."""
-    if isinstance(value, bool):
-        return f"--{_flag(dest)}" if value else f"--no-{_flag(dest)}"
-    return f"--{_flag(dest)} {value:g}" if isinstance(value, float) else f"--{_flag(dest)} {value}"
-
-
-def _flag(dest: str) -> str:
-    return dest.replace("_", "-")
-
-
-def _fail(message: str):
-    raise EngineError(message)
+                fail(f"--tensorboard-dir {self.tensorboard_dir}: exists and is not a directory")
+            check_creatable("--tensorboard-dir", self.tensorboard_dir, self.tensorboard_dir)

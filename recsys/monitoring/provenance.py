@@ -22,8 +22,8 @@ from pathlib import Path
 
 # Seconds one external command (git, scontrol, ompi_info) may take before it reads as unknown.
 COMMAND_TIMEOUT_S = 5.0
-# The checkout the engine is imported from: the parent of the recsys/ package.
-CHECKOUT = Path(__file__).resolve().parent.parent
+# The checkout the engine is imported from: the parent of the recsys/ package (this is recsys/monitoring/).
+CHECKOUT = Path(__file__).resolve().parents[2]
 # Large enough for any MPI's MPI_MAX_LIBRARY_VERSION_STRING (Open MPI 256, MPICH 8192).
 _MPI_VERSION_BUFFER = 8192
 _VERSION = r"(?P<version>\d+(?:\.\d+)+)"
@@ -51,7 +51,7 @@ def collect(all_nodes=None) -> dict:
 @functools.lru_cache(maxsize=None)
 def _facts() -> dict:
     """What this process can tell on its own, in the documented key order (nodes filled in later)."""
-    # multi-rank jobs have loaded Horovod (recsys.distributed); a single rank loads it here (about
+    # multi-rank jobs have loaded Horovod (recsys.runtime.distributed); a single rank loads it here (about
     # 0.1 s after TensorFlow, no MPI_Init), so that every point of a study records the same build
     hvd = sys.modules.get("horovod.tensorflow") or _import_horovod()
     build = _horovod_build(hvd)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from recsys.checkpoint import PREFIX
-from recsys.sharded_checkpoint import _assemble, _saved_pieces, is_sharded, rank_dir, read_meta
+from recsys.checkpoints.atomic import PREFIX
+from recsys.checkpoints.pieces import assemble, rank_dir, saved_pieces
+from recsys.checkpoints.sharded import is_sharded, read_meta
 
 
 def checkpoint_weights(path):
@@ -30,10 +31,10 @@ def checkpoint_weights(path):
             out[f"dense:{key}"] = reader.get_tensor(key)
     if sharded:
         meta = read_meta(path)
-        saved = _saved_pieces(path, meta)
+        saved = saved_pieces(path, meta)
         for group, info in meta["groups"].items():
             for t, (rows, dim) in enumerate(zip(info["cardinalities"], info["dims"])):
-                out[f"table:{group}/{t}"] = _assemble(saved.get((group, t, None), []), 0, dim, (rows, dim), np)
+                out[f"table:{group}/{t}"] = assemble(saved.get((group, t, None), []), 0, dim, (rows, dim), np)
     return out
 
 
@@ -42,9 +43,9 @@ def checkpoint_table_slots(path):
     import numpy as np
     meta = read_meta(path)
     out = {}
-    for (group, t, slot), pieces in _saved_pieces(path, meta).items():
+    for (group, t, slot), pieces in saved_pieces(path, meta).items():
         if slot is not None:
             info = meta["groups"][group]
             shape = (info["cardinalities"][t], info["dims"][t])
-            out[f"{group}/{t}/{slot}"] = _assemble(pieces, 0, shape[1], shape, np)
+            out[f"{group}/{t}/{slot}"] = assemble(pieces, 0, shape[1], shape, np)
     return out
