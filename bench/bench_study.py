@@ -100,15 +100,15 @@ def bench_submit(env, rounds):
         assert len(submitted) == POINTS, submitted
         return record.study_dir
 
-    from jobs.study.running import run as study_run
+    from jobs.study.running import parallel as study_parallel
 
     def api_serial(name):
         """The API with one point at a time: what submitting the points concurrently saves."""
-        threads, study_run.SUBMIT_THREADS = study_run.SUBMIT_THREADS, 1
+        threads, study_parallel.SUBMIT_THREADS = study_parallel.SUBMIT_THREADS, 1
         try:
             return api_run(name)
         finally:
-            study_run.SUBMIT_THREADS = threads
+            study_parallel.SUBMIT_THREADS = threads
 
     cli = [sys.executable, "-m", "jobs.cli", "study", "run"] + SWEEP
     floor = [sys.executable, "-c", STUDY_IMPORTS]

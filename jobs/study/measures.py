@@ -8,11 +8,7 @@ from jobs.runs.enginelog import number
 
 # the engine summary's step breakdown (docs/studies.md, "Where the step time goes")
 BREAKDOWN = "step_breakdown"
-
-
 BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder")
-
-
 EXCHANGES = ("embedding_exchange", "gradient_exchange")
 
 

@@ -19,12 +19,8 @@ from . import published
 
 # a cell whose repeats spread more than this is flagged: its median hides a noisy measurement
 SPREAD_CV, SPREAD_RATIO = 0.10, 1.25
-
-
 # provenance keys that differ between points by nature (the nodes are shown as "ran on")
 PER_POINT_PROVENANCE = ("nodes", "slurm_job_id")
-
-
 # header order of the provenance keys the engine writes; others follow, sorted
 PROVENANCE_ORDER = ("python", "tensorflow", "keras", "horovod", "horovod_build", "mpi", "numpy", "cuda", "cudnn",
                     "nccl", "gpu_model", "cpu_model", "slurm_version", "git_commit", "git_dirty", "profile",

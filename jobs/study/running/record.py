@@ -29,13 +29,9 @@ from . import allocation
 
 
 STUDY_VERSION = 1
-
-
 # what a point is, from its latest attempt; UNKNOWN: Slurm has not reported its job yet (or its
 # submission may or may not have gone in): neither active nor failed, and never resubmitted
 DONE, RUNNING, PENDING, FAILED, MISSING, UNKNOWN = "done", "running", "pending", "failed", "missing", "unknown"
-
-
 POINT_STATES = (DONE, RUNNING, PENDING, UNKNOWN, FAILED, MISSING)
 
 

@@ -16,7 +16,6 @@ in by rounds of repeats, one at a time on a profile whose nodes share hardware.
 import contextlib
 import fcntl
 import os
-import queue
 import socket
 import sys
 import threading
@@ -24,7 +23,7 @@ import time
 
 from jobs import states
 from jobs.schedulers import backend_for, capabilities
-from jobs.errors import RequestError, SlurmCommandError, StorageError, SubmitError
+from jobs.errors import RequestError, SlurmCommandError
 from jobs.polling import poll_until
 from jobs.runs import rundir
 from jobs.runs.atomic import storage_error, write_text
@@ -33,6 +32,7 @@ from slurm.atomicfile import fsync_dir
 
 from ..spec import StudyError, expand, is_study_dir, spec_yaml
 from . import allocation, frozen
+from .parallel import submit_parallel
 from .record import (FAILED, MISSING, PENDING, PointRecord, PointStatus, StudyRecord, StudyStatus, active,
                      counts_of, default_study_dir, poll, progress_line, write_results)
 
@@ -40,19 +40,13 @@ from .record import (FAILED, MISSING, PENDING, PointRecord, PointStatus, StudyRe
 # spec keys that a study may change between runs: they add points (or set a limit), never
 # change what an existing point measures
 EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description", "placement")
-
-
 # the Slurm job name every study point (and study allocation) shares on a profile whose nodes share
 # hardware, with --dependency=singleton: one at a time across all studies of a user on the cluster
 SHARED_NAME = "recsys-study-shared"
-
-
 # squeue's reasons for a pending job that cannot start as it is: a job of the shared name that
 # waits so blocks every later study of its user (the singleton) until it is released or cancelled
 STUCK_REASONS = ("DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "BadConstraints",
                  "PartitionDown", "PartitionInactive")
-
-
 # seconds between two identical progress lines while `run` waits for a free slot
 WAITING_LINE_S = 30
 
@@ -374,7 +368,7 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
             busy += 1
     elif todo:
         backend.accounting()    # asked (and cached) once, before the threads
-        _submit_parallel(record, todo, submit_point, submitted, runs)
+        submit_parallel(record, todo, submit_point, submitted, runs)
     if submitted and foreground:
         poll(record)    # the points ran to their end: results.json says how (no Slurm call)
     elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
@@ -431,79 +425,6 @@ def _ask_config(backend):
     thread = threading.Thread(target=backend.accounting, name="recsys-config", daemon=True)
     thread.start()
     return thread
-
-
-SUBMIT_THREADS = 8
-
-
-def _submit_parallel(record, todo, submit_point, submitted, runs):
-    """Submit independent points from a few threads (each sbatch waits on the controller, not on
-    this process). Each point's run dir reaches study.json before its job is submitted
-    (submit_point). A point that could not be submitted does not stop the others; the first
-    error is raised at the end, saying what went in (a re-run resumes with the missing points).
-    Interrupted, no further point is started, and the ones in flight finish first."""
-    landed = queue.Queue()
-    pending = iter(todo)
-    take = threading.Lock()
-    stop = threading.Event()
-
-    def worker():
-        while not stop.is_set():
-            with take:
-                point = next(pending, None)
-            if point is None:
-                return
-            try:
-                landed.put((point, submit_point(point), None))
-            except BaseException as exc:    # reported (or re-raised, for a bug) by the main thread
-                landed.put((point, None, exc))
-
-    threads = [threading.Thread(target=worker, name=f"recsys-submit-{i}")
-               for i in range(min(SUBMIT_THREADS, len(todo)))]
-    errors = []
-
-    def take_landed(batch):
-        for point, run_record, exc in batch:
-            if exc is not None:
-                errors.append((point.id, exc))
-                continue
-            runs[point.id] = run_record
-            submitted.append(point.id)
-
-    try:
-        for thread in threads:
-            thread.start()
-        while len(submitted) + len(errors) < len(todo):
-            batch = [landed.get()]
-            while True:                 # everything else that landed meanwhile
-                try:
-                    batch.append(landed.get_nowait())
-                except queue.Empty:
-                    break
-            take_landed(batch)
-    except BaseException:
-        stop.set()
-        for thread in threads:
-            if thread.is_alive():
-                thread.join()
-        batch = []
-        while not landed.empty():
-            batch.append(landed.get_nowait())
-        take_landed(batch)
-        raise
-    for thread in threads:
-        thread.join()
-    order = {p.id: i for i, p in enumerate(todo)}
-    submitted.sort(key=order.get)
-    errors.sort(key=lambda e: order[e[0]])
-    for point_id, exc in errors:
-        if not isinstance(exc, (RequestError, SubmitError, SlurmCommandError, StorageError)):
-            raise exc               # a bug, not a refused submission: its traceback
-    if errors:
-        point_id, exc = errors[0]
-        raise SubmitError(f"point {point_id} not submitted: {exc}; {len(errors)} point(s) failed to submit, "
-                          f"{len(submitted)} submitted; `recsys-submit study run` again submits the missing "
-                          f"ones (study {record.study_dir})")
 
 
 def _after_submission(record, status, submitted, runs):
