@@ -3,6 +3,8 @@ the engine summary's step breakdown (docs/studies.md, "Where the step time goes"
 screen (jobs.study.running.screen) and the report (jobs.study.analysis) both tabulate, and a
 figure's text."""
 
+from typing import Any, Optional
+
 from jobs.runs.enginelog import number
 
 
@@ -12,7 +14,7 @@ BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exc
 EXCHANGES = ("embedding_exchange", "gradient_exchange")
 
 
-def read_breakdown(point_id, data):
+def read_breakdown(point_id: str, data: Any) -> Optional[dict]:
     """A cell's step breakdown from one summary's `step_breakdown`: per phase ms and % of the step
     (mean over ranks, slowest rank), each exchange's bytes per step and achieved GB/s; None when
     absent or malformed."""
@@ -56,7 +58,7 @@ def read_breakdown(point_id, data):
             "split_over_timed": number(data, "split_over_timed")}
 
 
-def fmt_number(value, digits=0):
+def fmt_number(value: Optional[float], digits: int = 0) -> str:
     """A figure as the report and compare print it: thousands separated, "-" for none."""
     if value is None:
         return "-"
