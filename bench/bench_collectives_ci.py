@@ -51,7 +51,7 @@ def measure(env, out, nodes, gpus_per_node, sizes, iters):
 
 def emulated_check(fabric_section):
     from jobs.profiles import load_profile
-    from jobs.study import projection as P
+    from jobs.study.analysis import projection as P
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ci-measured.yaml")
         with open(path, "w") as f:

@@ -11,7 +11,7 @@ fitted: bandwidths and latencies come from the target profile's `fabric:` (with 
 compute from the calibration row. docs/benchmarks.md, "`study project` against published and measured figures", shows the table.
 
 Cases:
-- NVIDIA's single-node rows (jobs/study/published_results.yaml, the matched tables): every
+- NVIDIA's single-node rows (jobs/study/analysis/published_results.yaml, the matched tables): every
   multi-GPU row with a 1-GPU row of the same table, platform, model size, precision and XLA.
   Wide & Deep on the reference Outbrain feature set (preproc.outbrain.features); NCF on ml-20m
   (138,493 users, 26,744 items, the README's dataset). dlrm_tf2_2302 has no 1-GPU row of the
@@ -41,8 +41,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from jobs.profiles import load_profile  # noqa: E402
-from jobs.study import projection as P  # noqa: E402
-from jobs.study import published  # noqa: E402
+from jobs.study.analysis import projection as P  # noqa: E402
+from jobs.study.analysis import published  # noqa: E402
 
 # ml-20m (MovieLens 20M, the NCF README's dataset): users and items of ratings.csv
 ML20M_USERS, ML20M_ITEMS = 138493, 26744

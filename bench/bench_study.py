@@ -46,7 +46,7 @@ SWEEP = ["--profile", PROFILE, "--model", "dlrm", "--gpus", "1,2,4,8", "--varian
 
 # every module `study run` needs before its first sbatch: the CLI, the study and submission
 # layers, the profile loader (pyyaml) and the engine's flag parser (recsys.train, no TensorFlow)
-STUDY_IMPORTS = ("import jobs.cli, jobs.study.run, jobs.submit, jobs.profiles, jobs.backends.slurm.backend, "
+STUDY_IMPORTS = ("import jobs.cli, jobs.study.running.run, jobs.submit, jobs.profiles, jobs.backends.slurm.backend, "
                  "recsys.train, subprocess")
 
 
@@ -100,15 +100,15 @@ def bench_submit(env, rounds):
         assert len(submitted) == POINTS, submitted
         return record.study_dir
 
-    from jobs.study import run as study_run
+    from jobs.study.running import parallel as study_parallel
 
     def api_serial(name):
         """The API with one point at a time: what submitting the points concurrently saves."""
-        threads, study_run.SUBMIT_THREADS = study_run.SUBMIT_THREADS, 1
+        threads, study_parallel.SUBMIT_THREADS = study_parallel.SUBMIT_THREADS, 1
         try:
             return api_run(name)
         finally:
-            study_run.SUBMIT_THREADS = threads
+            study_parallel.SUBMIT_THREADS = threads
 
     cli = [sys.executable, "-m", "jobs.cli", "study", "run"] + SWEEP
     floor = [sys.executable, "-c", STUDY_IMPORTS]

@@ -187,8 +187,8 @@ def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None,
     ones: a Slurm host list, or the `--exclude=` line `study screen` prints):
     (StudyRecord, [point ids submitted]). On a shared-nodes profile another user's study job in
     the queue refuses it unless `overlap_other_users`."""
-    from .study import run as study_run
-    from .study.published import check_data_path
+    from .study.analysis.published import check_data_path
+    from .study.running import run as study_run
 
     check_data_path(spec)       # a reference spec's placeholder data_path: refused before anything exists
     return study_run.run(spec, profile, runs_dir=runs_dir, max_concurrent=max_concurrent, placement=placement,
@@ -200,7 +200,7 @@ def dry_run_study(spec, profile):
     """Every check `run_study` makes before submitting (spec, sizes against the profile, each
     point's flags against the engine's parser), with no scheduler: ([Point], {point id: the NVIDIA
     published row it matches: table, throughput, model_size}, a warning line or None)."""
-    from .study import published
+    from .study.analysis import published
     from .study.spec import expand
 
     profile = load(profile)
@@ -222,41 +222,41 @@ def dry_run_study(spec, profile):
 def find_study(study=None, runs_dir=None, wait=False):
     """A study directory from a path, a name under the runs dir, or (None) the newest study.
     `wait`: a named study not created yet is looked for again for a while (a watch started
-    alongside its `study run`; jobs.study.run.find_study_to_watch)."""
-    from .study import run as study_run
+    alongside its `study run`; jobs.study.running.watch.find_study_to_watch)."""
+    from .study.running import record as study_record, watch as study_watch
 
     if wait:
-        return study_run.find_study_to_watch(study, runs_dir)
-    return study_run.find_study(study, runs_dir)
+        return study_watch.find_study_to_watch(study, runs_dir)
+    return study_record.find_study(study, runs_dir)
 
 
 def study_status(study_dir):
-    """One poll of every point of a study (one Slurm call): a jobs.study.run.StudyStatus."""
-    from .study import run as study_run
+    """One poll of every point of a study (one Slurm call): a jobs.study.running.record.StudyStatus."""
+    from .study.running import record as study_record
 
-    return study_run.poll(study_run.StudyRecord.load(study_dir))
+    return study_record.poll(study_record.StudyRecord.load(study_dir))
 
 
 def watch_study(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
     """Poll a study until no point is pending or running; the last StudyStatus."""
-    from .study import run as study_run
+    from .study.running import watch as study_watch
 
-    return study_run.watch(study_dir, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout)
+    return study_watch.watch(study_dir, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout)
 
 
 def study_progress_line(status):
     """`[#####-----]  3/8 done  1 running ...  elapsed 0:00:42` of a StudyStatus."""
-    from .study import run as study_run
+    from .study.running import record as study_record
 
-    return study_run.progress_line(status)
+    return study_record.progress_line(status)
 
 
 def report_study(study_dir, out_dir=None, plot=None):
     """Write the study's scaling table and plot; returns (report dict, {kind: path})."""
-    from .study import projection
-    from .study import report as study_report
+    from .study.analysis import projection
+    from .study.analysis import report as study_report
 
-    from .study import history
+    from .study.analysis import history
 
     return study_report.write(study_dir, out_dir=out_dir, want_plot=plot, project=projection.for_report,
                               on_written=history.on_report)
@@ -265,7 +265,7 @@ def report_study(study_dir, out_dir=None, plot=None):
 def reference_study(model, profile):
     """The study spec that reproduces NVIDIA's published table of `model` on the platform of
     `profile` (its node type: dgxa100, dgx1, dgx2): (StudySpec, YAML text with comments)."""
-    from .study import published
+    from .study.analysis import published
 
     return published.reference_spec(model, load(profile))
 
@@ -279,21 +279,21 @@ def profile_schema() -> dict:
 
 def study_schema() -> dict:
     """The study spec format as a JSON Schema, for an editor's YAML language server."""
-    from .study.editor_schema import study_schema as schema
+    from .study.running.editor_schema import study_schema as schema
 
     return schema()
 
 
 def study_examples():
     """{name: description} of the example study specs the package ships."""
-    from .study import examples
+    from .study.running import examples
 
     return examples.descriptions()
 
 
 def write_study_example(name, path=None):
     """Write the shipped example spec `name` to `path` (default ./NAME.yaml, never over a file); the path."""
-    from .study import examples
+    from .study.running import examples
 
     return examples.write(name, path or f"{name}{examples.SUFFIX}")
 
@@ -301,14 +301,14 @@ def write_study_example(name, path=None):
 def published_results(model=None, profile=None):
     """NVIDIA's published throughput rows (those studies are matched against), filtered by model and
     by a profile's platform, each with the profiles on the search path of that platform."""
-    from .study import published
+    from .study.analysis import published
 
     return published.listing(model, load(profile) if profile else None)
 
 
 def published_results_text(model=None, profile=None):
     """published_results() as the table `recsys-submit study reference --list` prints."""
-    from .study import published
+    from .study.analysis import published
 
     return published.listing_text(published_results(model, profile))
 
@@ -317,7 +317,7 @@ def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
     """Compare studies point by point with the first (median ratio, Mann-Whitney U verdict) and
     write compare.{md,csv,json,png}; returns (comparison dict, {kind: path}). With
     `fail_if_slower` (percent), comparison["slower"] lists the points slower by more than that."""
-    from .study import compare as study_compare
+    from .study.analysis import compare as study_compare
 
     return study_compare.write(study_dirs, out_dir=out_dir, want_plot=plot, fail_if_slower=fail_if_slower)
 
@@ -325,29 +325,29 @@ def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
 def find_studies(studies, runs_dir=None):
     """Study dirs of `study compare`'s arguments: dirs, names under the runs dir, or names from
     the runs dir's history (the newest study of that name)."""
-    from .study import compare as study_compare
-    from .study import history
+    from .study.analysis import compare as study_compare
+    from .study.analysis import history
 
     return study_compare.find(studies, runs_dir, history=history.find)
 
 
 def study_history(runs_dir=None, model=None, profile=None):
-    """The finished studies of the runs dir (jobs.study.history), oldest first, each with its
+    """The finished studies of the runs dir (jobs.study.analysis.history), oldest first, each with its
     `state` now (present or gone)."""
-    from .study import history
+    from .study.analysis import history
 
     return history.listing(runs_dir or _runs_dir(), model=model, profile=profile)
 
 
 def study_history_text(entries):
-    from .study import history
+    from .study.analysis import history
 
     return history.text(entries)
 
 
 def history_point(point):
     """`study history --plot`'s POINT, checked (RequestError naming --plot)."""
-    from .study import history
+    from .study.analysis import history
 
     return history.check_point(point)
 
@@ -355,7 +355,7 @@ def history_point(point):
 def plot_study_history(entries, point, path):
     """Write `point`'s throughput over the listed studies as a PNG, each marked with its compare
     verdict against the study before it; returns the plotted series."""
-    from .study import history
+    from .study.analysis import history
 
     return history.plot(entries, point, path)
 
@@ -363,8 +363,8 @@ def plot_study_history(entries, point, path):
 def screen_nodes(profile, nodes=None, nodelist=None, margin=None, runs_dir=None, log=None, on_submitted=None,
                  **benchmark):
     """`study screen`: the one-node benchmark on every node of one allocation at once; waits for
-    it and writes screen.{md,json} into the screen's dir. Returns the screen dict (jobs.study.screen)."""
-    from .study import screen
+    it and writes screen.{md,json} into the screen's dir. Returns the screen dict (jobs.study.running.screen)."""
+    from .study.running import screen
 
     margin = screen.MARGIN if margin is None else margin
     screen_dir = screen.submit(profile, nodes=nodes, nodelist=nodelist, margin=margin, runs_dir=runs_dir, log=log,
@@ -383,7 +383,7 @@ def default_runs_dir(profile=None):
 
 def collect_screen(screen_dir):
     """A screen submitted before: wait for its allocation and write screen.{md,json}; the screen dict."""
-    from .study import screen
+    from .study.running import screen
 
     return screen.collect(screen.check_dir(screen_dir), screen.wait(screen.check_dir(screen_dir)))
 
@@ -401,7 +401,7 @@ def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=Non
     projection.{md,csv,json,png} to `out_dir` when given; returns (record, {kind: path}).
     `compute_curve`: paths of one GPU measured at several batches (projection.compute_curve).
     `calibration_gpus`: the GPU count `step_ms` was timed at (default 1)."""
-    from .study import projection
+    from .study.analysis import projection
 
     record = projection.run(source, load(profile), gpus, variant=variant, step_ms=step_ms, use_published=published,
                             compute_curve=compute_curve, calibration_gpus=calibration_gpus)
@@ -411,7 +411,7 @@ def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=Non
 
 def projection_text(record):
     """A projection record as the markdown table `study project` prints."""
-    from .study import projection
+    from .study.analysis import projection
 
     return projection.markdown(record)
 
@@ -421,16 +421,16 @@ def tensorboard_logdirs(target=None, runs_dir=None):
     ``run`` (its jobs, by job name) or ``study`` (each point's latest attempt, by point id such as
     ``g8-n1x8-r0``). `target`: a run or study directory or name; None: the newest run."""
     from .runs import tensorboard as tb
-    from .study import run as study_run
+    from .study.running import record as study_record
 
     study_dir = None
     if target:
         try:
-            study_dir = study_run.find_study(target, runs_dir)
+            study_dir = study_record.find_study(target, runs_dir)
         except RequestError:
             pass                                   # not a study: a run, or an error naming the run
     if study_dir:
-        record = study_run.StudyRecord.load(study_dir)
+        record = study_record.StudyRecord.load(study_dir)
         named = [pair for p in record.points for pair in tb.point_logdirs(p.id, p.runs[-1] if p.runs else None)]
         kind, where = "study", study_dir
     else:

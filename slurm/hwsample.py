@@ -25,7 +25,7 @@ The batch script (slurm/job.sbatch.tmpl) starts it with one srun task per node b
 and ends it (SIGUSR1, which srun forwards) after the step; it writes `<out>/<host>.json` through a temporary file and
 a rename every few samples and at the end, so a reader never sees a half-written file. A study
 report keeps the samples inside a point's timed steps (the engine log's first step to its
-summary) and shows their medians (jobs.study.report). Standard library only: `slurm/` is a leaf
+summary) and shows their medians (jobs.study.analysis.report). Standard library only: `slurm/` is a leaf
 that the engines and the submission layer may both use (setup.cfg).
 
 Run by hand: `python3 slurm/hwsample.py --out DIR [--interval 1] [--once]`.

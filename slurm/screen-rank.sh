@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The node screen's test hook (jobs/study/screen.py, docs/studies.md "Pod workflow"): a rank of
+# The node screen's test hook (jobs/study/running/screen.py, docs/studies.md "Pod workflow"): a rank of
 # `recsys-submit study screen` runs behind this wrapper only while RECSYS_TEST_SLOW_NODE is set
 # at submission. Not for production use: it makes a slow node on purpose, so that a test can
 # check that the screen flags it.

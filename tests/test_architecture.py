@@ -50,6 +50,9 @@ def tree(tmp_path):
     # the CLI going around the API (added to the CLI module itself)
     ("jobs/cli.py", "\n\ndef _shortcut():\n    from jobs.status import poll\n    return poll\n",
      "jobs: the CLI goes through jobs.api"),
+    # running a study reaching into its analysis (issue 44 item 2), inside a function
+    ("jobs/study/running/screen.py", "\n\ndef _table():\n    from jobs.study.analysis.report_table import markdown\n"
+     "    return markdown\n", "jobs.study: analysing a study"),
     # the engine knowing the submission layer
     ("recsys/knows_jobs.py", "def f():\n    import jobs.api\n", "the engines and the in-job helpers"),
 ])

@@ -54,7 +54,7 @@ class JobRequest:
     # and --dependency=singleton): a study's points on a profile whose nodes share hardware
     singleton: Optional[str] = None
     # a copy of the engines and in-job helpers (recsys/, slurm/) the job runs instead of this
-    # checkout: a study's frozen code (jobs.study.frozen)
+    # checkout: a study's frozen code (jobs.study.running.frozen)
     code_dir: Optional[str] = None
     # preprocessing
     preprocess_mode: str = "single"

@@ -4,7 +4,7 @@ The ``fabric:`` section of a profile gives, per level, the link, the bandwidth p
 direction (GB/s, 1e9 bytes) and a latency per collective (microseconds), with the source of the
 figures; ``measured`` bus bandwidths per collective and level (nccl-tests or the toolkit's own
 collective micro-benchmark, ``python -m bench.collectives``) override the nominal bandwidth of
-that collective. ``jobs.study.projection`` is its only reader. Standard library only.
+that collective. ``jobs.study.analysis.projection`` is its only reader. Standard library only.
 
     fabric:
       source: "NVIDIA DGX A100 datasheet; NCCL src/graph/tuning.cc latencies"

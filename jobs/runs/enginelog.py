@@ -19,7 +19,7 @@ from .rundir import ENGINE_LOG_SUFFIX as SUFFIX
 # one is skipped, since a field may have changed meaning (a record without the field is of version 1).
 # 3 adds `step_breakdown` (--breakdown-steps), passed through as it is, like every field not read here;
 # it carries its own `version` (1, or 2: compute timed alone, the remainder measured, `timed_step_ms` and
-# `split_over_timed` added), read by jobs.study.report, which takes either.
+# `split_over_timed` added), read by jobs.study.analysis.report, which takes either.
 SUMMARY_VERSION = 3
 # summary fields a study reads; others pass through untouched
 THROUGHPUT, STEP_TIME, WORLD_SIZE = "throughput_samples_per_s", "mean_step_time_ms", "world_size"

@@ -1,4 +1,5 @@
-"""Scaling studies: a spec expanded into points (spec), its directory and the life of its points
-(run), and the scaling table and plot (report); above them the comparison of studies (compare),
-their history in the runs dir (history) and the node screen (screen). Built on jobs.submit and
-jobs.status, like any program using the submission layer."""
+"""Scaling studies: a spec expanded into points (spec); running a study, its directory and the life
+of its points (running); analysing one: the scaling table and plots, the comparison of studies,
+their history and the projection (analysis), which reads what running wrote, never the reverse;
+what both show of a point's measurements (measures). Built on jobs.submit and jobs.status, like
+any program using the submission layer."""

@@ -5,7 +5,7 @@ scaling: the global batch stays fixed; weak: the batch per GPU does), one combin
 variants (e.g. amp: [false, true] x xla: [false, true]) and one repeat. A spec is checked like a
 profile, and every point against the profile and the engine's own flag parser, before anything
 is created or submitted: bad input is one line naming the spec key or the point (StudyError,
-exit 2). Running the points is jobs.study.run's; the table and plot are jobs.study.report's.
+exit 2). Running the points is jobs.study.running's; the table and plot are jobs.study.analysis's.
 """
 
 import hashlib
@@ -50,7 +50,7 @@ KEYS = {
     "profile_steps": "START-END: a tf.profiler trace of those benchmark steps at every point, every rank "
                      "(docs/tensorboard.md); off by default",
     "placement": "jobs (each point its own job, the default) | allocation (every point in one allocation, "
-                 "on its first nodes: jobs.study.allocation)",
+                 "on its first nodes: jobs.study.running.allocation)",
 }
 # variant values -> engine flags; any other variant key k is the engine flag --k (booleans are
 # switches, other values its argument)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from jobs.backends.slurm.commands import SQUEUE_TOKENS  # noqa: E402
 from jobs.backends.slurm.queries import SACCT_IDS, SACCT_STATES, SQUEUE_IDS, SQUEUE_NAMED, SQUEUE_STATES  # noqa: E402
-from jobs.study.run import SHARED_NAME  # noqa: E402
+from jobs.study.running.run import SHARED_NAME  # noqa: E402
 
 CLUSTER = REPO / "slurm" / "dev" / "local-cluster.sh"
 OUT = REPO / "tests" / "jobs" / "recorded"

@@ -60,7 +60,7 @@ def job_ids(run_dirs):
 def queued(cluster, prefix):
     """{job id: (name, state)} of the queued or running jobs whose name starts with `prefix`, or
     whose batch script is in study `prefix` (on a shared-nodes profile a point's job name is the
-    cluster's one study name, jobs.study.run.SHARED_NAME)."""
+    cluster's one study name, jobs.study.running.run.SHARED_NAME)."""
     out = {}
     for line in cluster.run(["squeue", "-h", "-o", "%i|%j|%T|%o"], check=True).stdout.splitlines():
         job_id, name, state, command = line.split("|", 3)

@@ -122,7 +122,7 @@ def _missing_study(root):
     """A study of 2 points none of which was submitted (what `study run` records first)."""
     import time
 
-    from jobs.study.run import PointRecord, StudyRecord
+    from jobs.study.running.record import PointRecord, StudyRecord
 
     study_dir = os.path.join(str(root), "study-missing")
     os.makedirs(os.path.join(study_dir, "points"))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from jobs.profiles import load_profile
-from jobs.study import projection as P
+from jobs.study.analysis import projection as P
 
 pytestmark = pytest.mark.slurm
 

@@ -17,7 +17,7 @@ import pytest
 from jobs.errors import RequestError
 from jobs.runs import atomic, rundir
 from jobs.runs.records import RunRecord
-from jobs.study.run import PointRecord, StudyRecord
+from jobs.study.running.record import PointRecord, StudyRecord
 from slurm.common import atomicfile
 
 pytestmark = pytest.mark.fast

@@ -12,7 +12,7 @@ import pytest
 
 from jobs import cli
 from jobs.profiles.editor_schema import check_keys, profile_schema
-from jobs.study.editor_schema import study_schema
+from jobs.study.running.editor_schema import study_schema
 from jobs.study.spec import KEYS
 from slurm.common.yamlfile import load_yaml_file
 

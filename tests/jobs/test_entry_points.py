@@ -153,7 +153,7 @@ def test_the_documented_study_spec_ships_with_the_package(base_install, tmp_path
     written = (tmp_path / "dlrm-strong.yaml").read_text()
     assert written == (REPO / "docs" / "studies" / "dlrm-strong.yaml").read_text()
     assert (REPO / "docs" / "studies" / "dlrm-strong.yaml").resolve() == \
-        REPO / "jobs" / "study" / "examples" / "dlrm-strong.yaml"
+        REPO / "jobs" / "study" / "running" / "examples" / "dlrm-strong.yaml"
     dry = cli("study", "run", "dlrm-strong.yaml", "--profile", "dgxa100", "--dry-run", "--runs-dir", str(tmp_path / "runs"))
     assert dry.returncode == 0 and "study dlrm-strong on profile dgxa100: 4 point(s)" in dry.stdout, dry.stderr
     (tmp_path / "dlrm-strong.yaml").write_text("mine\n")
@@ -161,5 +161,12 @@ def test_the_documented_study_spec_ships_with_the_package(base_install, tmp_path
     assert again.returncode == 2 and again.stderr == ("recsys-submit: error: study init: dlrm-strong.yaml exists; "
                                                       "give another --out or remove it\n"), again.stderr
     assert (tmp_path / "dlrm-strong.yaml").read_text() == "mine\n"
+    # the other package data of jobs.study, from the installed copy: the spec's schema and NVIDIA's
+    # published results (jobs/study/analysis/published_results.yaml)
+    schema = cli("study", "schema")
+    assert schema.returncode == 0 and json.loads(schema.stdout)["properties"]["model"], schema.stderr
+    published = cli("study", "reference", "--list", "--model", "dlrm")
+    assert published.returncode == 0 and "dlrm_tf2_2302" in published.stdout and "dgxa100" in published.stdout, \
+        published.stderr
     typo = cli("study", "init", "dlrm-strnog")
     assert typo.returncode == 2 and "did you mean 'dlrm-strong'?" in typo.stderr and typo.stderr.count("\n") == 1

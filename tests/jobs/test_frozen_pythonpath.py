@@ -13,7 +13,7 @@ from jobs.backends.slurm.script import container_flags
 from jobs.planning.plan import plan
 from jobs.profiles import load_profile
 from jobs.schedulers import backend_for
-from jobs.study import run
+from jobs.study.running import run
 from jobs.study.spec import StudySpec, expand
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("isolated_profile_search_path")]

@@ -3,7 +3,7 @@ report's "ran on" naming each node once (issue 35: "node1, node[1-2]" listed nod
 
 import pytest
 
-from jobs.study.report import _hosts
+from jobs.study.analysis.report_facts import hosts as _hosts
 from slurm.common.hostlist import expand, natural_key
 
 pytestmark = pytest.mark.fast

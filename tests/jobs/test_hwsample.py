@@ -1,5 +1,5 @@
 """The hardware sampler (slurm/hwsample.py) and its medians in a study report (jobs.runs.hwsamples,
-jobs.study.report): the nvidia-smi query parsed from A100 and H100 outputs in its CSV layout
+jobs.study.analysis.report): the nvidia-smi query parsed from A100 and H100 outputs in its CSV layout
 (tests/jobs/recorded/nvidia-smi/README.md says how they were made), /proc readers on fixed text,
 one real sample of this machine, and the report's section and warnings on a run directory of
 samples. The sampler beside a real job: tests/jobs/test_hang_slurm.py."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.runs import hwsamples
-from jobs.study.report import _hardware_lines
+from jobs.study.analysis.report_table import _hardware_lines
 from slurm import hwsample
 
 pytestmark = pytest.mark.fast

@@ -15,7 +15,7 @@ from jobs import cli
 from jobs.errors import RequestError
 from jobs.profiles import ProfileError, load_profile
 from jobs.profiles.fabric import Fabric, Level, bus_factor, parse_nccl_tests
-from jobs.study import projection as P
+from jobs.study.analysis import projection as P
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("isolated_profile_search_path")]
 
@@ -158,9 +158,10 @@ def test_calibration_reads_a_version_2_breakdown():
     split / timed recorded), read by the study report as the engine writes it, calibrates as version 1
     did: on the timed step, exchanges out and optimizer fixed; the remainder (here negative) stays in
     the scaled part. Version 1 cells (the recorded study) read None for the new fields."""
-    from jobs.study import report as study_report
+    from jobs.study.analysis import report as study_report
+    from jobs.study import measures as study_measures
 
-    raw = {"version": 2, "steps": 10, "method": "split step: ...", "phases": list(study_report.BREAKDOWN_PHASES),
+    raw = {"version": 2, "steps": 10, "method": "split step: ...", "phases": list(study_measures.BREAKDOWN_PHASES),
            "mean": {"step_ms": 20.0, "input_wait_ms": 1.0, "compute_ms": 9.0, "embedding_exchange_ms": 4.0,
                     "gradient_exchange_ms": 3.0, "optimizer_ms": 4.0, "remainder_ms": -1.0,
                     "forward_backward_ms": 12.0},
@@ -172,7 +173,7 @@ def test_calibration_reads_a_version_2_breakdown():
     report = recorded_report()
     assert report["rows"][0]["variants"]["default"]["breakdown"].get("split_over_timed") is None
     cell = report["rows"][0]["variants"]["default"]
-    cell["step_time_ms"], cell["breakdown"] = 16.0, study_report._breakdown("p-r0", raw)
+    cell["step_time_ms"], cell["breakdown"] = 16.0, study_measures.read_breakdown("p-r0", raw)
     assert cell["breakdown"]["timed_step_ms"] == 16.0 and cell["breakdown"]["split_over_timed"] == 1.25
     assert cell["breakdown"]["mean"]["phases"]["remainder"]["ms"] == -1.0
     calib, _, _ = P.calibration_of_report(report)
@@ -387,7 +388,7 @@ def test_validation_table_in_the_docs_is_what_the_bench_computes_now():
 def _measured_study(tmp_path, profile_text):
     """A study record of a tiny synthetic DLRM at 1 and 2 GPUs (strong, global batch 512), every
     point done at the given throughput, on a profile file of `profile_text`."""
-    from jobs.study.run import PointRecord, PointStatus, StudyRecord, StudyStatus
+    from jobs.study.running.record import PointRecord, PointStatus, StudyRecord, StudyStatus
 
     tmp_path.mkdir(parents=True)
     profile = tmp_path / "mysite.yaml"
@@ -410,7 +411,7 @@ def _measured_study(tmp_path, profile_text):
 
 
 def test_a_report_on_a_profile_with_a_fabric_projects_the_next_sizes_up(tmp_path):
-    from jobs.study import report as study_report
+    from jobs.study.analysis import report as study_report, report_table
 
     record, status = _measured_study(tmp_path / "a", "extends: dgxa100\n")
     report = study_report.build(record, status)
@@ -420,17 +421,17 @@ def test_a_report_on_a_profile_with_a_fabric_projects_the_next_sizes_up(tmp_path
     assert [p["gpus"] for p in proj["points"]] == [1, 2, 4, 8, 16]
     two = next(p for p in proj["points"] if p["gpus"] == 2)
     assert two["measured_throughput"] == 120_000.0 and "measured_vs_band" in two
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     assert "## Projection on mysite" in text and "Next sizes up: 4, 8, 16 GPUs" in text
     # no fabric, no section
     record, status = _measured_study(tmp_path / "b", "extends: local\n")
     report = study_report.build(record, status)
     assert P.for_report(record, report) is None
-    assert "## Projection" not in study_report.markdown(dict(report, projection=None))
+    assert "## Projection" not in report_table.markdown(dict(report, projection=None))
 
 
 def test_study_project_on_a_study_directory_calibrates_on_its_measured_point(tmp_path, capsys):
-    from jobs.study import report as study_report
+    from jobs.study.analysis import report as study_report
 
     record, status = _measured_study(tmp_path / "s", "extends: dgxa100\n")
     record.save()
@@ -492,7 +493,7 @@ def test_a_step_time_that_is_not_finite_and_positive_is_one_line(capsys, value):
 def test_a_report_projects_next_sizes_only_within_the_profiles_nodes(tmp_path):
     """Two GPUs measured on the emulated cluster (4 nodes of 2): of the next sizes 4, 8 and 16,
     16 needs 8 nodes and is not projected (it was, silently, before); on one node none is."""
-    from jobs.study import report as study_report
+    from jobs.study.analysis import report as study_report
 
     record, status = _measured_study(tmp_path / "a", "extends: ci\n")
     proj = P.for_report(record, study_report.build(record, status))
@@ -606,7 +607,7 @@ def test_a_model_that_does_not_fit_one_gpu_is_calibrated_where_it_fits(tmp_path,
 def test_a_study_whose_smallest_point_has_n_gpus_takes_its_exchanges_out(tmp_path):
     """A study measured at 2 and 4 GPUs without a step breakdown: its 2-GPU step still holds its
     exchanges; they are taken out (projected at 2) so the no-overlap edge at 2 is the measured step."""
-    from jobs.study import report as study_report
+    from jobs.study.analysis import report as study_report
 
     record, status = _measured_study(tmp_path / "s", "extends: dgxa100\n")
     report = study_report.build(record, status)
@@ -666,7 +667,7 @@ def test_the_arithmetic_split_is_dense_flops_against_embedding_bytes():
     """The model's own arithmetic per sample: 6 FLOPs per dense parameter at the peak FLOP rate
     against 2 x 4 bytes per looked-up element at the memory bandwidth; the range has either part
     at half its peak; no peak rates: not known, the range all-dense to all-embedding."""
-    from jobs.study import projection_split as S
+    from jobs.study.analysis import projection_split as S
     layout = _split_layout()
     assert S.lookup_elements(layout) == 4 * 10 * 16
     dense, emb = 6e6 / 156e12, 2 * 4 * 640 / 2039e9
@@ -685,7 +686,7 @@ def test_embedding_compute_follows_the_slowest_ranks_work_and_the_split_widens_t
     """Compute = dense part x the batch per GPU ratio + embedding part x the slowest rank's work
     ratio (rank 0: 3 of 4 tables for the global batch, 0.75 of the 1-GPU work where the batch per
     GPU halves); the split's range moves the band's edges, not its middle term."""
-    from jobs.study import projection_split as S
+    from jobs.study.analysis import projection_split as S
     layout, one = _split_layout(), dict(_split_layout(), slices=[])
     for t in one["tables"]:
         t[6] = False
@@ -710,7 +711,7 @@ def test_embedding_compute_follows_the_slowest_ranks_work_and_the_split_widens_t
 def test_a_breakdown_without_a_lookup_term_says_so_and_one_with_it_is_measured():
     """The recorded study's breakdown has no lookup phase: the split is the arithmetic, and the
     calibration says why; a breakdown that times the lookup gives the share itself."""
-    from jobs.study import projection_split as S
+    from jobs.study.analysis import projection_split as S
     calib, _, _ = P.calibration_of_report(recorded_report())
     assert calib.embedding_share is None and "no separate lookup term" in calib.split_source
     record = P.run(STUDY + ".yaml", load_profile("ci"), [2], report=recorded_report())

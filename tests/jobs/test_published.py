@@ -1,4 +1,4 @@
-"""NVIDIA's published results as package data (jobs.study.published) and `recsys-submit study
+"""NVIDIA's published results as package data (jobs.study.analysis.published) and `recsys-submit study
 reference`: the data loads and holds the published numbers, points match the right rows, and
 the generated specs pass `study run --dry-run` on every built-in DGX profile. No scheduler:
 the fast tier."""
@@ -11,7 +11,7 @@ import yaml
 from jobs import cli
 from jobs.errors import RequestError
 from jobs.profiles import load_profile
-from jobs.study import published
+from jobs.study.analysis import published
 
 pytestmark = pytest.mark.fast
 

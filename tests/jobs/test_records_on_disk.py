@@ -14,7 +14,7 @@ import pytest
 from jobs.errors import RequestError, StorageError
 from jobs.runs import atomic, rundir
 from jobs.runs.records import RequestRecord, RunRecord
-from jobs.study.run import StudyRecord
+from jobs.study.running.record import StudyRecord
 from tests.tmpfs import fill, small_tmpfs
 
 pytestmark = pytest.mark.fast

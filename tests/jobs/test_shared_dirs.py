@@ -32,8 +32,10 @@ import pytest
 from jobs.errors import ResultsNotSaved, StorageError
 from jobs.profiles import load_profile
 from jobs.runs import atomic, rundir
-from jobs.study import frozen, history
-from jobs.study import run as study_run
+from jobs.study.analysis import history
+from jobs.study.running import frozen
+from jobs.study.running import run as study_run
+from jobs.study.running import watch as study_watch
 from jobs.study.spec import load_spec
 
 from test_study_compare import BASE, make_study
@@ -120,7 +122,7 @@ def test_a_study_dir_the_group_or_others_may_write_is_refused(tmp_path):
                 pass
     os.chmod(study, 0o700)
     with study_run._submitting(str(study)):     # the owner's alone: taken
-        assert study_run.lock_held(str(study))
+        assert study_watch.lock_held(str(study))
 
 
 def test_a_changed_frozen_code_copy_is_refused_naming_the_file(tmp_path):

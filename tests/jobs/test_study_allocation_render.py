@@ -12,7 +12,10 @@ import pytest
 from jobs.profiles import load_profile
 from jobs.runs.records import JobStatus
 from jobs.schedulers import backend_for
-from jobs.study import allocation, run
+from jobs.study.running import allocation, run
+from jobs.study.analysis import report_table
+from jobs.study.analysis import report_facts
+from jobs.study.running import record as study_record
 from jobs.study.spec import StudyError, StudySpec, expand, spec_yaml
 
 pytestmark = pytest.mark.fast
@@ -27,8 +30,8 @@ def _drafts(tmp_path, nodes=None, profile="ci"):
     spec = StudySpec.from_dict(dict(SPEC))
     prof = load_profile(profile)
     points = {p.id: p for p in expand(spec, prof)}
-    records = [run.PointRecord.from_point(p) for p in points.values()]
-    study = run.StudyRecord(name="alloc", study_dir=str(tmp_path), profile="ci", profile_path=None,
+    records = [study_record.PointRecord.from_point(p) for p in points.values()]
+    study = study_record.StudyRecord(name="alloc", study_dir=str(tmp_path), profile="ci", profile_path=None,
                             scheduler="slurm", spec={}, created=0.0)
     planned = allocation._plan_points(spec, prof, study, records, points, run.point_request)
     alloc = allocation.allocation_spec(spec, planned, nodes)
@@ -84,46 +87,46 @@ def test_placement_is_checked_and_left_out_of_older_specs():
 
 
 def _point(tmp_path, lines, state):
-    return run._in_allocation(*_job(tmp_path, lines, state))[:3]
+    return study_record._in_allocation(*_job(tmp_path, lines, state))[:3]
 
 
 def test_a_points_state_comes_from_its_own_record_and_the_allocations(tmp_path):
-    assert _point(tmp_path, None, "PENDING")[0] == run.PENDING
-    assert _point(tmp_path, None, "RUNNING")[0] == run.PENDING      # an earlier point runs
-    assert _point(tmp_path, ["start=1"], "RUNNING")[0] == run.RUNNING
+    assert _point(tmp_path, None, "PENDING")[0] == study_record.PENDING
+    assert _point(tmp_path, None, "RUNNING")[0] == study_record.PENDING      # an earlier point runs
+    assert _point(tmp_path, ["start=1"], "RUNNING")[0] == study_record.RUNNING
     state, reason, _ = _point(tmp_path, ["start=1"], "CANCELLED")
-    assert state == run.FAILED and reason == "its allocation (job 7) ended CANCELLED while it ran"
+    assert state == study_record.FAILED and reason == "its allocation (job 7) ended CANCELLED while it ran"
     state, reason, _ = _point(tmp_path, None, "TIMEOUT")     # not reached before the allocation's end of time
-    assert state == run.MISSING and reason.startswith("not reached: its allocation (job 7) ended at its time limit")
+    assert state == study_record.MISSING and reason.startswith("not reached: its allocation (job 7) ended at its time limit")
     state, reason, _ = _point(tmp_path, None, "NODE_FAIL")
-    assert state == run.FAILED and reason == "its allocation (job 7) ended NODE_FAIL before it began"
+    assert state == study_record.FAILED and reason == "its allocation (job 7) ended NODE_FAIL before it began"
     state, reason, _ = _point(tmp_path, ["start=1", "exit_code=0"], "RUNNING")
-    assert state == run.FAILED and "no summary" in reason
+    assert state == study_record.FAILED and "no summary" in reason
     (tmp_path / "p" / "logs" / "main-7.engine.jsonl").write_text(
         '{"type": "summary", "throughput_samples_per_s": 5.0}\n')
     state, reason, summary = _point(tmp_path, ["start=1", "exit_code=0"], "RUNNING")
-    assert state == run.DONE and summary["throughput_samples_per_s"] == 5.0
+    assert state == study_record.DONE and summary["throughput_samples_per_s"] == 5.0
     state, reason, _ = _point(tmp_path, ["start=1", "exit_code=1"], "COMPLETED")
-    assert state == run.FAILED and "exit 1" in reason
-    assert _point(tmp_path, None, "UNKNOWN")[0] == run.UNKNOWN
+    assert state == study_record.FAILED and "exit 1" in reason
+    assert _point(tmp_path, None, "UNKNOWN")[0] == study_record.UNKNOWN
 
 
 def test_a_point_that_ran_out_of_time_is_timeout_with_whose_limit_and_its_phase(tmp_path):
-    state, reason, _, job_state = run._in_allocation(*_job(tmp_path, ["start=1", "nodelist=node2", "exit_code=143",
+    state, reason, _, job_state = study_record._in_allocation(*_job(tmp_path, ["start=1", "nodelist=node2", "exit_code=143",
                                                                       "timed_out=step", "limit_s=120"], "RUNNING"))
-    assert (state, job_state) == (run.FAILED, "TIMEOUT")
+    assert (state, job_state) == (study_record.FAILED, "TIMEOUT")
     assert reason == ("TIMEOUT: its own 2-minute limit, before its first step (start-up, before Horovod's "
                       "initialisation)"), reason         # no run record here: the rank count is unknown
-    state, reason, _, job_state = run._in_allocation(*_job(tmp_path, ["start=1", "timed_out=allocation"], "TIMEOUT"))
-    assert state == run.FAILED and job_state == "TIMEOUT"
+    state, reason, _, job_state = study_record._in_allocation(*_job(tmp_path, ["start=1", "timed_out=allocation"], "TIMEOUT"))
+    assert state == study_record.FAILED and job_state == "TIMEOUT"
     assert reason.startswith("TIMEOUT: the allocation's time limit (job 7), before its first step"), reason
     # the allocation's script recorded its end of time; Slurm no longer says TIMEOUT (no accounting)
     alloc = tmp_path / "alloc"
     (alloc / "logs").mkdir(parents=True)
     (alloc / "logs" / "allocation-7.info").write_text("start=1\ntime_limit=9\n")
     job, run_dir = _job(tmp_path, None, "COMPLETED")
-    assert run._in_allocation(job, run_dir, str(alloc))[0] == run.MISSING
-    assert run._in_allocation(job, run_dir)[0] == run.FAILED          # any other end: failed, as before
+    assert study_record._in_allocation(job, run_dir, str(alloc))[0] == study_record.MISSING
+    assert study_record._in_allocation(job, run_dir)[0] == study_record.FAILED          # any other end: failed, as before
 
 
 def _job(tmp_path, lines, state):
@@ -138,7 +141,7 @@ def _job(tmp_path, lines, state):
 
 
 def test_the_report_says_whether_all_points_shared_one_node_set(tmp_path):
-    from jobs.study import report
+    from jobs.study.analysis import report_facts, report_table
 
     def point(pid, nodes, in_alloc=True):
         run_dir = tmp_path / pid
@@ -146,34 +149,34 @@ def test_the_report_says_whether_all_points_shared_one_node_set(tmp_path):
         (run_dir / "logs" / "main-1.info").write_text(f"nodelist={nodes}\n")
         rec = dataclasses.replace(_record(pid), runs=[str(run_dir)],
                                   allocation={str(run_dir): "a"} if in_alloc else {})
-        st = run.PointStatus(id=pid, state=run.DONE, job_state="COMPLETED", run_dir=str(run_dir), job_id="1",
+        st = study_record.PointStatus(id=pid, state=study_record.DONE, job_state="COMPLETED", run_dir=str(run_dir), job_id="1",
                              attempts=1)
         return rec, st
 
     pairs = [point("a", "node1"), point("b", "node1,node2")]
-    sets = report.node_sets(_study(pairs), _status(pairs))
+    sets = report_facts.node_sets(_study(pairs), _status(pairs))
     assert sets == {"points": {"a": "node1", "b": "node1,node2"}, "shared": True, "allocation": True}
     assert "one node set: every point ran on the first nodes of node1,node2 (in study allocations" in \
-        report._node_sets_text(sets)
+        report_table._node_sets_text(sets)
     pairs.append(point("c", "node3", in_alloc=False))
-    sets = report.node_sets(_study(pairs), _status(pairs))
+    sets = report_facts.node_sets(_study(pairs), _status(pairs))
     assert sets["shared"] is False and sets["allocation"] is False
-    assert "NOT one node set" in report._node_sets_text(sets) and "c on node3" in report._node_sets_text(sets)
+    assert "NOT one node set" in report_table._node_sets_text(sets) and "c on node3" in report_table._node_sets_text(sets)
 
 
 def _record(pid):
-    return run.PointRecord(id=pid, nodes=1, gpus_per_node=1, gpus=1, batch_per_gpu=1, global_batch=1, variant={},
+    return study_record.PointRecord(id=pid, nodes=1, gpus_per_node=1, gpus=1, batch_per_gpu=1, global_batch=1, variant={},
                            variant_label="default", repeat=0)
 
 
 def _study(pairs):
-    return run.StudyRecord(name="s", study_dir="/x", profile="ci", profile_path=None, scheduler="slurm", spec={},
+    return study_record.StudyRecord(name="s", study_dir="/x", profile="ci", profile_path=None, scheduler="slurm", spec={},
                            created=0.0, points=[r for r, _ in pairs])
 
 
 def _status(pairs):
     points = [s for _, s in pairs]
-    return run.StudyStatus(study_dir="/x", points=points, counts=run._counts(points), done=True, calls=0,
+    return study_record.StudyStatus(study_dir="/x", points=points, counts=study_record.counts_of(points), done=True, calls=0,
                            elapsed_s=0.0)
 
 
@@ -185,7 +188,7 @@ def test_a_study_record_without_allocations_still_loads(tmp_path):
         "scheduler": "slurm", "spec": {}, "created": 0.0,
         "points": [{"id": "a", "nodes": 1, "gpus_per_node": 1, "gpus": 1, "batch_per_gpu": 1, "global_batch": 1,
                     "variant": {}, "variant_label": "default", "repeat": 0, "runs": []}]}))
-    assert run.StudyRecord.load(str(tmp_path)).points[0].allocation == {}
+    assert study_record.StudyRecord.load(str(tmp_path)).points[0].allocation == {}
     assert os.path.exists(tmp_path / "study.json")
 
 

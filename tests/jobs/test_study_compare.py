@@ -1,4 +1,4 @@
-"""Comparing studies (`recsys-submit study compare`, jobs.study.compare): points matched by
+"""Comparing studies (`recsys-submit study compare`, jobs.study.analysis.compare): points matched by
 (GPUs, nodes, variant), the ratio to the first study's median and a two-sided Mann-Whitney U
 verdict over the repeats, `--fail-if-slower` as a regression gate.
 
@@ -18,8 +18,8 @@ import pytest
 from jobs import cli
 from jobs.backends.slurm.poll import StatusCache, TaskSeen
 from jobs.runs.records import SUBMITTED, JobRecord, RunRecord
-from jobs.study import compare as study_compare
-from jobs.study.run import PointRecord, StudyRecord
+from jobs.study.analysis import compare as study_compare
+from jobs.study.running.record import PointRecord, StudyRecord
 
 from study_helpers import TINY_NCF, study_dir as _study_dir, watch as _watch, write_spec as _write_spec
 from submit_helpers import Cli

@@ -8,7 +8,9 @@ import os
 import pytest
 
 from jobs.profiles import load_profile
-from jobs.study import frozen, run
+from jobs.study.running import frozen, run
+from jobs.study.analysis import report_table
+from jobs.study.running import record as study_record
 from jobs.study.spec import StudySpec, expand
 
 pytestmark = pytest.mark.fast
@@ -43,7 +45,7 @@ def test_the_copy_is_named_by_its_content_and_made_once(tmp_path):
 def test_a_refresh_is_recorded_and_otherwise_the_studys_copy_stays(tmp_path, monkeypatch):
     root = _checkout(tmp_path / "checkout")
     monkeypatch.setattr(frozen, "checkout", lambda: root)
-    record = run.StudyRecord(name="s", study_dir=str(tmp_path / "study"), profile="ci", profile_path=None,
+    record = study_record.StudyRecord(name="s", study_dir=str(tmp_path / "study"), profile="ci", profile_path=None,
                              scheduler="slurm", spec={}, created=0.0)
     os.makedirs(record.study_dir)
     said = []
@@ -54,7 +56,7 @@ def test_a_refresh_is_recorded_and_otherwise_the_studys_copy_stays(tmp_path, mon
     assert new["sha256"] != code["sha256"]
     assert record.code_changes == [{"from": code["sha256"], "to": new["sha256"], "at": new["frozen_at"]}]
     assert said and "code refreshed" in said[0]
-    assert run.StudyRecord.load(record.study_dir).code["sha256"] == new["sha256"]     # saved
+    assert study_record.StudyRecord.load(record.study_dir).code["sha256"] == new["sha256"]     # saved
 
 
 def test_a_points_script_runs_the_copy(tmp_path):
@@ -100,7 +102,7 @@ def test_a_later_run_plans_with_the_studys_profile_unless_refreshed(tmp_path, mo
     root = _checkout(tmp_path / "checkout")
     monkeypatch.setattr(frozen, "checkout", lambda: root)
     first = _profile(tmp_path, "one")
-    record = run.StudyRecord(name="s", study_dir=str(tmp_path / "study"), profile="site", profile_path=first.path,
+    record = study_record.StudyRecord(name="s", study_dir=str(tmp_path / "study"), profile="site", profile_path=first.path,
                              scheduler="slurm", spec={}, created=0.0)
     os.makedirs(record.study_dir)
     said = []
@@ -111,7 +113,7 @@ def test_a_later_run_plans_with_the_studys_profile_unless_refreshed(tmp_path, mo
     used = run._study_profile(record.study_dir, edited, False, said.append)
     assert used.env["RECSYS_SITE_MARK"] == "one" and used.content_sha256() == first.content_sha256()
     assert len(said) == 1 and "differs from the study's frozen copy" in said[0] and "--refresh-code" in said[0]
-    point = run.PointRecord(id="p", nodes=1, gpus_per_node=1, gpus=1, batch_per_gpu=1, global_batch=1,
+    point = study_record.PointRecord(id="p", nodes=1, gpus_per_node=1, gpus=1, batch_per_gpu=1, global_batch=1,
                             variant={}, variant_label="default", repeat=0)
     point.add_attempt("/runs/a", record)
     assert point.profile == {"/runs/a": first.content_sha256()} and point.code == {"/runs/a": record.code["sha256"]}
@@ -123,18 +125,18 @@ def test_a_later_run_plans_with_the_studys_profile_unless_refreshed(tmp_path, mo
     assert record.code_changes == [{"profile_from": first.content_sha256(), "profile_to": edited.content_sha256(),
                                     "at": record.profile_copy["frozen_at"]}]
     assert "profile refreshed" in said[-1]
-    loaded = run.StudyRecord.load(record.study_dir)
+    loaded = study_record.StudyRecord.load(record.study_dir)
     assert loaded.profile_copy["sha256"] == edited.content_sha256() and loaded.code_changes == record.code_changes
     assert run._study_profile(record.study_dir, edited, False, said.append).env["RECSYS_SITE_MARK"] == "two"
 
 
 def test_the_report_says_whether_every_point_ran_one_profile():
-    from jobs.study import report
+    from jobs.study.analysis import report_table
 
     code = {"points": {"a": "c" * 64, "b": "c" * 64}, "same": True, "profiles": {"a": "p" * 64, "b": "p" * 64},
             "profile_same": True, "changes": []}
-    assert report._code_text(code).endswith(f"; every point ran with the study's frozen profile {'p' * 16}")
+    assert report_table._code_text(code).endswith(f"; every point ran with the study's frozen profile {'p' * 16}")
     code.update(profiles={"a": "p" * 64, "b": "q" * 64}, profile_same=False)
-    assert report._code_text(code).endswith(f"; profile NOT one copy: a {'p' * 16}, b {'q' * 16}")
+    assert report_table._code_text(code).endswith(f"; profile NOT one copy: a {'p' * 16}, b {'q' * 16}")
     code.update(profiles={"a": None, "b": None}, profile_same=False)        # a study from before frozen profiles
-    assert report._code_text(code).endswith("(study-dir code/)")
+    assert report_table._code_text(code).endswith("(study-dir code/)")

@@ -1,4 +1,4 @@
-"""The history of a runs directory's studies (`recsys-submit study history`, jobs.study.history):
+"""The history of a runs directory's studies (`recsys-submit study history`, jobs.study.analysis.history):
 every finished study indexed when its report is written, listed and filtered, a study whose
 directory is gone listed as gone, `study compare` taking the names listed, two reports written at
 once both landing in the index, and one point's throughput plotted over time with the compare
@@ -14,8 +14,8 @@ import shutil
 import pytest
 
 from jobs import cli
-from jobs.study import history
-from jobs.study.run import StudyRecord
+from jobs.study.analysis import history
+from jobs.study.running.record import StudyRecord
 
 from test_study_compare import BASE, _scaled, make_study
 

@@ -15,7 +15,7 @@ from jobs.backends.slurm import queries
 from jobs.backends.slurm.backend import SlurmBackend
 from jobs.errors import SlurmCommandError
 from jobs.profiles import load_profile
-from jobs.study import run
+from jobs.study.running import run
 from jobs.study.spec import StudySpec
 
 pytestmark = pytest.mark.fast

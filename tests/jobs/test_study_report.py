@@ -1,4 +1,4 @@
-"""The scaling report (jobs.study.report) from in-memory study records: each repeat gives one
+"""The scaling report (jobs.study.analysis.report) from in-memory study records: each repeat gives one
 throughput, a cell's figures all derive from their median, noisy cells and a missing baseline
 are flagged, and provenance is shown once with the points that differ. No cluster: the fast tier."""
 
@@ -10,8 +10,8 @@ import statistics
 import pytest
 
 from jobs import cli
-from jobs.study import report as study_report
-from jobs.study.run import PointRecord, PointStatus, StudyRecord, StudyStatus
+from jobs.study.analysis import report as study_report, report_figure, report_table
+from jobs.study.running.record import PointRecord, PointStatus, StudyRecord, StudyStatus
 
 pytestmark = pytest.mark.fast
 
@@ -106,11 +106,11 @@ def test_two_far_apart_repeats_step_time_follows_the_median_and_are_flagged(tmp_
     assert cell["spread_warning"] and "g1-n1x1-r0" in cell["spread_warning"] and "10,332" in cell["spread_warning"]
     assert _cell(report, 2)["spread_warning"] is None
     assert report["warnings"] == [cell["spread_warning"]]
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
-    assert study_report.WARN in row and f"{median:,.0f}" in row and f"{512 * 1000 / median:,.1f}" in row
-    assert f"{study_report.WARN} {cell['spread_warning']}" in text.splitlines()
-    rows = list(csv.DictReader(io.StringIO(study_report.csv_text(report))))
+    assert report_table.WARN in row and f"{median:,.0f}" in row and f"{512 * 1000 / median:,.1f}" in row
+    assert f"{report_table.WARN} {cell['spread_warning']}" in text.splitlines()
+    rows = list(csv.DictReader(io.StringIO(report_table.csv_text(report))))
     assert rows[0]["default n"] == "2" and float(rows[0]["default cv"]) == pytest.approx(cell["cv"])
     assert rows[0]["default spread_warning"] == cell["spread_warning"] and rows[1]["default spread_warning"] == ""
 
@@ -129,7 +129,7 @@ def test_failed_baseline_leaves_speedup_empty_never_rebased(tmp_path):
     [problem] = report["baseline_problems"]
     assert problem.startswith("variant amp=false: baseline point g1-n1x1-amp-false-r0 failed: CANCELLED by 0")
     assert problem in report["warnings"]
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     assert "- baseline: amp=false: 1 GPU (1 x 1) (no throughput" in text and "amp=true: 1 GPU (1 x 1)" in text
     assert problem in text
 
@@ -141,7 +141,7 @@ def test_an_unfinished_baseline_is_a_problem_not_a_failure(tmp_path, state):
     assert report["failures"] == [] and report["pending"] == [{"point": "g1-n1x1-r0", "state": state}]
     assert _cell(report, 2)["speedup"] is None
     assert report["baseline_problems"][0].startswith(f"variant default: baseline point g1-n1x1-r0 is {state}")
-    assert "- baseline: 1 GPU (1 x 1) (no throughput" in study_report.markdown(report)
+    assert "- baseline: 1 GPU (1 x 1) (no throughput" in report_table.markdown(report)
 
 
 def test_provenance_shown_once_and_a_differing_point_flagged(tmp_path):
@@ -155,7 +155,7 @@ def test_provenance_shown_once_and_a_differing_point_flagged(tmp_path):
                                                  "common": "2.15.0"}]
     assert report["no_provenance"] == ["g8-n4x2-r0"]
     assert report["warnings"] == ["provenance: point g4-n2x2-r0 has tensorflow=2.14.1, the other points 2.15.0"]
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     header = next(line for line in text.splitlines() if line.startswith("- provenance:"))
     assert "tensorflow 2.15.0" in header and "gpu_model NVIDIA H100" in header and "slurm_job_id" not in header
     assert "- `g4-n2x2-r0` tensorflow: 2.14.1 vs 2.15.0" in text
@@ -166,10 +166,10 @@ def test_provenance_shown_once_and_a_differing_point_flagged(tmp_path):
 def test_markdown_header_and_csv_columns(tmp_path):
     record = _study(tmp_path, [(1, 1), (1, 2)], repeats=2)
     report = study_report.build(record, _status(record, {p.id: 100.0 * p.gpus + p.repeat for p in record.points}))
-    lines = study_report.markdown(report).splitlines()
+    lines = report_table.markdown(report).splitlines()
     assert lines[2].startswith("- profile: ci; up to 1 node(s) per point; ran on: -")
     assert "- baseline: 1 GPU (1 x 1)" in lines
-    head = study_report.csv_text(report).splitlines()[0].split(",")
+    head = report_table.csv_text(report).splitlines()[0].split(",")
     assert head[:5] == ["gpus", "nodes", "gpus_per_node", "batch_per_gpu", "global_batch"]
     assert {"default n", "default cv", "default spread_warning", "default throughput"} <= set(head)
 
@@ -182,7 +182,7 @@ def test_plot_has_error_bars_and_an_ideal_line_only_with_a_baseline(tmp_path):
     record = _study(tmp_path, [(1, 1), (1, 2), (2, 2)], repeats=2)
     values = {p.id: 100.0 * p.gpus * (1 + 0.05 * p.repeat) for p in record.points}
     report = study_report.build(record, _status(record, values))
-    fig = study_report.figure(report)
+    fig = report_figure.figure(report)
     ax_tp, ax_eff = fig.axes
     [bars] = [c for c in ax_tp.containers if isinstance(c, ErrorbarContainer)]
     data_line, _, (bar_lines,) = bars.lines
@@ -192,13 +192,13 @@ def test_plot_has_error_bars_and_an_ideal_line_only_with_a_baseline(tmp_path):
     assert [line.get_label() for line in ax_tp.get_lines() if line.get_label() == "default ideal"]
     assert len(ax_eff.get_lines()) == 2                         # efficiency and the 1.0 line
     no_base = study_report.build(record, _status(record, values, failed={"g1-n1x1-r0": "x", "g1-n1x1-r1": "y"}))
-    fig2 = study_report.figure(no_base)
+    fig2 = report_figure.figure(no_base)
     assert not [line for line in fig2.axes[0].get_lines() if "ideal" in line.get_label()]
     assert len(fig2.axes[1].get_lines()) == 1                   # only the 1.0 line
     plt.close(fig)
     plt.close(fig2)
     png = tmp_path / "scaling.png"
-    study_report.plot(report, str(png))
+    report_figure.plot(report, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

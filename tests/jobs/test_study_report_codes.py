@@ -4,8 +4,8 @@ the report keeps each copy's repeats apart, in a column of its own as a variant'
 
 import pytest
 
-from jobs.study import report as study_report
-from jobs.study.run import PointRecord, PointStatus, StudyRecord, StudyStatus
+from jobs.study.analysis import report as study_report
+from jobs.study.running.record import PointRecord, PointStatus, StudyRecord, StudyStatus
 
 pytestmark = pytest.mark.fast
 

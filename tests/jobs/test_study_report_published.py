@@ -1,6 +1,6 @@
 """The report's comparison with NVIDIA's published results, the speedup to mixed precision, the
 step-time breakdown (table, breakdown.csv, JSON, stacked bars) and the log-log throughput plot,
-from in-memory study records (jobs.study.report). No cluster: the fast tier."""
+from in-memory study records (jobs.study.analysis.report). No cluster: the fast tier."""
 
 import csv
 import io
@@ -9,12 +9,13 @@ import json
 import pytest
 
 from jobs import cli
-from jobs.study import report as study_report
-from jobs.study.run import PointRecord, PointStatus, StudyRecord, StudyStatus
+from jobs.study import measures as study_measures
+from jobs.study.analysis import breakdown as report_breakdown, report as study_report, report_figure, report_table
+from jobs.study.running.record import PointRecord, PointStatus, StudyRecord, StudyStatus
 
 pytestmark = pytest.mark.fast
 
-PHASES = study_report.BREAKDOWN_PHASES
+PHASES = study_measures.BREAKDOWN_PHASES
 
 
 def _study(tmp_path, sizes, variants, model="wide_deep", batch=131072, profile_text="extends: dgxa100\n",
@@ -82,11 +83,11 @@ def test_cells_matching_a_published_row_show_it_and_measured_over_published(tmp_
     assert cell["measured_vs_published"] == pytest.approx(8_000_000 / 5742941.1)
     assert cell["published_amp_speedup"] == pytest.approx(5742941.1 / 5369859.03)
     assert _cell(report, 1, "precision=tf32,xla=false")["published"]["throughput"] == 1188653.48
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     section = text.split("## Measured vs published")[1].split("##")[0]
     assert "| 8 | 16384 | precision=amp,xla=true | amp | on | 8,000,000 | 5,742,941 | 1.39 |" in section
     assert "Source wide_deep_tf2: NVIDIA DeepLearningExamples, TensorFlow2/Recommendation/WideAndDeep" in section
-    rows = list(csv.DictReader(io.StringIO(study_report.csv_text(report))))
+    rows = list(csv.DictReader(io.StringIO(report_table.csv_text(report))))
     assert float(rows[1]["precision=amp,xla=true published"]) == 5742941.1
     assert float(rows[1]["precision=amp,xla=true measured_vs_published"]) == pytest.approx(8e6 / 5742941.1)
     json.dumps(report)
@@ -94,14 +95,14 @@ def test_cells_matching_a_published_row_show_it_and_measured_over_published(tmp_
     other = _study(tmp_path / "other", [(1, 1), (1, 8)], WD_VARIANTS, batch=65536)
     report = study_report.build(other, _status(other, lambda p: 1e6))
     assert report["published_matches"] == 0
-    assert "study reference --model wide_deep --profile mysite" in study_report.markdown(report)
+    assert "study reference --model wide_deep --profile mysite" in report_table.markdown(report)
 
 
 def test_platform_from_the_recorded_profile_and_none_for_an_emulated_cluster(tmp_path):
     record = _study(tmp_path, [(1, 1)], [{}], model="dlrm", batch=65536, profile_text="extends: ci\n")
     report = study_report.build(record, _status(record, lambda p: 1e6))
     assert report["platform"] is None and report["published_matches"] == 0
-    assert "is not a platform NVIDIA published results for" in study_report.markdown(report)
+    assert "is not a platform NVIDIA published results for" in report_table.markdown(report)
     # the profile a point's run recorded (request.json) wins over the file loaded again: dgx1
     (tmp_path / "points" / record.points[0].id / "request.json").write_text(
         json.dumps({"requests": [], "profile": {"name": "mysite", "node": {"name": "dgx1"}}}))
@@ -123,16 +124,16 @@ def test_amp_speedup_needs_both_precisions(tmp_path):
         assert full["amp_speedup"] is None
         assert (amp["precision"], full["precision"], amp["xla"]) == ("amp", "tf32", True)
     assert _cell(report, 8, "amp=true")["published_amp_speedup"] == pytest.approx(13.8 / 10.9)
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     assert "speedup to mixed precision amp=true" in text and "amp=true vs amp=false" in text
     row = next(line for line in text.splitlines() if line.startswith("| 8 |"))
     assert row.rstrip(" |").endswith("1.50")
-    assert float(next(csv.DictReader(io.StringIO(study_report.csv_text(report))))["amp=true amp_speedup"]) == 1.5
+    assert float(next(csv.DictReader(io.StringIO(report_table.csv_text(report))))["amp=true amp_speedup"]) == 1.5
     # one precision only: no speedup column
     single = _study(tmp_path / "single", [(1, 1)], [{"amp": True}], model="dlrm", batch=65536)
     report = study_report.build(single, _status(single, lambda p: 1e6))
     assert _cell(report, 1, "amp=true")["amp_speedup_vs"] is None
-    assert "speedup to mixed precision" not in study_report.markdown(report).split("## Measured")[0]
+    assert "speedup to mixed precision" not in report_table.markdown(report).split("## Measured")[0]
 
 
 def test_step_breakdown_table_csv_json_and_bars(tmp_path, monkeypatch, capsys):
@@ -181,7 +182,7 @@ def test_step_breakdown_table_csv_json_and_bars(tmp_path, monkeypatch, capsys):
     # the bars: one per point, one colour per phase, the negative remainder below zero
     import matplotlib.pyplot as plt
 
-    fig = study_report.breakdown_figure(report, "amp=false")
+    fig = report_breakdown.breakdown_figure(report, "amp=false")
     ax = fig.axes[0]
     assert len(ax.containers) == len(PHASES) and all(len(c.patches) == 3 for c in ax.containers)
     assert len({tuple(c.patches[0].get_facecolor()) for c in ax.containers}) == len(PHASES)
@@ -194,13 +195,13 @@ def test_breakdown_not_measured(tmp_path):
     record = _study(tmp_path, [(1, 1), (1, 2)], [{}], model="dlrm", batch=65536)
     report = study_report.build(record, _status(record, lambda p: 1e6))
     assert not report["breakdown_measured"] and _cell(report, 1, "default")["breakdown"] is None
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     assert "Not measured: no point's engine summary has a `step_breakdown`" in text and "breakdown_steps: 0" in text
-    assert study_report.breakdown_csv_text(report).count("\n") == 1     # the header only
+    assert report_breakdown.breakdown_csv_text(report).count("\n") == 1     # the header only
     # one point measured, the other not (an older engine): the table says which
     report = study_report.build(record, _status(record, lambda p: 1e6, lambda p: None if p.gpus == 2 else
                                                 _breakdown(10.0, [1, 5, 1, 1, 1, 1], 11.0)))
-    assert "| 2 | 1 x 2 | not measured |" in study_report.markdown(report)
+    assert "| 2 | 1 x 2 | not measured |" in report_table.markdown(report)
 
 
 def test_throughput_on_log_log_axes_efficiency_linear(tmp_path):
@@ -209,7 +210,7 @@ def test_throughput_on_log_log_axes_efficiency_linear(tmp_path):
 
     record = _study(tmp_path, [(1, 1), (1, 8)], WD_VARIANTS)
     report = study_report.build(record, _status(record, lambda p: 1e6 * p.gpus))
-    fig = study_report.figure(report)
+    fig = report_figure.figure(report)
     ax_tp, ax_eff = fig.axes
     assert (ax_tp.get_xscale(), ax_tp.get_yscale()) == ("log", "log")
     assert ax_eff.get_yscale() == "linear"

@@ -18,9 +18,9 @@ import yaml
 
 from jobs import cli
 from jobs.schedulers import backend_for
-from jobs.study import allocation
-from jobs.study import network_screen as N
-from jobs.study import screen
+from jobs.study.running import allocation
+from jobs.study.running import network_screen as N
+from jobs.study.running import screen
 
 pytestmark = pytest.mark.fast
 

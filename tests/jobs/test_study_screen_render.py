@@ -1,4 +1,4 @@
-"""The node screen without a cluster (jobs.study.screen): its allocation's script runs one copy of
+"""The node screen without a cluster (jobs.study.running.screen): its allocation's script runs one copy of
 the benchmark per node, all at once, each on its own node; the test hook wraps the ranks only
 when it is set; bad input is refused in one line before anything exists; and the table, the
 flagged nodes and the --exclude line come from the nodes' own records (a recorded screen
@@ -13,7 +13,7 @@ import pytest
 
 from jobs import cli
 from jobs.schedulers import backend_for
-from jobs.study import screen
+from jobs.study.running import screen
 
 pytestmark = pytest.mark.fast
 
@@ -149,7 +149,8 @@ def test_a_screen_submitted_before_is_collected_again(tmp_path, capsys):
 def test_the_exclude_line_passes_on_to_a_study_allocation(tmp_path, capsys):
     """`study run --allocation --exclude` takes the screen's last line as printed."""
     from jobs.profiles import load_profile
-    from jobs.study import allocation, run
+    from jobs.study.running import allocation, run
+    from jobs.study.running import record as study_record
     from jobs.study.spec import StudySpec, expand
 
     assert allocation.check_hostlist("--exclude", "--exclude=node3,node[5-6]") == \
@@ -158,9 +159,9 @@ def test_the_exclude_line_passes_on_to_a_study_allocation(tmp_path, capsys):
                                     breakdown_steps=0, time="00:05:00", points=[{"nodes": 1, "gpus_per_node": 1}]))
     prof = load_profile("ci")
     points = {p.id: p for p in expand(spec, prof)}
-    study = run.StudyRecord(name="ex", study_dir=str(tmp_path), profile="ci", profile_path=None,
+    study = study_record.StudyRecord(name="ex", study_dir=str(tmp_path), profile="ci", profile_path=None,
                             scheduler="slurm", spec={}, created=0.0)
-    planned = allocation._plan_points(spec, prof, study, [run.PointRecord.from_point(p) for p in points.values()],
+    planned = allocation._plan_points(spec, prof, study, [study_record.PointRecord.from_point(p) for p in points.values()],
                                       points, run.point_request)
     draft, _ = backend_for(prof).allocation(allocation.allocation_spec(spec, planned),
                                             [(s, str(tmp_path / "p")) for _, _, s in planned], str(tmp_path / "a"),

@@ -162,13 +162,14 @@ def test_dlrm_rerun_submits_nothing_and_polls_once(dlrm_study, study_cli, slurm_
     record = json.load(open(os.path.join(dlrm_study["dir"], "study.json")))
     assert all(len(p["runs"]) == 1 for p in record["points"])
     # a whole-study poll of unfinished points is one Slurm call: forget the cached states
-    from jobs.study import run as study_run
+    from jobs.study.running import run as study_run
+    from jobs.study.running import record as study_record
 
     for point in record["points"]:
         os.remove(os.path.join(point["runs"][0], "status.json"))
-    status = study_run.poll(study_run.StudyRecord.load(dlrm_study["dir"]))
+    status = study_record.poll(study_record.StudyRecord.load(dlrm_study["dir"]))
     assert status.calls == 1
-    assert study_run.poll(study_run.StudyRecord.load(dlrm_study["dir"])).calls == 0    # cached
+    assert study_record.poll(study_record.StudyRecord.load(dlrm_study["dir"])).calls == 0    # cached
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +288,7 @@ def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
             with open(log) as handle:
                 if text in handle.read():
                     return True
-        return run.poll() is not None
+        return study_record.poll() is not None
 
     # polled every 0.1 s: the throttle starts before the timed steps (after the warm-up steps)
     wait_for(lambda: logged('"first_step"'), timeout=900, what=f"{slow} to take its first step", max_delay=0.1)

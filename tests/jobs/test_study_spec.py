@@ -127,7 +127,7 @@ def test_bad_flags_and_missing_spec(tmp_path):
 
 
 def _opened(tmp_path, **flags):
-    from jobs.study.run import open_study
+    from jobs.study.running.run import open_study
 
     spec = spec_from_flags("ncf", flags.pop("gpus", "1,2"), batch_size=512, name="grow", **flags)
     return open_study(spec, load_profile("ci"), str(tmp_path / "study-grow"))[0]
@@ -147,7 +147,7 @@ def test_a_study_gains_points_values_and_repeats_but_keeps_its_measurement(tmp_p
     with pytest.raises(StudyError, match=r"^--gpus/--variant flags: variants.xla: "):
         _opened(tmp_path, variants=["amp=false", "xla=true"])
     with pytest.raises(StudyError, match=r"^--gpus/--variant flags: batch_size: "):
-        from jobs.study.run import open_study
+        from jobs.study.running.run import open_study
 
         open_study(spec_from_flags("ncf", "1,2", batch_size=1024, name="grow", variants=["amp=false"]),
                    load_profile("ci"), str(tmp_path / "study-grow"))
@@ -155,28 +155,29 @@ def test_a_study_gains_points_values_and_repeats_but_keeps_its_measurement(tmp_p
 
 def test_only_a_state_slurm_reported_as_terminal_fails_a_point(tmp_path):
     from jobs.runs.records import PARTIAL, SUBMITTED, SUBMITTING, JobStatus, RunRecord
-    from jobs.study import run
+    from jobs.study.running import run
+    from jobs.study.running import record as study_record
 
     def job(state, summary=None):
         return JobStatus(key="main", job_id="7", name="p", state=state, tasks={"7": state}, summary=summary)
 
-    assert run._classify(job("UNKNOWN"))[0] == run.UNKNOWN
-    assert run._classify(job("PENDING"))[0] == run.PENDING
-    assert run._classify(job("CANCELLED"))[0] == run.FAILED
-    assert run._classify(job("COMPLETED", {"throughput_samples_per_s": 1.0}))[0] == run.DONE
-    assert run._classify(job("COMPLETED"))[0] == run.FAILED        # no summary: the engine did not finish
+    assert study_record._classify(job("UNKNOWN"))[0] == study_record.UNKNOWN
+    assert study_record._classify(job("PENDING"))[0] == study_record.PENDING
+    assert study_record._classify(job("CANCELLED"))[0] == study_record.FAILED
+    assert study_record._classify(job("COMPLETED", {"throughput_samples_per_s": 1.0}))[0] == study_record.DONE
+    assert study_record._classify(job("COMPLETED"))[0] == study_record.FAILED        # no summary: the engine did not finish
 
     def attempt(state, uncertain=False):
         run_dir = tmp_path / f"{state}-{uncertain}"
         run_dir.mkdir()
         RunRecord(run_dir=str(run_dir), profile="ci", profile_path=None, scheduler="slurm", state=state,
                   uncertain=uncertain, error="job 'main' refused").save()
-        return run._without_job(str(run_dir))
+        return study_record._without_job(str(run_dir))
 
-    assert attempt(SUBMITTING)[0] == run.UNKNOWN            # died while sbatch was in flight
-    assert attempt(PARTIAL, uncertain=True)[0] == run.UNKNOWN
-    assert attempt(PARTIAL) == (run.FAILED, "not submitted: job 'main' refused")
-    assert attempt(SUBMITTED)[0] == run.FAILED
+    assert attempt(SUBMITTING)[0] == study_record.UNKNOWN            # died while sbatch was in flight
+    assert attempt(PARTIAL, uncertain=True)[0] == study_record.UNKNOWN
+    assert attempt(PARTIAL) == (study_record.FAILED, "not submitted: job 'main' refused")
+    assert attempt(SUBMITTED)[0] == study_record.FAILED
 
 
 def test_a_spec_with_three_mistakes_reports_all_three(tmp_path, capsys):

@@ -36,7 +36,7 @@ def test_study_renders_each_script_once_and_writes_records_the_fewest_times(held
     import jobs.backends.slurm.backend
     import jobs.runs.atomic
     import jobs.runs.records
-    import jobs.study.run
+    import jobs.study.running.record
 
     renders, writes, durable = [], collections.Counter(), collections.Counter()
     real_render, real_write = jobs.backends.slurm.backend.render, jobs.runs.atomic.write_json
@@ -52,7 +52,7 @@ def test_study_renders_each_script_once_and_writes_records_the_fewest_times(held
 
     monkeypatch.setattr(jobs.backends.slurm.backend, "render", counting_render)
     monkeypatch.setattr(jobs.runs.records, "write_json", counting_write)       # jobs.json, request.json
-    monkeypatch.setattr(jobs.study.run, "write_json", counting_write)          # study.json, results.json
+    monkeypatch.setattr(jobs.study.running.record, "write_json", counting_write)  # study.json, results.json
     spec = spec_from_flags("dlrm", "1,2,4", batch_size=512, variants=["precision=tf32,amp"], time="5",
                            name="counted")
     record, submitted = run_study(spec, held_profile, runs_dir=str(tmp_path / "runs"))

@@ -27,8 +27,8 @@ import time
 import pytest
 
 from jobs import cli
-from jobs.study import run as study_run
-from jobs.study.run import PointRecord, StudyRecord
+from jobs.study.running import record as study_record, run as study_run, watch as study_watch
+from jobs.study.running.record import PointRecord, StudyRecord
 
 from study_helpers import TINY_NCF, write_spec
 from submit_helpers import REPO, Cli
@@ -71,15 +71,15 @@ def test_watch_waits_while_a_study_run_holds_the_lock(tmp_path):
             if len(seen) == 3:
                 release.set()
 
-        status = study_run.watch(study, on_poll=on_poll, first=0.01, ceiling=0.05, grace=0)
+        status = study_watch.watch(study, on_poll=on_poll, first=0.01, ceiling=0.05, grace=0)
     finally:
         release.set()
         thread.join()
     assert seen[:3] == [True, True, True]           # three polls while held: still watching
     assert status.submitting is False and status.counts["missing"] == 2
-    assert "submitting" not in study_run.progress_line(status)
+    assert "submitting" not in study_record.progress_line(status)
     status.submitting = True
-    assert "`study run` submitting" in study_run.progress_line(status)
+    assert "`study run` submitting" in study_record.progress_line(status)
 
 
 @pytest.mark.fast
@@ -104,7 +104,7 @@ def test_a_named_study_not_created_yet_is_waited_for(tmp_path, monkeypatch, caps
     written study.json."""
     monkeypatch.setenv("RECSYS_STUDY_START_GRACE_S", "30")
     monkeypatch.setenv("RECSYS_POLL_FIRST", "0.05")
-    real, calls = study_run.find_study, []
+    real, calls = study_watch.find_study, []
 
     def find_study(study, runs_dir):
         calls.append(study)
@@ -114,7 +114,7 @@ def test_a_named_study_not_created_yet_is_waited_for(tmp_path, monkeypatch, caps
                         profile_path=None, scheduler="slurm", spec={}, created=time.time()).save()
         return real(study, runs_dir)
 
-    monkeypatch.setattr(study_run, "find_study", find_study)
+    monkeypatch.setattr(study_watch, "find_study", find_study)
     assert cli.main(["study", "status", "late", "--watch", "--runs-dir", str(tmp_path)]) == 0
     assert len(calls) == 2 and capsys.readouterr().err == ""
     monkeypatch.setenv("RECSYS_STUDY_START_GRACE_S", "0.3")
@@ -154,7 +154,7 @@ def followed(slurm_cluster, shared_root, tmp_path_factory):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: (os.path.isfile(os.path.join(directory, "study.json"))
-                          and study_run.lock_held(directory)) or runner.poll() is not None,
+                          and study_watch.lock_held(directory)) or runner.poll() is not None,
                  timeout=120, what="`study run` to hold the study's lock")
         assert runner.poll() is None, runner.communicate()
         watch = cli_("study", "status", directory, "--watch", "--json", timeout=900)

@@ -7,8 +7,8 @@ import pytest
 
 from jobs import cli
 from jobs.runs import tensorboard as tb
-from jobs.study import report as study_report
-from jobs.study.run import PointRecord, PointStatus, StudyRecord, StudyStatus
+from jobs.study.analysis import report as study_report, report_table
+from jobs.study.running.record import PointRecord, PointStatus, StudyRecord, StudyStatus
 from jobs.study.spec import StudyError, StudySpec, point_args
 
 pytestmark = pytest.mark.fast
@@ -136,7 +136,7 @@ def test_report_links_events_traces_and_the_slowest_ranks_trace(tmp_path):
     status = StudyStatus(study_dir=str(tmp_path), points=statuses, counts={"done": 2}, done=True, calls=0,
                          elapsed_s=1.0)
     report = study_report.build(record, status)
-    text = study_report.markdown(report)
+    text = report_table.markdown(report)
     assert report["tensorboard"]["command"].startswith("tensorboard --logdir_spec g1-n1x1-r0:")
     assert [p["point"] for p in report["tensorboard"]["points"]] == ["g1-n1x1-r0", "g2-n1x2-r0"]
     assert "## TensorBoard" in text and report["tensorboard"]["command"] in text

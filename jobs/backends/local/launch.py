@@ -79,7 +79,7 @@ def job_env(spec, run_dir, task_index=None):
     env.update({k: str(v) for k, v in spec.env.items()})
     if spec.bind:
         env.update(bind_env(spec.profile.node))
-    if spec.code_dir:       # a study's frozen code (jobs.study.frozen): the engines from the copy, in front
+    if spec.code_dir:       # a study's frozen code (jobs.study.running.frozen): the engines from the copy, in front
         before = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         env["PYTHONPATH"] = spec.code_dir + (os.pathsep + before if before else "")
     env.update(RECSYS_RUN_DIR=run_dir, RECSYS_SLURM_DIR=_helpers(spec), RECSYS_JOB_KEY=spec.key,

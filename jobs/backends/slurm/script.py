@@ -333,7 +333,7 @@ def render_allocation(spec, run_dir, points, token=None, concurrent=False, nodel
     """The sbatch script of one allocation (`spec`: its size, time and name) that runs a study's
     points in turn (slurm/study-allocation.sbatch.tmpl); `points`: [(point JobSpec, its run dir,
     its script path)], each script rendered by `render(..., in_allocation=True)`. `concurrent`
-    (a node screen, jobs.study.screen): every point at once, each on its own nodes after the
+    (a node screen, jobs.study.running.screen): every point at once, each on its own nodes after the
     previous point's; `nodelist`, `exclude`: the allocation's `--nodelist` / `--exclude`, Slurm host
     lists (`exclude`: e.g. the nodes a `study screen` flagged). `schedule` (a screen with
     `--network`): rounds, each [(index into `points`, [allocation node indices])], the points of a

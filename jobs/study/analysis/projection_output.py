@@ -1,4 +1,4 @@
-"""The files of a projection (jobs.study.projection's record): the markdown table, the CSV,
+"""The files of a projection (jobs.study.analysis.projection's record): the markdown table, the CSV,
 the JSON and the log-log plot, written as one group."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The arithmetic of `recsys-submit study project` (jobs.study.projection): the model's sizes
+"""The arithmetic of `recsys-submit study project` (jobs.study.analysis.projection): the model's sizes
 from the engine's planner, the exchange bytes, a collective's time on a profile's fabric, and the
 band of one GPU count. docs/studies.md, "Projecting a study", states every formula; the module
-docstring of jobs.study.projection says what is measured and what is not. Standard library only."""
+docstring of jobs.study.analysis.projection says what is measured and what is not. Standard library only."""
 from __future__ import annotations
 
 import json
@@ -57,7 +57,7 @@ class Calibration:
     curve: Tuple[Tuple[int, float], ...] = ()
     curve_source: str = ""
     # the step still holds its own exchanges (a step time given at N > 1 GPUs, or a study point
-    # without a breakdown): jobs.study.projection takes them out, projected at N, before scaling
+    # without a breakdown): jobs.study.analysis.projection takes them out, projected at N, before scaling
     exchanges_in: bool = False
     # the band's calibration term: factors on the calibration's compute at its fast and slow
     # repeats (a study point's fastest and slowest measured throughput; 1, 1 for one figure)

@@ -1,9 +1,9 @@
 """The history of a runs directory's studies: one entry per finished study in
 <runs dir>/studies-index.json (typed, versioned), written when the study's report is written
-(jobs.study.report.write): name, date, profile, the frozen code's hash (jobs.study.frozen),
+(jobs.study.analysis.report.write): name, date, profile, the frozen code's hash (jobs.study.running.frozen),
 model, points, the headline (the largest measured size of the first variant: throughput and
 efficiency) and every cell's repeats, so a point's throughput can be followed over time and
-judged against the study before it with the compare test (jobs.study.compare.judge). This
+judged against the study before it with the compare test (jobs.study.analysis.compare.judge). This
 module sits above report and compare: they know it only as the hooks `study report` and
 `study compare` pass them (on_report, find).
 
@@ -25,9 +25,9 @@ import warnings
 
 from jobs.errors import RequestError, ResultsNotSaved, StorageError
 from jobs.runs import rundir
-from jobs.runs.atomic import read_json, write_bytes, write_json
+from jobs.runs.atomic import read_json, write_json
 
-from .plots import load_pyplot, plot_wanted, png
+from .plots import load_pyplot, plot_wanted, write_png
 
 INDEX = "studies-index.json"
 LOCK = "studies-index.lock"
@@ -47,7 +47,7 @@ def cell_id(gpus, nodes, gpus_per_node, variant):
 
 
 def entry(record, report):
-    """The index entry of a study from its report (jobs.study.report.build)."""
+    """The index entry of a study from its report (jobs.study.analysis.report.build)."""
     cells = []
     for row in report["rows"]:
         for variant, cell in row["variants"].items():
@@ -165,7 +165,7 @@ def add(record, report):
 
 
 def on_report(record, report):
-    """jobs.study.report.write's hook: a finished study's report puts it in the history."""
+    """jobs.study.analysis.report.write's hook: a finished study's report puts it in the history."""
     if finished(report):
         add(record, report)
 
@@ -228,7 +228,7 @@ def check_point(point):
 
 def series(entries, point):
     """The chosen cell over time: [{name, date, throughput, min, max, n, verdict, p_value, state}],
-    each judged against the entry before it with the compare test (jobs.study.compare.judge)."""
+    each judged against the entry before it with the compare test (jobs.study.analysis.compare.judge)."""
     from .compare import REFERENCE, judge
 
     models = sorted({f"{e.get('model')} {e.get('scaling')}" for e in entries})
@@ -288,5 +288,5 @@ def plot(entries, point, path):
     """Write the plot of `point` over time as a PNG (atomically); the series drawn."""
     plot_wanted(True)       # matplotlib, or one line naming --plot
     points = series(entries, check_point(point))
-    write_bytes(path, png(figure(points, point)))
+    write_png(path, figure(points, point))
     return points

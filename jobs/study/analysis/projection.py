@@ -30,7 +30,7 @@ A phase-level alpha-beta model (docs/studies.md, "Projecting a study" states eve
 No constant here is fitted: bandwidths and latencies are the profile's fabric (with its
 source), compute is the calibration's (and a measured curve's), the core-sharing slowdown the
 fabric's measured one. Standard library only (login nodes), PyYAML for a compute-curve file as
-for the profiles; the plot uses matplotlib when installed (jobs.study.plots.load_pyplot).
+for the profiles; the plot uses matplotlib when installed (jobs.study.analysis.plots.load_pyplot).
 
 The arithmetic is in jobs.study.projection_model, the files in jobs.study.projection_output;
 this module calibrates and runs the command.
@@ -58,7 +58,7 @@ from .projection_split import arithmetic_split, breakdown_share, with_split  # n
 
 
 def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None):
-    """(Calibration, {gpus: measured throughput}, variant) of a study report (jobs.study.report.build,
+    """(Calibration, {gpus: measured throughput}, variant) of a study report (jobs.study.analysis.report.build,
     scaling.json): calibrated on the smallest measured point's timed step. With a step breakdown
     there, its exchanges are taken out and its optimizer kept fixed, the parts scaled by timed /
     split step (the split step waits after each unit; the timed step is what a run delivers)."""
@@ -99,7 +99,7 @@ def calibration_of_report(report: Dict[str, Any], variant: Optional[str] = None)
 def _with_repeats(calib: Calibration, cell: Dict[str, Any], timed: float) -> Calibration:
     """The calibration with its repeats' spread (the band's calibration term): the timed step at
     the fastest and the slowest repeat's throughput, as factors on the calibration's compute; a
-    cell the study report flags as noisy (jobs.study.report's spread rule) is marked `noisy`."""
+    cell the study report flags as noisy (jobs.study.analysis.report_facts' spread rule) is marked `noisy`."""
     tput, fast, slow = cell.get("throughput"), cell.get("throughput_max"), cell.get("throughput_min")
     if not (tput and fast and slow) or calib.step_ms <= 0:
         return replace(calib, noisy=cell.get("spread_warning"))
@@ -204,7 +204,7 @@ def _variant(spec, label):
     """(variant dict, label) of the spec: the one named, else the first combination."""
     import itertools
 
-    from .spec import _variant_label
+    from ..spec import _variant_label
     combos = [dict(zip(spec.variants, c)) for c in itertools.product(*spec.variants.values())] \
         if spec.variants else [{}]
     for combo in combos:
@@ -221,7 +221,7 @@ def _study_report(study_dir):
         with open(path) as f:
             return json.load(f)
     from .report import build
-    from .run import StudyRecord, poll
+    from ..running.record import StudyRecord, poll
     record = StudyRecord.load(study_dir)
     return build(record, poll(record))
 
@@ -302,7 +302,7 @@ def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=
     calibrate a spec file on (a recorded study). `compute_curve`: compute-curve files or 1-GPU
     study directories (see `compute_curve`), one GPU measured at several batches, replacing the
     proportional scaling of compute with the batch."""
-    from .spec import load_spec
+    from ..spec import load_spec
     target = Target.of(profile)
     counts = parse_gpus(gpus) if not isinstance(gpus, (list, tuple)) else sorted(set(int(n) for n in gpus))
     if use_published and step_ms is not None:
@@ -315,8 +315,8 @@ def run(source, profile, gpus, variant=None, step_ms=None, planner=None, report=
         if why:
             raise RequestError(f"--gpus: {why}")
     if os.path.isdir(source) and os.path.isfile(os.path.join(source, "study.json")):
-        from .spec import StudySpec
-        from .run import StudyRecord
+        from ..spec import StudySpec
+        from ..running.record import StudyRecord
         record = StudyRecord.load(source)
         spec = StudySpec.from_dict(record.spec, source=os.path.join(source, "study.yaml"))
         report = _study_report(source)
@@ -377,7 +377,7 @@ def _project_spec(spec, combo, label, profile, target, counts, calibration, meas
     step time the user gave (refused, naming --calibration-gpus, where the engine's planner finds
     that the model does not fit the GPUs it was timed on, on the target's memory per rank)."""
     from .published import check_data_path, platform_of, settings_of
-    from .spec import point_args
+    from ..spec import point_args
     check_data_path(spec)
     published = _published_rows(spec, combo, profile, set(counts) | set(measured) | set(spec.gpus or []),
                                 model_size)
@@ -435,7 +435,7 @@ def for_report(record, report) -> Optional[Dict[str, Any]]:
     engine's planning refuses (a dataset not readable here) is {"error": one line}."""
     from jobs.profiles import load_profile
 
-    from .spec import StudySpec
+    from ..spec import StudySpec
     try:
         profile = load_profile(record.profile_path or record.profile)
     except (ValueError, OSError):

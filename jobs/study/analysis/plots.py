@@ -1,7 +1,7 @@
 """The plotting every study output shares (the report, compare, history, the projection): matplotlib
 loaded on demand (a login node without it still gets every table), the one check of ``--plot``, a
-figure rendered to PNG bytes in memory (written with its tables as one group), the output
-directory, and the axes of a throughput-vs-GPUs plot. The figures themselves stay with the module
+figure rendered to PNG bytes in memory (written with its tables as one group) or written alone,
+the output directory, and the axes of a throughput-vs-GPUs plot. The figures themselves stay with the module
 whose record they draw."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 from typing import Iterable, Optional
 
 from jobs.errors import RequestError
-from jobs.runs.atomic import storage_error
+from jobs.runs.atomic import storage_error, write_bytes
 
 
 def load_pyplot():
@@ -49,6 +49,12 @@ def png(fig) -> bytes:
     finally:
         load_pyplot().close(fig)
     return buffer.getvalue()
+
+
+def write_png(path: str, fig) -> None:
+    """A figure written alone as a PNG at `path` (atomically: jobs.runs.atomic), for the commands
+    whose `--plot PATH` asks for the figure without its tables."""
+    write_bytes(path, png(fig))
 
 
 def gpu_axes(ax, ticks: Iterable[int], log_y: bool = True) -> None:

@@ -32,7 +32,7 @@ from jobs.runs.atomic import write_text
 from jobs.runs.records import PARTIAL, SUBMITTED, JobRecord, RequestRecord, RunRecord
 
 from . import frozen
-from .spec import StudyError
+from ..spec import StudyError
 
 ALLOCATIONS = "allocations"
 KEY = "allocation"
@@ -109,7 +109,7 @@ def submit(spec, profile, backend, record, todo, points, point_request, nodes=No
     """Submit `todo` (PointRecords, in the order they run) as one allocation. Each point's run
     dir is in study.json, with the allocation's token as its intent, before `sbatch`. Returns
     {point id: the point's RunRecord}. `point_request(point, spec, profile, code)`: a point's JobRequest
-    (jobs.study.run's, so a point is planned the same way in an allocation or alone); `exclude`: a
+    (jobs.study.running.run's, so a point is planned the same way in an allocation or alone); `exclude`: a
     host list the allocation leaves out (check_hostlist). Raises StudyError (before anything exists)
     or SubmitError."""
     planned = _plan_points(spec, profile, record, todo, points, point_request)

@@ -9,7 +9,7 @@ from typing import Any, Dict
 from jobs.profiles.editor_schema import DRAFT, nullable
 from jobs.vocabulary import MODELS
 
-from .spec import KEYS, MODES, PLACEMENTS, SPEC_VERSION
+from ..spec import KEYS, MODES, PLACEMENTS, SPEC_VERSION
 
 POSITIVE, COUNT = {"type": "integer", "minimum": 1}, {"type": "integer", "minimum": 0}
 SCALAR = {"type": ["string", "number", "boolean"]}

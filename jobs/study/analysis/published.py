@@ -29,7 +29,7 @@ import yaml
 from jobs.errors import RequestError
 from slurm.common.yamlfile import YamlFileError, load_yaml_file
 
-from .spec import StudySpec, _variant_args
+from ..spec import StudySpec, _variant_args
 
 DATA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published_results.yaml")
 PRECISIONS = ("tf32", "fp32", "amp")

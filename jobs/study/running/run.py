@@ -1,53 +1,42 @@
-"""A study directory and its life: submit the points, poll them, resume what is missing or failed.
+"""Running a study: submit the points, resume what is missing or failed.
 
-Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json (a typed,
-versioned StudyRecord: every point and the run directories of its attempts, rewritten
-atomically with each point's run directory before its job is submitted), points/ (one
-ordinary run directory per attempt, made by the orchestrator, jobs.submit), results.json (every
-point's state, summary and failure reason, rewritten whenever the study is polled) and run.lock
-(held by the one `run` that may submit at a time). Since a point's run directory is in
-study.json before its `sbatch` (jobs.submit's on_run_dir), a `run` killed at any moment leaves
-every job it may have submitted findable, and the next look settles it by the job's token
-(jobs.recovery). The study directory is private to its owner (or the profile's runs_group). A
-poll of the whole study is one jobs.status.poll_many call (one Slurm call). A requeued job
-keeps its job id and run, so it counts once. A point is resubmitted only when Slurm reported
-its latest job in a terminal state other than COMPLETED, or its submission provably never
-reached Slurm; a job Slurm has not reported yet is UNKNOWN, never failed, never resubmitted.
-Points go in by rounds of repeats, one at a time on a profile whose nodes share hardware.
+Layout: <runs_dir>/study-<name>/ with study.yaml (the spec as validated), study.json
+(jobs.study.running.record, rewritten atomically with each point's run directory before its job
+is submitted), points/ (one ordinary run directory per attempt, made by the orchestrator,
+jobs.submit), results.json (jobs.study.running.record.poll) and run.lock (held by the one `run`
+that may submit at a time). Since a point's run directory is in study.json before its `sbatch`
+(jobs.submit's on_run_dir), a `run` killed at any moment leaves every job it may have submitted
+findable, and the next look settles it by the job's token (jobs.recovery). The study directory
+is private to its owner (or the profile's runs_group). A point is resubmitted only when Slurm
+reported its latest job in a terminal state other than COMPLETED, or its submission provably
+never reached Slurm; a job Slurm has not reported yet is UNKNOWN, never resubmitted. Points go
+in by rounds of repeats, one at a time on a profile whose nodes share hardware.
 """
 
 import contextlib
 import fcntl
 import os
-import queue
 import socket
 import sys
 import threading
 import time
-import warnings
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
 
 from jobs import states
 from jobs.schedulers import backend_for, capabilities
-from jobs.errors import RequestError, ResultsNotSaved, SlurmCommandError, StorageError, SubmitError
+from jobs.errors import RequestError, SlurmCommandError
 from jobs.polling import poll_until
-from jobs.runs import enginelog, rundir
-from jobs.runs.atomic import storage_error, write_json, write_text
-from jobs.runs.records import SUBMITTING, Record, RunRecord, read_record, resolved_path, typed_fields
-from jobs.slurmtime import elapsed_clock
-from jobs.status import poll_many
+from jobs.runs import rundir
+from jobs.runs.atomic import storage_error, write_text
 from jobs.submit import load, submit
 from slurm.common.atomicfile import fsync_dir
 
+from ..spec import StudyError, expand, is_study_dir, spec_yaml
 from . import allocation, frozen
-from .spec import StudyError, expand, is_study_dir, spec_yaml
+from .parallel import submit_parallel
+from .record import (FAILED, MISSING, PENDING, PointRecord, PointStatus, StudyRecord, StudyStatus, active,
+                     counts_of, default_study_dir, poll, progress_line, write_results)
 
-STUDY_VERSION = 1
-# what a point is, from its latest attempt; UNKNOWN: Slurm has not reported its job yet (or its
-# submission may or may not have gone in): neither active nor failed, and never resubmitted
-DONE, RUNNING, PENDING, FAILED, MISSING, UNKNOWN = "done", "running", "pending", "failed", "missing", "unknown"
-POINT_STATES = (DONE, RUNNING, PENDING, UNKNOWN, FAILED, MISSING)
+
 # spec keys that a study may change between runs: they add points (or set a limit), never
 # change what an existing point measures
 EXTENDABLE = ("gpus", "points", "variants", "repeats", "time", "description", "placement")
@@ -60,274 +49,10 @@ STUCK_REASONS = ("DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "Bad
                  "PartitionDown", "PartitionInactive")
 # seconds between two identical progress lines while `run` waits for a free slot
 WAITING_LINE_S = 30
-# seconds `study status --watch` waits, points missing and no `study run` holding the lock, for
-# one that is starting (RECSYS_STUDY_START_GRACE_S overrides)
-START_GRACE_S = 30.0
 
 
 def _log(message):
     print(f"recsys-submit: {message}", file=sys.stderr)
-
-
-@dataclass
-class PointRecord(Record):
-    """One point of a study and the run directories of its attempts (oldest first)."""
-
-    id: str
-    nodes: int
-    gpus_per_node: int
-    gpus: int
-    batch_per_gpu: int
-    global_batch: int
-    variant: Dict[str, Any]
-    variant_label: str
-    repeat: int
-    runs: List[str] = field(default_factory=list)
-    # run dir of an attempt that ran in a study allocation -> the allocation's run dir
-    allocation: Dict[str, str] = field(default_factory=dict)
-    # run dir of an attempt -> the sha256 of the study's frozen code it ran (jobs.study.frozen)
-    code: Dict[str, str] = field(default_factory=dict)
-    # run dir of an attempt -> the content sha256 of the study's frozen profile it ran with
-    profile: Dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_point(cls, point):
-        data = point.to_dict()
-        data.pop("engine_args")
-        return cls(**data)
-
-    def add_attempt(self, run_dir, study):
-        """A new attempt's run dir, with the study's frozen code and profile it runs (`study`:
-        the StudyRecord)."""
-        self.runs.append(run_dir)
-        if study.code:
-            self.code[run_dir] = study.code["sha256"]
-        if study.profile_copy:
-            self.profile[run_dir] = study.profile_copy["sha256"]
-
-
-@dataclass
-class StudyRecord(Record):
-    """study.json."""
-
-    name: str
-    study_dir: str
-    profile: str
-    profile_path: Optional[str]
-    scheduler: str
-    spec: Dict[str, Any]
-    created: float
-    points: List[PointRecord] = field(default_factory=list)
-    code: Optional[Dict[str, Any]] = None       # the frozen code its points run (jobs.study.frozen.freeze)
-    # refreshes: from, to (code), profile_from, profile_to (profile), at
-    code_changes: List[Dict[str, Any]] = field(default_factory=list)
-    profile_copy: Optional[Dict[str, Any]] = None   # the frozen profile (jobs.study.frozen.freeze_profile)
-    version: int = STUDY_VERSION
-
-    def save(self, durable=False):
-        """`durable`: flushed to disk first (a point's run dir recorded before its sbatch). Paths are
-        written absolute, with the study's own `study_dir`: load finds them again after a move."""
-        write_json(os.path.join(self.study_dir, "study.json"), self.to_dict(), durable=durable)
-
-    @classmethod
-    def load(cls, study_dir):
-        try:
-            data = read_record(os.path.join(study_dir, "study.json"), STUDY_VERSION, kind="study")
-        except OSError as exc:
-            raise RequestError(f"study: {study_dir!r} is not a study directory ({exc.strerror})") from None
-        path = os.path.join(study_dir, "study.json")
-        values = typed_fields(cls, data, path)
-        values["points"] = [typed_fields(PointRecord, p, path, "points[]") for p in data.get("points", [])]
-        here = os.path.abspath(study_dir)       # the directory may have moved: paths inside it follow
-        _study_paths(values, lambda p: resolved_path(p, here, values.get("study_dir")))
-        values["points"] = [PointRecord(**p) for p in values["points"]]
-        values["study_dir"] = here
-        rundir.keep_group(here)     # what a status or report of the owner writes stays the group's to read
-        return cls(**values)
-
-
-def _study_paths(data, fix):
-    """Pass every path inside the study that study.json holds (a point's run dirs, its
-    allocations' run dirs, the frozen code's directory) through `fix`, in place."""
-    for point in data.get("points", []):
-        point["runs"] = [fix(r) for r in point.get("runs", [])]
-        point["allocation"] = {fix(k): fix(v) for k, v in point.get("allocation", {}).items()}
-        for key in ("code", "profile"):
-            point[key] = {fix(k): v for k, v in point.get(key, {}).items()}
-    if isinstance(data.get("code"), dict) and isinstance(data["code"].get("dir"), str):
-        data["code"] = dict(data["code"], dir=fix(data["code"]["dir"]))
-
-
-@dataclass
-class PointStatus(Record):
-    """A point's state from its latest attempt."""
-
-    id: str
-    state: str                      # done | running | pending | unknown | failed | missing
-    job_state: Optional[str]        # the scheduler's word (COMPLETED, CANCELLED, ...)
-    run_dir: Optional[str]
-    job_id: Optional[str]
-    attempts: int
-    summary: Optional[Dict[str, Any]] = None
-    reason: Optional[str] = None
-
-
-@dataclass
-class StudyStatus(Record):
-    """One poll of a study."""
-
-    study_dir: str
-    points: List[PointStatus]
-    counts: Dict[str, int]
-    done: bool                      # nothing pending, running or unknown (failed and missing points may remain)
-    calls: int                      # Slurm commands this poll issued
-    elapsed_s: float                # since the study was created
-    submitting: Optional[bool] = None   # a `study run` held run.lock (watch asks; None: not asked)
-
-
-def default_study_dir(spec, runs_dir=None, profile=None):
-    return os.path.join(runs_dir or rundir.default_runs_dir(profile), f"study-{spec.name}")
-
-
-def find_study(study=None, runs_dir=None):
-    """A study argument: a path, a name under the runs dir (with or without `study-`), or
-    (None) the newest study there."""
-    runs_dir = runs_dir or rundir.default_runs_dir()
-    if study:
-        for candidate in (study, os.path.join(runs_dir, study), os.path.join(runs_dir, f"study-{study}")):
-            if is_study_dir(candidate):
-                return os.path.abspath(candidate)
-        raise RequestError(f"study: {study!r} is not a study directory (no study.json; runs dir {runs_dir})")
-    if os.path.isdir(runs_dir):
-        found = [os.path.join(runs_dir, d) for d in os.listdir(runs_dir) if is_study_dir(os.path.join(runs_dir, d))]
-        if found:
-            return os.path.abspath(max(found, key=lambda d: os.path.getmtime(os.path.join(d, "study.json"))))
-    raise RequestError(f"study: no studies under {runs_dir}; give a study directory")
-
-
-def _classify(job_status):
-    """(point state, reason) of a point's latest job. Only a state Slurm reported as terminal
-    fails a point; a job Slurm has not reported yet is UNKNOWN."""
-    state = job_status.state
-    if state == states.COMPLETED:
-        if job_status.summary is None:
-            return FAILED, "COMPLETED but its engine log has no summary record"
-        return DONE, None
-    if state in states.TERMINAL:
-        return FAILED, job_status.reason or state
-    if state in (states.PENDING, states.REQUEUED, states.SUSPENDED):
-        return PENDING, None
-    if state == states.RUNNING:
-        return RUNNING, None
-    return UNKNOWN, f"{state}: Slurm has not reported job {job_status.job_id} yet"
-
-
-def _in_allocation(job, run_dir, alloc_dir=None):
-    """(point state, reason, summary, job state) of an attempt that ran in a study allocation (`job`:
-    the allocation's status; `alloc_dir`: its run dir): from the point's own exit record while the
-    allocation lives on. A point that ran out of time (its step's own limit, or the allocation's)
-    is failed as TIMEOUT with the phase it was in; a point the allocation's time limit did not
-    reach is missing again (not failed: nothing of it ran), and one any other end of the
-    allocation (node failure, preemption, scancel) cut short is failed; the next `run` submits
-    them again."""
-    seen = allocation.progress(run_dir, job.key, job.job_id)
-    code = seen.get("exit_code", "").strip()
-    if "timed_out" in seen:
-        return FAILED, allocation.timeout_reason(run_dir, job.key, job.job_id, seen), None, states.TIMEOUT
-    if code == "0":
-        summary = enginelog.summary(enginelog.job_logs(run_dir, job.key, [job.job_id]))
-        if summary is None:
-            return FAILED, "exited 0 but its engine log has no summary record", None, job.state
-        return DONE, None, summary, job.state
-    if code:
-        return FAILED, enginelog.failure_reason(run_dir, job.key, f"{states.FAILED} (exit {code})"), None, job.state
-    timed_out = job.state == states.TIMEOUT or (
-        alloc_dir is not None and "time_limit" in allocation.progress(alloc_dir, allocation.KEY, job.job_id))
-    if timed_out and "start" not in seen:
-        return MISSING, (f"not reached: its allocation (job {job.job_id}) ended at its time limit before the point "
-                         "began; the next `study run` submits it"), None, job.state
-    if job.state in states.TERMINAL:
-        when = "while it ran" if "start" in seen else "before it began"
-        return FAILED, f"its allocation (job {job.job_id}) ended {job.state} {when}", None, job.state
-    if job.state == states.RUNNING:
-        return (RUNNING if "start" in seen else PENDING), None, None, job.state
-    if job.state in (states.PENDING, states.REQUEUED, states.SUSPENDED):
-        return PENDING, None, None, job.state
-    return UNKNOWN, f"{job.state}: Slurm has not reported allocation job {job.job_id} yet", None, job.state
-
-
-def _without_job(run_dir):
-    """(point state, reason) of an attempt whose run holds no job: FAILED only when its
-    submission provably never reached Slurm (sbatch refused it); an interrupted or uncertain
-    submission is UNKNOWN, so it is never submitted twice."""
-    try:
-        run = RunRecord.load(run_dir)
-    except RequestError as exc:
-        return UNKNOWN, f"its run record cannot be read ({exc})"
-    if run.state == SUBMITTING or run.intent is not None:
-        return UNKNOWN, (f"its submission is under way or was interrupted and whether its job went in "
-                         f"cannot be told now (`squeue --me -o %i,%k` lists the tokens; its token is in "
-                         f"{os.path.join(run_dir, 'jobs.json')}); remove {run_dir} to submit the point "
-                         "again once you know")
-    if run.uncertain:
-        return UNKNOWN, f"{run.error}; remove {run_dir} to submit the point again once you know"
-    return FAILED, f"not submitted: {run.error or 'its run has no job'}"
-
-
-def poll(record):
-    """A StudyStatus of every point (one poll_many call for all latest attempts); results.json
-    is rewritten with it."""
-    latest = [(p, p.runs[-1]) for p in record.points if p.runs]
-    results = dict(zip([p.id for p, _ in latest], poll_many([r for _, r in latest]))) if latest else {}
-    calls = max([r.calls for r in results.values()] or [0])
-    out = []
-    for point in record.points:
-        result = results.get(point.id)
-        if result is None:
-            out.append(PointStatus(id=point.id, state=MISSING, job_state=None, run_dir=None, job_id=None,
-                                   attempts=0))
-            continue
-        job = result.jobs[0] if result.jobs else None
-        if job is None:
-            (state, reason), job_state = _without_job(result.run_dir), None
-        elif result.run_dir in point.allocation:
-            state, reason, job.summary, job_state = _in_allocation(job, result.run_dir,
-                                                                   point.allocation[result.run_dir])
-        else:
-            (state, reason), job_state = _classify(job), job.state
-        out.append(PointStatus(id=point.id, state=state, job_state=job_state, run_dir=result.run_dir,
-                               job_id=job.job_id if job else None, attempts=len(point.runs),
-                               summary=job.summary if job else None, reason=reason))
-    counts = _counts(out)
-    status = StudyStatus(study_dir=record.study_dir, points=out, counts=counts,
-                         done=active(counts) == 0, calls=calls,
-                         elapsed_s=round(time.time() - record.created, 1))
-    write_results(record, status)
-    return status
-
-
-def _counts(points):
-    """{point state: how many} of [PointStatus], every state present."""
-    return {k: sum(1 for p in points if p.state == k) for k in POINT_STATES}
-
-
-def active(counts):
-    """Points that may still be queued or running (UNKNOWN included: not known to be gone)."""
-    return counts[RUNNING] + counts[PENDING] + counts[UNKNOWN]
-
-
-def write_results(record, status):
-    """results.json: the study's points as last polled (atomically). Best effort: reading a
-    study must not need writing it (another user, a read-only mount, a full disk), so a write
-    that fails is a ResultsNotSaved warning and the caller goes on with the fresh status."""
-    try:
-        write_json(os.path.join(record.study_dir, "results.json"),
-                   {"version": STUDY_VERSION, "study": record.name, "profile": record.profile,
-                    "updated": round(time.time(), 3),
-                    "points": [dict(p.to_dict(), **{k: v for k, v in pr.to_dict().items() if k != "runs"})
-                               for p, pr in zip(status.points, record.points)]})
-    except StorageError as exc:
-        warnings.warn(str(exc), ResultsNotSaved, stacklevel=2)
 
 
 def open_study(spec, profile, study_dir, points=None):
@@ -389,8 +114,8 @@ def run(spec, profile, runs_dir=None, study_dir=None, max_concurrent=None, log=_
     `run` of a study while one is submitting is refused (nothing is ever submitted twice).
     `placement` ("allocation", else the spec's `placement`): every point submitted now runs in one
     allocation of `nodes` nodes (default: the largest point's) without the `exclude` ones (a Slurm
-    host list, e.g. the line `study screen` prints), jobs.study.allocation. Every point
-    runs the study's frozen code (jobs.study.frozen), copied from the checkout when the study is
+    host list, e.g. the line `study screen` prints), jobs.study.running.allocation. Every point
+    runs the study's frozen code (jobs.study.running.frozen), copied from the checkout when the study is
     made, again only with `refresh_code`, and with the profile the study froze (a later edit of
     the user's profile file changes no point; `refresh_code` takes it as it is then). On a profile
     whose nodes share hardware, another user's study job in the queue refuses the run unless
@@ -559,7 +284,7 @@ def _frozen_code(record, refresh, log, profile=None):
 
 def _study_profile(study_dir, profile, refresh, log):
     """The profile a study's points are planned with: the study's frozen copy of it
-    (jobs.study.frozen) for an existing study, unless `refresh`; else `profile` as loaded now.
+    (jobs.study.running.frozen) for an existing study, unless `refresh`; else `profile` as loaded now.
     An edit of the profile since the study froze it is said in one line."""
     if refresh or not is_study_dir(study_dir):
         return profile
@@ -578,7 +303,7 @@ def _study_profile(study_dir, profile, refresh, log):
 
 def _run_allocation(spec, profile, backend, record, points, nodes, log, exclude=None):
     """The missing and failed points (in rounds of repeats) as one allocation
-    (jobs.study.allocation), only while no point of the study is queued or running: one
+    (jobs.study.running.allocation), only while no point of the study is queued or running: one
     allocation at a time, so its points never run beside another of the study's (a `run` meanwhile
     submits nothing and says so)."""
     status = poll(record) if any(p.runs for p in record.points) else None
@@ -643,7 +368,7 @@ def _run_points(spec, profile, backend, record, points, max_concurrent, log, pol
             busy += 1
     elif todo:
         backend.accounting()    # asked (and cached) once, before the threads
-        _submit_parallel(record, todo, submit_point, submitted, runs)
+        submit_parallel(record, todo, submit_point, submitted, runs)
     if submitted and foreground:
         poll(record)    # the points ran to their end: results.json says how (no Slurm call)
     elif submitted:     # results.json lists the new attempts (as pending: no Slurm call for it)
@@ -702,79 +427,6 @@ def _ask_config(backend):
     return thread
 
 
-SUBMIT_THREADS = 8
-
-
-def _submit_parallel(record, todo, submit_point, submitted, runs):
-    """Submit independent points from a few threads (each sbatch waits on the controller, not on
-    this process). Each point's run dir reaches study.json before its job is submitted
-    (submit_point). A point that could not be submitted does not stop the others; the first
-    error is raised at the end, saying what went in (a re-run resumes with the missing points).
-    Interrupted, no further point is started, and the ones in flight finish first."""
-    landed = queue.Queue()
-    pending = iter(todo)
-    take = threading.Lock()
-    stop = threading.Event()
-
-    def worker():
-        while not stop.is_set():
-            with take:
-                point = next(pending, None)
-            if point is None:
-                return
-            try:
-                landed.put((point, submit_point(point), None))
-            except BaseException as exc:    # reported (or re-raised, for a bug) by the main thread
-                landed.put((point, None, exc))
-
-    threads = [threading.Thread(target=worker, name=f"recsys-submit-{i}")
-               for i in range(min(SUBMIT_THREADS, len(todo)))]
-    errors = []
-
-    def take_landed(batch):
-        for point, run_record, exc in batch:
-            if exc is not None:
-                errors.append((point.id, exc))
-                continue
-            runs[point.id] = run_record
-            submitted.append(point.id)
-
-    try:
-        for thread in threads:
-            thread.start()
-        while len(submitted) + len(errors) < len(todo):
-            batch = [landed.get()]
-            while True:                 # everything else that landed meanwhile
-                try:
-                    batch.append(landed.get_nowait())
-                except queue.Empty:
-                    break
-            take_landed(batch)
-    except BaseException:
-        stop.set()
-        for thread in threads:
-            if thread.is_alive():
-                thread.join()
-        batch = []
-        while not landed.empty():
-            batch.append(landed.get_nowait())
-        take_landed(batch)
-        raise
-    for thread in threads:
-        thread.join()
-    order = {p.id: i for i, p in enumerate(todo)}
-    submitted.sort(key=order.get)
-    errors.sort(key=lambda e: order[e[0]])
-    for point_id, exc in errors:
-        if not isinstance(exc, (RequestError, SubmitError, SlurmCommandError, StorageError)):
-            raise exc               # a bug, not a refused submission: its traceback
-    if errors:
-        point_id, exc = errors[0]
-        raise SubmitError(f"point {point_id} not submitted: {exc}; {len(errors)} point(s) failed to submit, "
-                          f"{len(submitted)} submitted; `recsys-submit study run` again submits the missing "
-                          f"ones (study {record.study_dir})")
-
-
 def _after_submission(record, status, submitted, runs):
     """The StudyStatus right after submitting: the last poll's, with new attempts pending
     (their job ids from the RunRecords the submissions returned, not read back from disk)."""
@@ -788,82 +440,6 @@ def _after_submission(record, status, submitted, runs):
         else:
             out.append(before.get(point.id) or PointStatus(id=point.id, state=MISSING, job_state=None,
                                                            run_dir=None, job_id=None, attempts=0))
-    counts = _counts(out)
+    counts = counts_of(out)
     return StudyStatus(study_dir=record.study_dir, points=out, counts=counts, done=False, calls=0,
                        elapsed_s=round(time.time() - record.created, 1))
-
-
-def lock_held(study_dir):
-    """Whether a `study run` holds the study's lock (study_dir/run.lock) now, so more points may
-    still be submitted: rundir.lock_held (True, False or None: it cannot be read)."""
-    return rundir.lock_held(os.path.join(study_dir, "run.lock"))
-
-
-def find_study_to_watch(study=None, runs_dir=None, grace=None):
-    """find_study for a watch: a named study that does not exist yet is looked for again for up
-    to `grace` seconds (start_grace()), since `study run NAME & study status NAME --watch` may
-    start the watch before the run has written study.json."""
-    deadline = time.monotonic() + (start_grace() if grace is None else grace)
-
-    def attempt():
-        try:
-            return find_study(study, runs_dir)
-        except RequestError:
-            if not study or time.monotonic() > deadline:
-                raise
-            return None
-
-    return poll_until(attempt, lambda found: found is not None, first=0.2, ceiling=1.0)
-
-
-def start_grace():
-    """Seconds `watch` waits, with points missing and no `study run` holding the lock, for one
-    that is starting (`study run ... & study status --watch`): RECSYS_STUDY_START_GRACE_S."""
-    return float(os.environ.get("RECSYS_STUDY_START_GRACE_S", START_GRACE_S))
-
-
-def watch(study_dir, on_poll=None, first=None, ceiling=None, timeout=None, grace=None):
-    """Poll a study until it is finished: no point pending, running or unknown, no `study run`
-    holding its lock (a capped run submits point after point, the later ones missing meanwhile)
-    and no point missing. Points missing while no `study run` holds the lock end the watch once
-    they have been so for `grace` seconds (start_grace()); the last StudyStatus still counts them
-    missing, so the caller can say who submits them. The study record is read again at every
-    poll: a running `study run` adds attempts and points to it."""
-    grace = start_grace() if grace is None else grace
-    unattended = {"since": None}    # when points were first seen missing with nobody submitting
-    waiting = {"run_dirs": []}      # the run dirs of the points last seen pending or running
-
-    def once():
-        held = lock_held(study_dir)     # before the record: a run that let go has saved its points
-        status = poll(StudyRecord.load(study_dir))
-        status.submitting = held
-        waiting["run_dirs"] = [p.run_dir for p in status.points if p.run_dir and p.state in (RUNNING, PENDING)]
-        if held or not status.counts[MISSING]:
-            unattended["since"] = None
-        elif unattended["since"] is None:
-            unattended["since"] = time.monotonic()
-        return status
-
-    def finished(status):
-        if status.submitting or not status.done:
-            return False
-        return not status.counts[MISSING] or time.monotonic() - unattended["since"] >= grace
-
-    # a point's job starting or its engine ending brings the next poll forward (jobs.polling)
-    return poll_until(once, finished, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout,
-                      wake=lambda: enginelog.activity(waiting["run_dirs"]))
-
-
-def progress_line(status, width=30):
-    """`[#########-----]  3/8 done  1 running  3 pending  1 failed  elapsed 0:00:42`."""
-    total = len(status.points) or 1
-    finished = status.counts[DONE] + status.counts[FAILED]
-    filled = int(width * finished / total)
-    parts = [f"[{'#' * filled}{'-' * (width - filled)}]", f"{status.counts[DONE]}/{total} done"]
-    for key in (RUNNING, PENDING, UNKNOWN, FAILED, MISSING):
-        if status.counts.get(key):
-            parts.append(f"{status.counts[key]} {key}")
-    if status.submitting:
-        parts.append("`study run` submitting")
-    parts.append(f"elapsed {elapsed_clock(status.elapsed_s)}")
-    return "  ".join(parts)

@@ -1,6 +1,7 @@
-"""The example study specs shipped in the package (jobs/study/examples/*.yaml), so the documented
-`study run SPEC` works from a pip install as from a checkout (docs/studies/dlrm-strong.yaml is a
-link to the packaged copy): `recsys-submit study init NAME` writes one where the user works."""
+"""The example study specs shipped in the package (jobs/study/running/examples/*.yaml), so the
+documented `study run SPEC` works from a pip install as from a checkout
+(docs/studies/dlrm-strong.yaml is a link to the packaged copy): `recsys-submit study init NAME`
+writes one where the user works."""
 from __future__ import annotations
 
 import difflib
@@ -15,7 +16,7 @@ SUFFIX = ".yaml"
 
 
 def _folder():
-    return resources.files("jobs.study") / "examples"
+    return resources.files("jobs.study.running") / "examples"
 
 
 def names() -> List[str]:

@@ -1,7 +1,7 @@
 """Comparing studies: is study B slower than study A, point by point, beyond the noise of the repeats?
 
 Points are matched across studies by (GPUs, nodes, variant label). Each study's figures are the
-cells of its report (jobs.study.report.build: the repeats' throughputs, their median, min-max,
+cells of its report (jobs.study.analysis.report.build: the repeats' throughputs, their median, min-max,
 n, cv), so a comparison never computes repeat statistics a second way. Every later study is
 compared with the FIRST one: the ratio of the medians, and a verdict from a two-sided
 Mann-Whitney U test of the repeats' throughputs (scipy.stats.mannwhitneyu; exact p-values when
@@ -20,11 +20,12 @@ import os
 import time
 
 from jobs.errors import RequestError
-from jobs.runs.atomic import write_bytes, write_group
+from jobs.runs.atomic import write_group
 
-from .plots import gpu_axes, load_pyplot, make_out_dir, plot_wanted, png
-from .report import build, fmt_number
-from .run import StudyRecord, find_study, poll
+from ..measures import fmt_number
+from ..running.record import StudyRecord, find_study, poll
+from .plots import gpu_axes, load_pyplot, make_out_dir, plot_wanted, png, write_png
+from .report import build
 
 COMPARE_VERSION = 1
 ALPHA = 0.05
@@ -118,7 +119,7 @@ def _labels(records):
 
 def find(studies, runs_dir=None, history=None):
     """The study dirs of `studies`: each a directory or a name under the runs dir, else (with
-    `history(name, runs_dir)`: jobs.study.history.find, which sits above this module) a name from
+    `history(name, runs_dir)`: jobs.study.analysis.history.find, which sits above this module) a name from
     the runs dir's history: the newest study of that name, wherever it lies, or one line when its
     directory is gone."""
     from jobs.runs.rundir import default_runs_dir
@@ -378,7 +379,7 @@ def figure(comparison):
 
 def plot(comparison, path):
     """Write figure(comparison) as a PNG (atomically)."""
-    write_bytes(path, png(figure(comparison)))
+    write_png(path, figure(comparison))
 
 
 def default_out_dir(records):

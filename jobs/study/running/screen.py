@@ -34,11 +34,11 @@ from jobs.schedulers import backend_for
 from jobs.status import poll_many
 from jobs.submit import load
 
+from ..measures import BREAKDOWN, BREAKDOWN_PHASES, fmt_number, read_breakdown
+from ..spec import expand, spec_from_flags
 from . import allocation
 from . import network_screen as netscreen
-from .report import BREAKDOWN, BREAKDOWN_PHASES, _breakdown, fmt_number
 from .run import point_request
-from .spec import expand, spec_from_flags
 
 SCREEN_VERSION = 1
 KEY = "screen"
@@ -243,7 +243,7 @@ def _slot(run_dir, key, job):
             row.update(state=FAILED, reason="exited 0 but its engine log has no throughput")
         else:
             row.update(state=OK, throughput=value, step_time_ms=enginelog.number(summary, "mean_step_time_ms"))
-            split = _breakdown(row["node"], summary.get(BREAKDOWN)) if isinstance(summary, dict) else None
+            split = read_breakdown(row["node"], summary.get(BREAKDOWN)) if isinstance(summary, dict) else None
             if split:
                 row["breakdown"] = {p: v["ms"] for p, v in split["mean"]["phases"].items()}
     elif code:
