@@ -10,6 +10,10 @@
     comparison, paths = compare_studies([baseline_dir, record.study_dir])  # compare.{md,csv,json,png}
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
 from .errors import RequestError, SlurmCommandError, StorageError, SubmitError, ToolkitError
 from .planning.request import JobRequest, build_chain
 from .profiles import ProfileError, list_profiles
@@ -27,29 +31,44 @@ __all__ = ["JobRequest", "build_chain", "ToolkitError", "profile_schema", "study
            "default_runs_dir"]
 
 # Following a run (jobs.status, jobs.runs) and the studies are loaded by the operations that use
-# them: a job command (render, submit) does not pay for them at start-up.
+# them: a job command (render, submit) does not pay for them at start-up. The types below are for
+# the type checker only (never imported at run time).
+if TYPE_CHECKING:
+    from .profiles.profile import Profile
+    from .runs.records import StatusResult
+    from .study.running.record import StudyRecord, StudyStatus
+    from .study.spec import Point, StudySpec
+
+ProfileRef = Union[str, "Profile"]      # a profile name, a YAML file, or a loaded Profile
+Log = Optional[Callable[[str], None]]   # a callable taking one line
+# The JSON documents a study command writes (screen.json, scaling.json, compare.json,
+# projection.json, the history index's entries): versioned records on disk, returned as the same
+# mappings the files hold (their keys: docs/studies.md).
+Document = Dict[str, Any]
 
 
-def load_profile(name_or_path):
+def load_profile(name_or_path: ProfileRef) -> Profile:
     """A validated jobs.profiles.Profile by name (search path) or file."""
     return load(name_or_path)
 
 
-def find_run(run=None, runs_dir=None):
+def find_run(run: Optional[str] = None, runs_dir: Optional[str] = None) -> str:
     """A run directory from a path, a name under the runs dir, or (None) the newest run."""
     from .runs.rundir import find_run as find
 
     return find(run, runs_dir)
 
 
-def status(run_dir):
+def status(run_dir: str) -> StatusResult:
     """One poll (jobs.runs.records.StatusResult): result["jobs"][i]["state"], ["done"], ["calls"]."""
     from .status import poll
 
     return poll(run_dir)
 
 
-def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=None, outage=None):
+def watch(run_dir: str, on_poll: Optional[Callable[[StatusResult], Any]] = None, first: Optional[float] = None,
+          factor: float = 1.5, ceiling: Optional[float] = None, timeout: Optional[float] = None,
+          outage: Optional[float] = None) -> StatusResult:
     """Poll a run until every job has ended (jobs.status.watch); the last StatusResult."""
     from .status import watch as watch_run
 
@@ -57,47 +76,48 @@ def watch(run_dir, on_poll=None, first=None, factor=1.5, ceiling=None, timeout=N
                      outage=outage)
 
 
-def run_failed(result):
+def run_failed(result: StatusResult) -> bool:
     """Whether any job of a polled run did not complete."""
     from .status import run_failed as failed
 
     return failed(result)
 
 
-def summary_line(summary):
+def summary_line(summary: Dict[str, Any]) -> str:
     """A finished job's engine summary as one line (what `recsys-submit status` prints)."""
     from .status import summary_line as line
 
     return line(summary)
 
 
-def log_files(run_dir, key=None, rank=None):
+def log_files(run_dir: str, key: Optional[str] = None, rank: Optional[int] = None) -> List[str]:
     """The run's batch logs, or one rank's logs (which files those are is the backend's)."""
     from .status import log_files as files
 
     return files(run_dir, key=key, rank=rank)
 
 
-def load_spec(path):
+def load_spec(path: str) -> StudySpec:
     """A validated jobs.study.spec.StudySpec from a study YAML file."""
     from .study.spec import load_spec as read_spec
 
     return read_spec(path)
 
 
-def spec_from_flags(model, gpus, **flags):
+def spec_from_flags(model: str, gpus: str, **flags: Any) -> StudySpec:
     """A StudySpec for a quick sweep from CLI-style values (`gpus="1,2,4"`, `variants=["amp=false,true"]`)."""
     from .study.spec import spec_from_flags as from_flags
 
     return from_flags(model, gpus, **flags)
 
 
-def runs_in_foreground(scheduler):
+def runs_in_foreground(scheduler: str) -> bool:
     """Whether a scheduler's submissions run to their end before submit returns (local)."""
     return capabilities(scheduler).foreground
 
 
-def render(requests, profile, runs_dir=None, check_data=False):
+def render(requests: Union[JobRequest, Sequence[JobRequest]], profile: ProfileRef, runs_dir: Optional[str] = None,
+           check_data: bool = False) -> str:
     """The script(s) a submission would write, as one text (scripts separated by a header);
     `check_data`: refuse engine arguments that name no data, as a submission would (--dry-run)."""
     if isinstance(requests, JobRequest):
@@ -105,7 +125,7 @@ def render(requests, profile, runs_dir=None, check_data=False):
     return render_text(requests, profile, runs_dir=runs_dir, check_data=check_data)
 
 
-def logs(run_dir, rank=None, key=None):
+def logs(run_dir: str, rank: Optional[int] = None, key: Optional[str] = None) -> str:
     """Concatenated text of the run's batch logs (or one rank's logs)."""
     chunks = []
     for path in log_files(run_dir, key=key, rank=rank):
@@ -143,7 +163,7 @@ def _unfinished(action, run_dir, backend, record):
     return unfinished, ended
 
 
-def cancel(run_dir, log=None):
+def cancel(run_dir: str, log: Log = None) -> List[str]:
     """Cancel the jobs of a run that are queued or running (one poll, then one scancel on
     Slurm); returns their ids. Jobs that already ended are left alone and named to `log` (a
     callable taking one line); a run whose jobs have all ended is refused (RequestError)."""
@@ -160,7 +180,7 @@ def cancel(run_dir, log=None):
     return [j.job_id for j in jobs]
 
 
-def requeue(run_dir, log=None, timeout=None):
+def requeue(run_dir: str, log: Log = None, timeout: Optional[float] = None) -> List[str]:
     """Requeue the running jobs of a run after each has saved a checkpoint (on Slurm: USR2 to
     the batch script, which checkpoints and requeues; waits up to `timeout` s); returns their
     ids. `log` gets one line per requeued task with the steps its checkpoint kept. Jobs that
@@ -179,8 +199,9 @@ def requeue(run_dir, log=None, timeout=None):
     return backend.requeue(run_dir, jobs, log=log, timeout=timeout) or []
 
 
-def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None, nodes=None, refresh_code=False,
-              exclude=None, overlap_other_users=False):
+def run_study(spec: StudySpec, profile: ProfileRef, runs_dir: Optional[str] = None, max_concurrent: Optional[int] = None,
+              placement: Optional[str] = None, nodes: Optional[int] = None, refresh_code: bool = False,
+              exclude: Optional[str] = None, overlap_other_users: bool = False) -> Tuple[StudyRecord, List[str]]:
     """Submit the missing or failed points of a study, in rounds of repeats, at most
     `max_concurrent` queued or running (default: 1 on a profile with shared_nodes, else no cap),
     or (`placement` "allocation") all in one allocation of `nodes` nodes (without the `exclude`
@@ -196,7 +217,7 @@ def run_study(spec, profile, runs_dir=None, max_concurrent=None, placement=None,
                          overlap_other_users=overlap_other_users)
 
 
-def dry_run_study(spec, profile):
+def dry_run_study(spec: StudySpec, profile: ProfileRef) -> Tuple[List[Point], Dict[str, Document], Optional[str]]:
     """Every check `run_study` makes before submitting (spec, sizes against the profile, each
     point's flags against the engine's parser), with no scheduler: ([Point], {point id: the NVIDIA
     published row it matches: table, throughput, model_size}, a warning line or None)."""
@@ -219,7 +240,7 @@ def dry_run_study(spec, profile):
     return points, matches, warning
 
 
-def find_study(study=None, runs_dir=None, wait=False):
+def find_study(study: Optional[str] = None, runs_dir: Optional[str] = None, wait: bool = False) -> str:
     """A study directory from a path, a name under the runs dir, or (None) the newest study.
     `wait`: a named study not created yet is looked for again for a while (a watch started
     alongside its `study run`; jobs.study.running.watch.find_study_to_watch)."""
@@ -230,28 +251,30 @@ def find_study(study=None, runs_dir=None, wait=False):
     return study_record.find_study(study, runs_dir)
 
 
-def study_status(study_dir):
+def study_status(study_dir: str) -> StudyStatus:
     """One poll of every point of a study (one Slurm call): a jobs.study.running.record.StudyStatus."""
     from .study.running import record as study_record
 
     return study_record.poll(study_record.StudyRecord.load(study_dir))
 
 
-def watch_study(study_dir, on_poll=None, first=None, ceiling=None, timeout=None):
+def watch_study(study_dir: str, on_poll: Optional[Callable[[StudyStatus], Any]] = None, first: Optional[float] = None,
+                ceiling: Optional[float] = None, timeout: Optional[float] = None) -> StudyStatus:
     """Poll a study until no point is pending or running; the last StudyStatus."""
     from .study.running import watch as study_watch
 
     return study_watch.watch(study_dir, on_poll=on_poll, first=first, ceiling=ceiling, timeout=timeout)
 
 
-def study_progress_line(status):
+def study_progress_line(status: StudyStatus) -> str:
     """`[#####-----]  3/8 done  1 running ...  elapsed 0:00:42` of a StudyStatus."""
     from .study.running import record as study_record
 
     return study_record.progress_line(status)
 
 
-def report_study(study_dir, out_dir=None, plot=None):
+def report_study(study_dir: str, out_dir: Optional[str] = None,
+                 plot: Optional[bool] = None) -> Tuple[Document, Dict[str, str]]:
     """Write the study's scaling table and plot; returns (report dict, {kind: path})."""
     from .study.analysis import projection
     from .study.analysis import report as study_report
@@ -262,7 +285,7 @@ def report_study(study_dir, out_dir=None, plot=None):
                               on_written=history.on_report)
 
 
-def reference_study(model, profile):
+def reference_study(model: str, profile: ProfileRef) -> Tuple[StudySpec, str]:
     """The study spec that reproduces NVIDIA's published table of `model` on the platform of
     `profile` (its node type: dgxa100, dgx1, dgx2): (StudySpec, YAML text with comments)."""
     from .study.analysis import published
@@ -270,35 +293,35 @@ def reference_study(model, profile):
     return published.reference_spec(model, load(profile))
 
 
-def profile_schema() -> dict:
+def profile_schema() -> Dict[str, Any]:
     """The profile file format as a JSON Schema, for an editor's YAML language server."""
     from .profiles.editor_schema import profile_schema as schema
 
     return schema()
 
 
-def study_schema() -> dict:
+def study_schema() -> Dict[str, Any]:
     """The study spec format as a JSON Schema, for an editor's YAML language server."""
     from .study.running.editor_schema import study_schema as schema
 
     return schema()
 
 
-def study_examples():
+def study_examples() -> Dict[str, str]:
     """{name: description} of the example study specs the package ships."""
     from .study.running import examples
 
     return examples.descriptions()
 
 
-def write_study_example(name, path=None):
+def write_study_example(name: str, path: Optional[str] = None) -> str:
     """Write the shipped example spec `name` to `path` (default ./NAME.yaml, never over a file); the path."""
     from .study.running import examples
 
     return examples.write(name, path or f"{name}{examples.SUFFIX}")
 
 
-def published_results(model=None, profile=None):
+def published_results(model: Optional[str] = None, profile: Optional[ProfileRef] = None) -> List[Document]:
     """NVIDIA's published throughput rows (those studies are matched against), filtered by model and
     by a profile's platform, each with the profiles on the search path of that platform."""
     from .study.analysis import published
@@ -306,14 +329,15 @@ def published_results(model=None, profile=None):
     return published.listing(model, load(profile) if profile else None)
 
 
-def published_results_text(model=None, profile=None):
+def published_results_text(model: Optional[str] = None, profile: Optional[ProfileRef] = None) -> str:
     """published_results() as the table `recsys-submit study reference --list` prints."""
     from .study.analysis import published
 
     return published.listing_text(published_results(model, profile))
 
 
-def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
+def compare_studies(study_dirs: Sequence[str], out_dir: Optional[str] = None, plot: Optional[bool] = None,
+                    fail_if_slower: Optional[float] = None) -> Tuple[Document, Dict[str, str]]:
     """Compare studies point by point with the first (median ratio, Mann-Whitney U verdict) and
     write compare.{md,csv,json,png}; returns (comparison dict, {kind: path}). With
     `fail_if_slower` (percent), comparison["slower"] lists the points slower by more than that."""
@@ -322,7 +346,7 @@ def compare_studies(study_dirs, out_dir=None, plot=None, fail_if_slower=None):
     return study_compare.write(study_dirs, out_dir=out_dir, want_plot=plot, fail_if_slower=fail_if_slower)
 
 
-def find_studies(studies, runs_dir=None):
+def find_studies(studies: Sequence[str], runs_dir: Optional[str] = None) -> List[str]:
     """Study dirs of `study compare`'s arguments: dirs, names under the runs dir, or names from
     the runs dir's history (the newest study of that name)."""
     from .study.analysis import compare as study_compare
@@ -331,7 +355,8 @@ def find_studies(studies, runs_dir=None):
     return study_compare.find(studies, runs_dir, history=history.find)
 
 
-def study_history(runs_dir=None, model=None, profile=None):
+def study_history(runs_dir: Optional[str] = None, model: Optional[str] = None,
+                  profile: Optional[str] = None) -> List[Document]:
     """The finished studies of the runs dir (jobs.study.analysis.history), oldest first, each with its
     `state` now (present or gone)."""
     from .study.analysis import history
@@ -339,20 +364,20 @@ def study_history(runs_dir=None, model=None, profile=None):
     return history.listing(runs_dir or _runs_dir(), model=model, profile=profile)
 
 
-def study_history_text(entries):
+def study_history_text(entries: List[Document]) -> str:
     from .study.analysis import history
 
     return history.text(entries)
 
 
-def history_point(point):
+def history_point(point: str) -> str:
     """`study history --plot`'s POINT, checked (RequestError naming --plot)."""
     from .study.analysis import history
 
     return history.check_point(point)
 
 
-def plot_study_history(entries, point, path):
+def plot_study_history(entries: List[Document], point: str, path: str) -> List[Document]:
     """Write `point`'s throughput over the listed studies as a PNG, each marked with its compare
     verdict against the study before it; returns the plotted series."""
     from .study.analysis import history
@@ -360,8 +385,9 @@ def plot_study_history(entries, point, path):
     return history.plot(entries, point, path)
 
 
-def screen_nodes(profile, nodes=None, nodelist=None, margin=None, runs_dir=None, log=None, on_submitted=None,
-                 **benchmark):
+def screen_nodes(profile: ProfileRef, nodes: Optional[int] = None, nodelist: Optional[str] = None,
+                 margin: Optional[float] = None, runs_dir: Optional[str] = None, log: Log = None,
+                 on_submitted: Optional[Callable[[str], Any]] = None, **benchmark: Any) -> Document:
     """`study screen`: the one-node benchmark on every node of one allocation at once; waits for
     it and writes screen.{md,json} into the screen's dir. Returns the screen dict (jobs.study.running.screen)."""
     from .study.running import screen
@@ -374,26 +400,28 @@ def screen_nodes(profile, nodes=None, nodelist=None, margin=None, runs_dir=None,
     return screen.collect(screen_dir, screen.wait(screen_dir), margin)
 
 
-def default_runs_dir(profile=None):
+def default_runs_dir(profile: Optional[Profile] = None) -> str:
     """Where runs and studies go: $RECSYS_RUNS_DIR, the profile's runs_dir, or ./recsys-runs."""
     from .runs.rundir import default_runs_dir as runs_dir
 
     return runs_dir(profile)
 
 
-def collect_screen(screen_dir):
+def collect_screen(screen_dir: str) -> Document:
     """A screen submitted before: wait for its allocation and write screen.{md,json}; the screen dict."""
     from .study.running import screen
 
     return screen.collect(screen.check_dir(screen_dir), screen.wait(screen.check_dir(screen_dir)))
 
 
-def _runs_dir():
+def _runs_dir() -> str:
     return default_runs_dir()
 
 
-def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=None, plot=None, published=False,
-                  compute_curve=None, calibration_gpus=None):
+def project_study(source: str, profile: ProfileRef, gpus: Sequence[int], variant: Optional[str] = None,
+                  step_ms: Optional[float] = None, out_dir: Optional[str] = None, plot: Optional[bool] = None,
+                  published: bool = False, compute_curve: Optional[Sequence[str]] = None,
+                  calibration_gpus: Optional[int] = None) -> Tuple[Document, Dict[str, str]]:
     """What `gpus` GPU counts of `profile` would deliver for a study directory (calibrated on its
     smallest measured point) or a spec file (calibrated on `step_ms`, one GPU's step time, or with
     `published` on NVIDIA's 1-GPU row of the same model, batch and precision): the
@@ -409,14 +437,15 @@ def project_study(source, profile, gpus, variant=None, step_ms=None, out_dir=Non
     return record, paths
 
 
-def projection_text(record):
+def projection_text(record: Document) -> str:
     """A projection record as the markdown table `study project` prints."""
     from .study.analysis import projection
 
     return projection.markdown(record)
 
 
-def tensorboard_logdirs(target=None, runs_dir=None):
+def tensorboard_logdirs(target: Optional[str] = None,
+                        runs_dir: Optional[str] = None) -> Tuple[str, str, List[Tuple[str, str]]]:
     """What `recsys-submit tensorboard` shows: ``(kind, directory, [(name, event dir)])``, kind
     ``run`` (its jobs, by job name) or ``study`` (each point's latest attempt, by point id such as
     ``g8-n1x8-r0``). `target`: a run or study directory or name; None: the newest run."""
@@ -442,7 +471,8 @@ def tensorboard_logdirs(target=None, runs_dir=None):
     return kind, where, named
 
 
-def tensorboard_command(named, port=None):
+def tensorboard_command(named: List[Tuple[str, str]],
+                        port: Optional[int] = None) -> Tuple[List[str], str, str, Optional[str]]:
     """``(argv, the same quoted for a shell, the ssh -L tunnel line for a laptop, the shell line of
     the TensorBoard for the Profile tab or None)`` of the TensorBoard that shows `named` side by
     side (jobs.runs.tensorboard.profile_command: the profile plugin reads only --logdir)."""
@@ -453,7 +483,7 @@ def tensorboard_command(named, port=None):
     return argv, tb.shell_line(argv), tb.tunnel_line(port), profile and tb.shell_line(profile)
 
 
-def fabric_section(profile, files=(), nccl_tests=()):
+def fabric_section(profile: ProfileRef, files: Iterable[str] = (), nccl_tests: Iterable[str] = ()) -> Dict[str, Any]:
     """A `fabric:` mapping for `profile`: from the fabric files of python -m recsys.collectives,
     or the profile's own fabric with nccl-tests outputs (["LEVEL:COLLECTIVE=FILE", ...]) added as
     measured figures. RequestError (one line) names the file or value at fault."""

@@ -22,3 +22,22 @@ def test_mypy_passes_on_the_submission_layer_and_the_engine_planning():
     assert "No module named mypy" not in res.stderr, "mypy is part of [dev]: pip install -c install/constraints.txt '.[dev]'"
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "Success: no issues found" in res.stdout
+
+
+def test_every_public_function_of_the_api_is_annotated():
+    """jobs.api is what a program calls: every public function says what it takes and returns
+    (mypy then checks their bodies above), the records by their classes."""
+    import inspect
+
+    from jobs import api
+
+    missing = []
+    for name, obj in vars(api).items():
+        if name.startswith("_") or not inspect.isfunction(obj) or obj.__module__ != "jobs.api":
+            continue
+        sig = inspect.signature(obj)
+        if sig.return_annotation is inspect.Signature.empty:
+            missing.append(f"{name}: return")
+        missing += [f"{name}: {p.name}" for p in sig.parameters.values() if p.annotation is inspect.Parameter.empty]
+    assert not missing, missing
+    assert inspect.signature(api.status).return_annotation == "StatusResult"
