@@ -48,7 +48,7 @@ def tree(tmp_path):
     ("jobs/runs/late.py", "def submit_again():\n    from jobs.submit import submit\n    return submit\n",
      "jobs: one-way layers"),
     # the CLI going around the API (added to the CLI module itself)
-    ("jobs/cli.py", "\n\ndef _shortcut():\n    from jobs.status import poll\n    return poll\n",
+    ("jobs/cli/job_commands.py", "\n\ndef _shortcut():\n    from jobs.status import poll\n    return poll\n",
      "jobs: the CLI goes through jobs.api"),
     # running a study reaching into its analysis (issue 44 item 2), inside a function
     ("jobs/study/running/screen.py", "\n\ndef _table():\n    from jobs.study.analysis.report_table import markdown\n"

@@ -31,7 +31,7 @@ _S, _J, _H, _T = KINDS
 
 VARIABLES: Dict[str, Variable] = {
     # --- settings: the login node (recsys-submit) -------------------------------------------------
-    "RECSYS_PROFILE": Variable(_S, "jobs/cli.py", "the profile when `--profile` is not given"),
+    "RECSYS_PROFILE": Variable(_S, "jobs/cli/parser.py", "the profile when `--profile` is not given"),
     "RECSYS_PROFILE_PATH": Variable(_S, "jobs/profiles/loader.py", "more profile directories (`:`-separated), after the built-in and ~/.config/recsys-submit/profiles"),
     "RECSYS_RUNS_DIR": Variable(_S, "jobs/runs/rundir.py", "where run and study directories go (default ./recsys-runs)"),
     "RECSYS_POLL_FIRST": Variable(_S, "jobs/polling.py", "seconds before the first scheduler poll of a watch (backed off from there)"),
@@ -68,7 +68,7 @@ VARIABLES: Dict[str, Variable] = {
     "RECSYS_JOB_TAG": Variable(_J, "slurm/job.sbatch.tmpl", "the job's tag (its Slurm id, or local<pid>): with the key, its log names"),
     "RECSYS_JOB_PROFILE": Variable(_J, "recsys/monitoring/provenance.py", "the profile the job was rendered from (recorded in the engine's provenance)"),
     "RECSYS_JOB_PROFILE_SHA256": Variable(_J, "recsys/monitoring/provenance.py", "that profile's content hash"),
-    "RECSYS_TASK_INDEX": Variable(_J, "preproc/, jobs/cli.py", "the index of an array task or a task of a multi-task step"),
+    "RECSYS_TASK_INDEX": Variable(_J, "preproc/, jobs/cli/parser.py", "the index of an array task or a task of a multi-task step"),
     "RECSYS_TASK_COUNT": Variable(_J, "preproc/", "the number of those tasks"),
     "RECSYS_NNODES": Variable(_J, "slurm/bind.sh", "the job's node count"),
     "RECSYS_STEP_NODES": Variable(_J, "slurm/job.sbatch.tmpl, slurm/node-check.sh", "the nodes a study point's step runs on inside an allocation"),
