@@ -10,6 +10,15 @@ bands against the measured throughput.
 
     .venv/bin/python bench/bench_collectives_ci.py [--sizes 4K,64K,1M,4M] [--iters 20]
 
+--core-sharing measures instead the exchange of ranks that share the host's cores, at the emulated
+studies' layouts (2 ranks: 1 node x 2; 4: 2 x 2; 8: 4 x 2; and 2 nodes x 1 rank, the inter_node
+figure), --repeats times each in rounds, keeps the fabric files in --files, and prints the
+`fabric:` section `recsys-submit profiles fabric --core-sharing` makes of them (measured figures
+with their range over the repeats, and ``core_sharing.exchange``); --from DIR prints it from files
+already kept.
+
+    .venv/bin/python bench/bench_collectives_ci.py --core-sharing --repeats 3 --files DIR
+
 The emulated nodes share 2 cores: the figures are those of processes on one host talking over
 loopback TCP, not of any real fabric.
 """
@@ -49,6 +58,24 @@ def measure(env, out, nodes, gpus_per_node, sizes, iters):
     return out
 
 
+SHARING_LAYOUTS = ((1, 2), (2, 1), (2, 2), (4, 2))     # (nodes, ranks per node) of --core-sharing
+
+
+def core_sharing(env, files, repeats, sizes, iters):
+    """The fabric files of every --core-sharing layout, `repeats` rounds (each round every layout
+    once, so a drift in the host's load spreads over the layouts); their paths."""
+    os.makedirs(files, exist_ok=True)
+    paths = []
+    for r in range(repeats):
+        for nodes, per_node in SHARING_LAYOUTS:
+            path = os.path.join(files, f"n{nodes}x{per_node}-r{r}.yaml")
+            if not os.path.exists(path):
+                measure(env, path, nodes, per_node, sizes, iters)
+            print(f"measured {os.path.basename(path)}", flush=True)
+            paths.append(path)
+    return paths
+
+
 def emulated_check(fabric_section):
     from jobs.profiles import load_profile
     from jobs.study.analysis import projection as P
@@ -75,7 +102,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4K,64K,1M,4M")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--core-sharing", action="store_true",
+                    help="measure the exchange of ranks sharing the host's cores at 2, 4 and 8 ranks, with repeats")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--files", help="--core-sharing: where the fabric files are kept (default: a temporary folder)")
+    ap.add_argument("--from", dest="from_dir", help="--core-sharing: print the section from the files kept there")
     args = ap.parse_args()
+    if args.core_sharing and args.from_dir:
+        paths = sorted(os.path.join(args.from_dir, f) for f in os.listdir(args.from_dir) if f.endswith(".yaml"))
+        print(cli(dict(os.environ), "profiles", "fabric", "--profile", "ci", "--core-sharing", *paths))
+        return
     state = tempfile.mkdtemp(prefix="recsys-bench-collectives-")
     if subprocess.run(["bash", CLUSTER, "up", "--dir", os.path.join(state, "cluster")]).returncode != 0:
         raise SystemExit("the local cluster did not start")
@@ -83,6 +119,12 @@ def main():
                RECSYS_RUNS_DIR=os.path.join(state, "runs"), **MPI_ENV)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
     try:
+        if args.core_sharing:
+            paths = core_sharing(env, args.files or os.path.join(state, "files"), args.repeats, args.sizes, args.iters)
+            print(cli(env, "profiles", "fabric", "--profile", "ci", "--core-sharing", *paths))
+            print(f"reproduce: {sys.executable} bench/bench_collectives_ci.py --core-sharing --repeats {args.repeats} "
+                  f"--sizes {args.sizes} --iters {args.iters}")
+            return
         intra = measure(env, os.path.join(state, "intra.yaml"), 1, 2, args.sizes, args.iters)
         inter = measure(env, os.path.join(state, "inter.yaml"), 2, 1, args.sizes, args.iters)
         section = yaml.safe_load(cli(env, "profiles", "fabric", intra, inter, "--profile", "ci"))

@@ -1,7 +1,8 @@
 """The README's emulated-cluster study, and what Open MPI's idle spinning does to it.
 
 Brings up a private local Slurm cluster (slurm/dev/local-cluster.sh: 4 emulated nodes on this
-host's cores), runs docs/studies/emulated-dlrm-strong.yaml on profile `ci` (shared_nodes: points
+host's cores), runs docs/studies/emulated-dlrm-strong.yaml (--spec: another, e.g. the second
+emulated study docs/studies/emulated-ncf-strong.yaml; the files written take its name) on profile `ci` (shared_nodes: points
 one at a time, 3 repeats in rounds, ranks that yield when idle) in one allocation of the 4 nodes
 (`study run --allocation`: one sbatch, every point on the first nodes of the same node set) and
 writes its report as docs/studies/emulated-dlrm-strong-allocation.* (--out for another folder).
@@ -63,9 +64,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "studies"),
                         help="where the study's scaling.{md,csv,json,png}, breakdown.csv and breakdown-default.png "
-                             "go (renamed emulated-dlrm-strong-allocation.*, "
-                             "emulated-dlrm-strong-allocation-breakdown.*; with --separate-jobs "
-                             "emulated-dlrm-strong.*, emulated-dlrm-strong-breakdown.*)")
+                             "go (renamed NAME-allocation.*, NAME-allocation-breakdown.*, NAME the spec's "
+                             "name; with --separate-jobs NAME.*, NAME-breakdown.*)")
+    parser.add_argument("--spec", default=SPEC,
+                        help="the study spec (default docs/studies/emulated-dlrm-strong.yaml); its name is the stem "
+                             "of the files written, e.g. docs/studies/emulated-ncf-strong.yaml")
     parser.add_argument("--no-spin", action="store_true", help="skip the spinning-ranks comparison")
     parser.add_argument("--separate-jobs", action="store_true",
                         help="each point its own job (the default: every point in one allocation)")
@@ -80,8 +83,11 @@ def main():
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
     try:
         report_dir = os.path.join(state, "report")
-        report = study(env, SPEC, "ci", out=report_dir, allocation=not args.separate_jobs)
-        stem = "emulated-dlrm-strong" if args.separate_jobs else "emulated-dlrm-strong-allocation"
+        args.spec = os.path.abspath(args.spec)
+        report = study(env, args.spec, "ci", out=report_dir, allocation=not args.separate_jobs)
+        with open(args.spec) as handle:
+            spec = yaml.safe_load(handle)
+        stem = spec["name"] if args.separate_jobs else f"{spec['name']}-allocation"
         for name, target in [(f"scaling.{kind}", f"{stem}.{kind}") for kind in ("md", "csv", "json", "png")] \
                 + [("breakdown.csv", f"{stem}-breakdown.csv"), ("breakdown-default.png", f"{stem}-breakdown.png")]:
             source = os.path.join(report_dir, name)
@@ -90,9 +96,7 @@ def main():
         print(open(os.path.join(report_dir, "scaling.md")).read())
         if args.no_spin:
             return
-        with open(SPEC) as handle:
-            spec = yaml.safe_load(handle)
-        spec.update(name="emulated-dlrm-strong-spin", gpus=[g for g in spec["gpus"] if g > 1])
+        spec.update(name=f"{spec['name']}-spin", gpus=[g for g in spec["gpus"] if g > 1])
         spin_spec = os.path.join(state, "spin.yaml")
         spin_profile = os.path.join(state, "ci-spin.yaml")
         with open(spin_spec, "w") as handle:
@@ -111,6 +115,7 @@ def main():
                   f"| {s['throughput']:,.0f} ({s['throughput_min']:,.0f}-{s['throughput_max']:,.0f}) "
                   f"| {ratio:.2f}x |" if ratio else f"| {row['gpus']} | - | - | - |")
         print(f"\nreproduce: {sys.executable} bench/bench_emulated_study.py"
+              + ("" if args.spec == SPEC else f" --spec {os.path.relpath(args.spec, REPO)}")
               + (" --separate-jobs" if args.separate_jobs else ""))
     finally:
         subprocess.run(["bash", CLUSTER, "down", "--dir", os.path.join(state, "cluster")], capture_output=True)

@@ -3,6 +3,7 @@ it can be checked against, and against the emulated cluster's measured study.
 
     .venv/bin/python bench/bench_projection.py            # the validation table (markdown)
     .venv/bin/python bench/bench_projection.py --json     # the same rows as JSON
+    .venv/bin/python bench/bench_projection.py --ci-fabric median   # the ci rows without the fabric's ranges
 
 Each row: the case, its calibration (a 1-GPU figure of the same table, model and size), the
 projected band at the target GPU count (throughput, no overlap - full overlap), the published or
@@ -19,17 +20,22 @@ Cases:
   dgxa100-40gb rows (NCF) are projected on the dgxa100 profile's fabric: the same NVSwitch.
 - distributed-embeddings' synthetic tiny and small models (README at 4cb42d4; tables, widths,
   hotness and MLPs from config_v3.py), DGX A100, global batch 65536, Adagrad: 1 GPU to 8/16/32.
-- the emulated cluster's recorded study (docs/studies/emulated-dlrm-strong.json) when the ci
-  profile has a fabric: calibrated on its 1-rank point, projected to 2/4/8 ranks, with compute
-  vs batch from the measured 1-rank curve (bench/emulated-dlrm-compute-curve.yaml,
-  bench/bench_compute_curve.py) and the ci fabric's measured core sharing
-  (bench/bench_core_sharing.py).
+- the emulated cluster's recorded studies, measured on the ci cluster to validate the ci
+  projection (rows "ci validation (measured on ci)"): docs/studies/emulated-dlrm-strong.json
+  (a tiny DLRM, with compute vs batch from its measured 1-rank curve,
+  bench/emulated-dlrm-compute-curve.yaml, bench/bench_compute_curve.py) and
+  docs/studies/emulated-ncf-strong.json (a small NCF, replicated tables: another model and size
+  than the fabric was measured with), when the ci profile has a fabric: calibrated on the 1-rank
+  point, projected to 2/4/8 ranks with the ci fabric's measured core sharing
+  (bench/bench_core_sharing.py) and its exchanges measured at that sharing, with their range
+  (bench/bench_collectives_ci.py --core-sharing).
 The published rows have one 1-GPU batch each (no table publishes 1 GPU at two batches of the
 same model): their compute stays proportional to the batch per GPU, the model's one-point rule.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -64,6 +70,12 @@ DE_BATCH = 65536
 # the emulated study's 1-rank step measured at its per-rank batches (bench/bench_compute_curve.py)
 EMULATED_CURVE = os.path.join(ROOT, "bench", "emulated-dlrm-compute-curve.yaml")
 ADAGRAD_SLOTS = 1
+# the emulated cluster's recorded studies (bench/bench_emulated_study.py --separate-jobs [--spec]):
+# (name, the model in words, its measured compute curve or None); measured on the ci cluster to
+# validate the ci projection, which the rows' case says
+EMULATED_STUDIES = (("emulated-dlrm-strong", "tiny DLRM", EMULATED_CURVE),
+                    ("emulated-ncf-strong", "small NCF", None))
+CI_VALIDATION = "ci validation (measured on ci)"
 
 
 def de_workload(name):
@@ -190,27 +202,51 @@ def nvidia_rows(tmp):
     return out
 
 
-def emulated_rows():
-    """The emulated cluster's recorded study, when the ci profile has a (measured) fabric."""
+def ci_fabric_as(fabric, figures):
+    """The ci fabric with `figures`: "full" (as measured: medians, ranges, the exchange at each
+    core sharing), "median" (ranges dropped), "levels" (ranges and the core-sharing exchange
+    dropped: the 2-rank levels' medians only); what each term of issue 46 moves, in the docs."""
+    if figures == "full":
+        return fabric
+    strip = ("range", "latency_range")
+    measured = {level: ({c: {k: v for k, v in e.items() if k not in strip} for c, e in colls.items()}
+                        if isinstance(colls, dict) else colls) for level, colls in fabric.measured.items()}
+    sharing = dict(fabric.core_sharing)
+    exchange = sharing.pop("exchange", None)
+    if figures == "median" and exchange:
+        sharing["exchange"] = {k: {level: {c: {x: y for x, y in e.items() if x not in strip} for c, e in colls.items()}
+                                   for level, colls in levels.items()} for k, levels in exchange.items()}
+    elif figures == "levels":
+        sharing.pop("exchange_source", None)
+    return dataclasses.replace(fabric, measured=measured, core_sharing=sharing)
+
+
+def emulated_rows(figures="full"):
+    """The emulated cluster's recorded studies (EMULATED_STUDIES), when the ci profile has a
+    (measured) fabric: what is measured on the ci cluster to validate the ci projection.
+    `figures`: which of the ci fabric's measured figures (ci_fabric_as)."""
     prof = load_profile("ci")
     if prof.fabric is None:
         return []
-    curve = EMULATED_CURVE if os.path.isfile(EMULATED_CURVE) else None
-    record = P.run(os.path.join(ROOT, "docs", "studies", "emulated-dlrm-strong.yaml"), prof, [1, 2, 4, 8],
-                   step_ms=None, report=os.path.join(ROOT, "docs", "studies", "emulated-dlrm-strong.json"),
-                   compute_curve=[curve] if curve else None)
+    prof = dataclasses.replace(prof, fabric=ci_fabric_as(prof.fabric, figures))
     out = []
-    calib = P.Calibration(**record["calibration"])
-    for p in record["points"]:
-        if p["gpus"] > 1 and p.get("measured_throughput"):
-            out.append(_row("emulated cluster (ci), tiny DLRM", "ci", 1, p["gpus"], "fp32", False, calib, p,
-                            p["measured_throughput"], "docs/studies/emulated-dlrm-strong.json"))
+    for name, what, curve in EMULATED_STUDIES:
+        stem = os.path.join(ROOT, "docs", "studies", name)
+        if not os.path.isfile(stem + ".json"):
+            continue
+        curves = [curve] if curve and os.path.isfile(curve) else None
+        record = P.run(stem + ".yaml", prof, [1, 2, 4, 8], step_ms=None, report=stem + ".json", compute_curve=curves)
+        calib = P.Calibration(**record["calibration"])
+        for p in record["points"]:
+            if p["gpus"] > 1 and p.get("measured_throughput"):
+                out.append(_row(f"{CI_VALIDATION}: {what}", "ci", 1, p["gpus"], "fp32", False, calib, p,
+                                p["measured_throughput"], f"docs/studies/{name}.json"))
     return out
 
 
-def validation_rows():
+def validation_rows(figures="full"):
     with tempfile.TemporaryDirectory() as tmp:
-        return nvidia_rows(tmp) + de_rows() + emulated_rows()
+        return nvidia_rows(tmp) + de_rows() + emulated_rows(figures)
 
 
 def markdown(rows):
@@ -224,12 +260,21 @@ def markdown(rows):
                      f"{'inside' if r['inside'] else format(100 * r['error'], '+.1f') + ' %'} | "
                      f"{'yes' if r['ok'] else 'no'} | {100 * r['vs_middle']:+.1f} % | {_share_text(r)} | "
                      f"{r['dominant']} |")
+    lines += ["", _coverage(rows, "figures")]
+    ci = [r for r in rows if r["case"].startswith(CI_VALIDATION)]
+    if ci and len(ci) < len(rows):
+        lines += ["", "Of them, " + _coverage(ci, f"{CI_VALIDATION.replace(' (measured on ci)', '')} figures "
+                                          "(measured on the ci cluster)")]
+    return "\n".join(lines) + "\n"
+
+
+def _coverage(rows, what):
+    """The closing line of a set of rows: the band's measured coverage and its middle's error."""
     ok = sum(r["ok"] for r in rows)
     inside = sum(r["inside"] for r in rows)
-    lines += ["", f"{inside} of {len(rows)} figures inside the band, {ok} inside it or within 20 % of its nearer "
-                  f"edge; geometric-mean error of the band's middle (the geometric mean of its edges) against the figures: "
-                  f"{100 * geomean_error(rows):.1f} %."]
-    return "\n".join(lines) + "\n"
+    return (f"{inside} of {len(rows)} {what} inside the band, {ok} inside it or within 20 % of its nearer "
+            f"edge; geometric-mean error of the band's middle (the geometric mean of its edges) against the figures: "
+            f"{100 * geomean_error(rows):.1f} %.")
 
 
 def _share_text(row):
@@ -252,8 +297,11 @@ def geomean_error(rows) -> float:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ci-fabric", choices=("full", "median", "levels"), default="full",
+                    help="the ci rows on the ci fabric as measured (full), without its ranges (median), or "
+                         "without ranges and the exchange measured at each core sharing (levels)")
     args = ap.parse_args(argv)
-    rows = validation_rows()
+    rows = validation_rows(args.ci_fabric)
     print(json.dumps(rows, indent=2) if args.json else markdown(rows), end="\n" if args.json else "")
     return 0
 

@@ -483,10 +483,22 @@ def tensorboard_command(named: List[Tuple[str, str]],
     return argv, tb.shell_line(argv), tb.tunnel_line(port), profile and tb.shell_line(profile)
 
 
-def fabric_section(profile: ProfileRef, files: Iterable[str] = (), nccl_tests: Iterable[str] = ()) -> Dict[str, Any]:
-    """A `fabric:` mapping for `profile`: from the fabric files of python -m recsys.collectives,
-    or the profile's own fabric with nccl-tests outputs (["LEVEL:COLLECTIVE=FILE", ...]) added as
-    measured figures. RequestError (one line) names the file or value at fault."""
+def _sharing_of(prof: Profile) -> Dict[str, Any]:
+    """The profile's fabric.core_sharing (cores, slowdown, source) the measured exchange joins."""
+    sharing = {k: v for k, v in ((prof.fabric.core_sharing if prof.fabric else None) or {}).items() if k not in ("exchange", "exchange_source")}
+    if not sharing:
+        raise RequestError(f"--core-sharing: profile {prof.name} has no fabric.core_sharing (cores, slowdown: "
+                           "python bench/bench_core_sharing.py) for the measured exchange to join")
+    return sharing
+
+
+def fabric_section(profile: ProfileRef, files: Iterable[str] = (), nccl_tests: Iterable[str] = (),
+                   core_sharing: bool = False) -> Dict[str, Any]:
+    """A `fabric:` mapping for `profile`: from the fabric files of python -m recsys.collectives
+    (repeats of a layout: median and range), or the profile's own fabric with nccl-tests outputs
+    (["LEVEL:COLLECTIVE=FILE", ...]) added as measured figures. `core_sharing`: the files' layouts
+    also become the profile's ``core_sharing.exchange`` (ranks sharing a host's cores).
+    RequestError (one line) names the file or value at fault."""
     import copy
 
     import yaml
@@ -494,6 +506,8 @@ def fabric_section(profile: ProfileRef, files: Iterable[str] = (), nccl_tests: I
     from .profiles import fabric as fabric_mod
 
     prof = load(profile)
+    if core_sharing and not files:
+        raise RequestError("--core-sharing: give the fabric files of the layouts measured (repeats of each)")
     if not files and prof.fabric is None:
         raise RequestError(f"--profile: {prof.name} has no fabric: section; give the fabric files of "
                            "`recsys-submit benchmark --payload collectives` first")
@@ -503,7 +517,8 @@ def fabric_section(profile: ProfileRef, files: Iterable[str] = (), nccl_tests: I
             for path in files:
                 with open(path) as f:
                     records.append(yaml.safe_load(f))
-            section = fabric_mod.fabric_from_measurements(records, max(1, prof.node.gpus))
+            section = fabric_mod.fabric_from_measurements(records, max(1, prof.node.gpus),
+                                                          core_sharing=_sharing_of(prof) if core_sharing else None)
         else:
             section = copy.deepcopy(prof.as_dict()["fabric"])
     except (OSError, ValueError, yaml.YAMLError) as exc:

@@ -88,7 +88,7 @@ def _cmd_profiles(api, args):
     if args.action == "fabric":
         import yaml
 
-        section = api.fabric_section(args.profile, args.files, args.nccl_tests)
+        section = api.fabric_section(args.profile, args.files, args.nccl_tests, args.core_sharing)
         print(yaml.safe_dump({"fabric": section}, sort_keys=False, width=10_000), end="")
         return 0
     files = args.files or [ref.path for ref in api.list_profiles()]

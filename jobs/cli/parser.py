@@ -188,11 +188,16 @@ def build_parser():
                               "figures to a profile's own fabric.",
                               epilog="examples:\n  recsys-submit profiles fabric intra.yaml inter.yaml --profile ci\n"
                                      "  recsys-submit profiles fabric --profile mysite "
-                                     "--nccl-tests intra_node:alltoall=a2a.txt")
+                                     "--nccl-tests intra_node:alltoall=a2a.txt\n"
+                                     "  recsys-submit profiles fabric --profile ci --core-sharing n1x2-r*.yaml "
+                                     "n2x1-r*.yaml n2x2-r*.yaml n4x2-r*.yaml")
     fab.add_argument("files", nargs="*", help="fabric files of python -m recsys.collectives")
     fab.add_argument("--profile", required=True, help="the profile the figures are for (its GPUs per node)")
     fab.add_argument("--nccl-tests", action="append", default=[], metavar="LEVEL:COLLECTIVE=FILE",
                      help="nccl-tests output to add as measured (e.g. intra_node:allreduce=ar.txt); repeatable")
+    fab.add_argument("--core-sharing", action="store_true",
+                     help="ranks sharing a host's cores: every file's layout (N ranks on M nodes, repeats: median "
+                          "and range) also goes into the profile's fabric.core_sharing.exchange by rank count")
 
     render = _sub(sub, "render", "print (or write) the sbatch script(s) of a job command; submit nothing",
                   description="Print the sbatch script(s) a job command would submit, or write them with -o.",

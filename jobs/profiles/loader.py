@@ -100,11 +100,19 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     return data
 
 
+# mappings an extending profile replaces whole: one measurement each, whose parts (a figure and
+# its measured range; a table of rank counts and its exchange_source) come from one run
+WHOLE_KEYS = ("exchange",)
+WHOLE_IF_HOLDING = "busbw_gb_per_s"         # a fabric's measured entry (jobs.profiles.fabric)
+
+
 def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
-    """Mappings merge key by key; anything else in ``over`` replaces."""
+    """Mappings merge key by key, but for one measurement (WHOLE_KEYS, a measured fabric entry),
+    which ``over`` replaces whole like anything else."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        whole = k in WHOLE_KEYS or (isinstance(v, dict) and WHOLE_IF_HOLDING in v)
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and not whole else v
     return out
 
 

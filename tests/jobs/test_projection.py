@@ -67,6 +67,10 @@ def test_a_profile_with_a_fabric_loads_back_from_its_as_dict(tmp_path):
     assert again.as_dict()["fabric"] == data["fabric"]
 
 
+LOOPBACK_BASE = {"source": "x", "intra_node": {"link": "loopback", "gb_per_s": 1, "latency_us": 5}}
+CORES = {"source": "m", "cores": 2, "slowdown": {1: 1.0, 4: 2.0}}
+
+
 @pytest.mark.parametrize("fabric,expected", [
     ({"intra_node": {"link": "nvswitch", "gb_per_s": 300, "latency_us": 5}}, "fabric.source: required key is missing"),
     ({"source": "x", "intra_node": {"link": "nvswitch", "gb_per_s": -1, "latency_us": 5}},
@@ -88,6 +92,20 @@ def test_a_profile_with_a_fabric_loads_back_from_its_as_dict(tmp_path):
     ({"source": "x", "intra_node": {"link": "pcie", "gb_per_s": 1, "latency_us": 5},
       "core_sharing": {"source": "m", "cores": 2, "slowdown": {4: 0}}},
      "fabric.core_sharing.slowdown.4: 0 is not a positive factor"),
+    # a measured range (repeats' min and max) and the exchange measured at a core sharing (issue 46)
+    ({**LOOPBACK_BASE, "measured": {"source": "m", "intra_node": {"allreduce": {"busbw_gb_per_s": 1, "range": [2, 3]}}}},
+     "fabric.measured.intra_node.allreduce.range: [2, 3] must be [min, max] and hold the figure 1"),
+    ({**LOOPBACK_BASE, "measured": {"source": "m", "intra_node": {"allreduce": {"busbw_gb_per_s": 1, "range": [1]}}}},
+     "fabric.measured.intra_node.allreduce.range: must be [min, max] of two positive numbers"),
+    ({**LOOPBACK_BASE, "core_sharing": {**CORES, "exchange_source": "m", "exchange": {1: {"intra_node": {}}}}},
+     "fabric.core_sharing.exchange: 1 is not a rank count"),
+    ({**LOOPBACK_BASE, "core_sharing": {**CORES, "exchange_source": "m",
+                                        "exchange": {4: {"inter_node": {"alltoal": {}}}}}},
+     "fabric.core_sharing.exchange.4.inter_node.alltoal: unknown key"),
+    ({**LOOPBACK_BASE, "core_sharing": {**CORES, "exchange": {4: {"inter_node": {"alltoall": {"busbw_gb_per_s": 1}}}}}},
+     "fabric.core_sharing.exchange_source: required key is missing"),
+    ({**LOOPBACK_BASE, "core_sharing": {**CORES, "exchange_source": "m", "exchange": {}}},
+     "fabric.core_sharing.exchange: give the measured collectives per rank count"),
 ])
 def test_a_bad_fabric_is_one_line_naming_the_key(tmp_path, fabric, expected):
     data = yaml.safe_load(open(os.path.join(ROOT, "cluster_profiles", "dgx1.yaml")))

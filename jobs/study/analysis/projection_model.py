@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jobs.errors import RequestError
-from jobs.profiles.fabric import bus_factor
+from jobs.profiles.fabric import EDGES, bus_factor
 
 
 PHASES = ("compute", "embedding_exchange", "gradient_exchange")
@@ -21,7 +21,8 @@ BYTES_PER_PARAM = 4
 PLANNER = [sys.executable, "-m", "recsys.plan_tables"]
 # 2: calibration.curve, fabric.core_sharing; 3: calibration.exchanges_in/spread/noisy, model_size;
 # 4: calibration.embedding_share/_range/split_source/embedding_work, points' compute_ms_range
-PROJECTION_VERSION = 4
+# 5: points' exchange_ms_range (the fabric's measured range), fabric.exchange_sharing
+PROJECTION_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -273,11 +274,37 @@ def _levels(n, gpn):
     return g, math.ceil(n / g)
 
 
-def collective_ms(target: Target, collective: str, nbytes: float, n: int) -> float:
+def _shared_exchange(target: Target, collective: str, n: int, edge: Optional[str]):
+    """(bus GB/s, latency us, k) of an n-rank collective among ranks that share a host's cores,
+    measured at that sharing (the fabric's ``core_sharing.exchange``), or None: not a shared_nodes
+    profile, or no figure measured."""
+    if not target.host_cores:
+        return None
+    _, nodes = _levels(n, target.gpus_per_node)
+    return target.fabric.sharing_exchange(n, "inter_node" if nodes > 1 else "intra_node", collective, edge)
+
+
+def latency_ms(target: Target, collective: str, n: int, edge: Optional[str] = None) -> float:
+    """One latency of a collective over n ranks: measured at the ranks' core sharing when the
+    fabric has it, else the level's (between nodes when n spans several)."""
+    shared = _shared_exchange(target, collective, n, edge)
+    if shared:
+        return shared[1] * 1e-3
+    _, nodes = _levels(n, target.gpus_per_node)
+    return target.fabric.latency_us("inter_node" if nodes > 1 else "intra_node", collective, edge) * 1e-3
+
+
+def collective_ms(target: Target, collective: str, nbytes: float, n: int, edge: Optional[str] = None) -> float:
     """One collective of `nbytes` per rank (the nccl-tests `size`) over n ranks, hierarchical:
-    latency + size x bus factor / bus bandwidth inside the node, then between the nodes."""
+    latency + size x bus factor / bus bandwidth inside the node, then between the nodes. Ranks
+    sharing a host's cores with an exchange measured at that sharing: one latency + size x bus
+    factor(n) / the bandwidth measured there (the whole n-rank collective, both levels in it).
+    `edge` ("fast" | "slow"): the fabric's figures at that end of their measured range."""
     if n <= 1 or nbytes <= 0:
         return 0.0
+    shared = _shared_exchange(target, collective, n, edge)
+    if shared:
+        return shared[1] * 1e-3 + nbytes * bus_factor(collective, n) / (shared[0] * 1e6)
     fab = target.fabric
     g, nodes = _levels(n, target.gpus_per_node)
     steps = max(1, math.ceil(math.log2(n)))
@@ -285,17 +312,18 @@ def collective_ms(target: Target, collective: str, nbytes: float, n: int) -> flo
     if collective == "allreduce":
         # reduce-scatter + allreduce of 1/g between nodes + allgather (NCCL's hierarchical ring)
         if g > 1:
-            t += fab.latency_us("intra_node", collective) * 1e-3 * 2 * max(1, math.ceil(math.log2(g)))
-            t += nbytes * bus_factor(collective, g) / (fab.bandwidth("intra_node", collective, g) * 1e6)
+            t += fab.latency_us("intra_node", collective, edge) * 1e-3 * 2 * max(1, math.ceil(math.log2(g)))
+            t += nbytes * bus_factor(collective, g) / (fab.bandwidth("intra_node", collective, g, edge) * 1e6)
         if nodes > 1:
-            t += fab.latency_us("inter_node", collective) * 1e-3 * 2 * max(1, math.ceil(math.log2(nodes)))
-            t += (nbytes / g) * bus_factor(collective, nodes) / (fab.bandwidth("inter_node", collective, g) * 1e6)
+            t += fab.latency_us("inter_node", collective, edge) * 1e-3 * 2 * max(1, math.ceil(math.log2(nodes)))
+            t += (nbytes / g) * bus_factor(collective, nodes) / (fab.bandwidth("inter_node", collective, g, edge)
+                                                                 * 1e6)
         return t
     # alltoall / allgather: the share of the size that crosses each level, the levels concurrent
-    lat = fab.latency_us("inter_node" if nodes > 1 else "intra_node", collective) * 1e-3
+    lat = latency_ms(target, collective, n, edge)
     lat *= steps if collective == "allgather" else 1
-    intra = nbytes * (g - 1) / n / (fab.bandwidth("intra_node", collective, g) * 1e6) if g > 1 else 0.0
-    inter = nbytes * (n - g) / n / (fab.bandwidth("inter_node", collective, g) * 1e6) if nodes > 1 else 0.0
+    intra = nbytes * (g - 1) / n / (fab.bandwidth("intra_node", collective, g, edge) * 1e6) if g > 1 else 0.0
+    inter = nbytes * (n - g) / n / (fab.bandwidth("inter_node", collective, g, edge) * 1e6) if nodes > 1 else 0.0
     return lat + max(intra, inter)
 
 
@@ -322,6 +350,7 @@ class Projected:
     embedding_work_slowest: int = 0         # embedding_work's slowest rank (vector elements per step)
     embedding_work_ratio: Optional[float] = None    # that over the calibration point's (None: no split)
     compute_ms_range: Tuple[float, float] = (0.0, 0.0)     # compute over the split's range (the band's)
+    exchange_ms_range: Tuple[float, float] = (0.0, 0.0)    # both exchanges at the fabric's fast, slow figures
     measured_throughput: Optional[float] = None
     published: List[Dict[str, Any]] = field(default_factory=list)
 
@@ -336,23 +365,22 @@ def core_share(target: Target, n: int, n0: int) -> float:
     return fab.sharing_slowdown(n, target.host_cores) / fab.sharing_slowdown(n0, target.host_cores)
 
 
-def exchanges_ms(layout, target: Target, n: int, batch_per_gpu: int) -> Dict[str, Any]:
+def exchanges_ms(layout, target: Target, n: int, batch_per_gpu: int, edge: Optional[str] = None) -> Dict[str, Any]:
     """The exchanges of one step at n ranks: {"embedding_exchange", "gradient_exchange"} in ms and
-    the bytes behind them ("sent": per rank, "reduce", "gather")."""
-    _, nodes = _levels(n, target.gpus_per_node)
+    the bytes behind them ("sent": per rank, "reduce", "gather"); `edge`: at the fabric's fast or
+    slow measured figures (collective_ms)."""
     sent = alltoall_bytes(layout, n, batch_per_gpu)
     slowest = max(sent) if sent else 0
     emb = 0.0
     if slowest:
         # three alltoalls (ids, vectors, vector gradients): three latencies; the slowest rank's
         # bytes are the part of an nccl-tests `size` that leaves the rank, size x (n-1)/n
-        level = "inter_node" if nodes > 1 else "intra_node"
-        emb = collective_ms(target, "alltoall", slowest * n / (n - 1), n) \
-            + 2 * target.fabric.latency_us(level, "alltoall") * 1e-3
+        emb = collective_ms(target, "alltoall", slowest * n / (n - 1), n, edge) \
+            + 2 * latency_ms(target, "alltoall", n, edge)
     reduce, gather = gradient_bytes(layout, batch_per_gpu)
-    grad = collective_ms(target, "allreduce", reduce, n) if n > 1 else 0.0
+    grad = collective_ms(target, "allreduce", reduce, n, edge) if n > 1 else 0.0
     if gather and n > 1:
-        grad += collective_ms(target, "allgather", gather * n, n)
+        grad += collective_ms(target, "allgather", gather * n, n, edge)
     return {"embedding_exchange": emb, "gradient_exchange": grad, "sent": sent, "reduce": reduce, "gather": gather}
 
 
@@ -370,10 +398,14 @@ def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
     slowest = max(sent) if sent else 0
     phases = {"compute": compute, "embedding_exchange": emb, "gradient_exchange": grad}
     fast, slow = calibration.spread
-    # the band's slow edge: no overlap, the slowest repeat, the split's slowest end; its fast
-    # edge: full overlap, the fastest repeat, the split's fastest end
-    serial = max(spans) * slow + emb + grad
-    overlap = max(min(spans) * fast, emb + grad)
+    # the fabric's measured range: both exchanges at its fastest and its slowest figures
+    ex_fast, ex_slow = (sum(exchanges_ms(layout, target, n, batch_per_gpu, edge)[k]
+                            for k in ("embedding_exchange", "gradient_exchange")) for edge in EDGES)
+    # the band's slow edge: no overlap, the slowest repeat, the split's slowest end, the fabric's
+    # slowest figures; its fast edge: full overlap, the fastest repeat, the split's fastest end,
+    # the fabric's fastest figures
+    serial = max(spans) * slow + ex_slow
+    overlap = max(min(spans) * fast, ex_fast)
     samples = n * batch_per_gpu
     per_gpu0 = calibration.batch_per_gpu / calibration.step_ms * 1000.0
     high, low = samples / overlap * 1000.0, samples / serial * 1000.0
@@ -388,7 +420,7 @@ def project_point(layout, calibration, target, n, batch_per_gpu) -> Projected:
                      gradient_allgather_bytes=int(gather) if n > 1 else 0,
                      memory_gb_per_rank=memory, fits=fits,
                      embedding_work_slowest=work, embedding_work_ratio=ratio,
-                     compute_ms_range=(min(spans), max(spans)))
+                     compute_ms_range=(min(spans), max(spans)), exchange_ms_range=(ex_fast, ex_slow))
 
 
 def project(layouts: Dict[int, Dict[str, Any]], calibration: Calibration, target: Target, scaling: str,
@@ -407,7 +439,9 @@ def project(layouts: Dict[int, Dict[str, Any]], calibration: Calibration, target
     return {"version": PROJECTION_VERSION, "model": model, "profile": target.profile, "scaling": scaling,
             "batch": batch, "source": source, "calibration": asdict(calibration),
             "fabric": {"source": target.fabric.source, "measured": bool(target.fabric.measured),
-                       "core_sharing": target.fabric.core_sharing.get("source") if target.host_cores else None},
+                       "core_sharing": target.fabric.core_sharing.get("source") if target.host_cores else None,
+                       "exchange_sharing": target.fabric.core_sharing.get("exchange_source")
+                       if target.host_cores else None},
             "shared_host_cores": target.host_cores, "points": [asdict(p) for p in points]}
 
 

@@ -41,6 +41,9 @@ def markdown(record: Dict[str, Any]) -> str:
     if record.get("shared_host_cores"):
         lines[-1:-1] = [f"Ranks share the host's {record['shared_host_cores']} cores: "
                         + (record["fabric"].get("core_sharing") or "an even share of the cores (not measured)") + "."]
+        if record["fabric"].get("exchange_sharing"):
+            lines[-1:-1] = ["Exchanges among ranks on those cores: measured at that sharing (the nearest measured "
+                            f"rank count at or above): {record['fabric']['exchange_sharing']}."]
     lines += [
              "| GPUs | nodes | batch/GPU | step ms (overlap - serial) | samples/s (low - high) | efficiency | "
              "compute ms | embedding exchange ms | gradient exchange ms | dominant | GB per rank | measured |",
