@@ -288,7 +288,7 @@ def repeats_study(study_cli, slurm_cluster, tmp_path_factory):
             with open(log) as handle:
                 if text in handle.read():
                     return True
-        return study_record.poll() is not None
+        return run.poll() is not None
 
     # polled every 0.1 s: the throttle starts before the timed steps (after the warm-up steps)
     wait_for(lambda: logged('"first_step"'), timeout=900, what=f"{slow} to take its first step", max_delay=0.1)
