@@ -44,7 +44,9 @@ def dlrm_study(study_cli, tmp_path_factory):
                        scaling="strong", batch_size=512, gpus=[1, 2, 4, 8], warmup_steps=2, steps=5,
                        breakdown_steps=5, time="00:10:00",
                        engine_args=TINY_DLRM + ["--embedding-placement", "model_parallel"])
-    proc = study_cli("study", "run", spec, "--profile", "ci", check=True)
+    # on the ci profile (shared nodes) `study run` submits the 4 points one at a time as each ends:
+    # 232 s alone on the 2 cores, past 300 s beside the other worker's tests in one CI run
+    proc = study_cli("study", "run", spec, "--profile", "ci", check=True, timeout=900)
     study_dir = _study_dir(proc)
     rc, status = _watch(study_cli, study_dir)
     return {"spec": spec, "dir": study_dir, "run": proc, "rc": rc, "status": status}
