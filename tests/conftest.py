@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.file_order import RECORD_ENV, load_seconds, longest_first, write_seconds
 from tests.mpi_env import MPI_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +134,11 @@ def pytest_runtest_logreport(report):
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest test files first (tests/file_order.py), so that the workers end together."""
+    items[:] = longest_first(items, lambda item: item.nodeid, load_seconds())
+
+
 def _file_table(terminalreporter):
     total = sum(_FILE_SECONDS.values())
     if not total:
@@ -149,6 +155,9 @@ def pytest_terminal_summary(terminalreporter, config):
     printed once (by the controller)."""
     if _controller(config):
         _file_table(terminalreporter)
+        if os.environ.get(RECORD_ENV) and _FILE_SECONDS:
+            write_seconds(Path(os.environ[RECORD_ENV]), _FILE_SECONDS,
+                          run=time.strftime("%Y-%m-%d", time.gmtime()))
         from tests.faults.record import load
         from tests.faults.report import markdown
         results = load()

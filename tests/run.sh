@@ -6,11 +6,13 @@
 # Extra arguments go to pytest, e.g. `bash tests/run.sh tests/jobs -x`.
 # The tests run side by side on RECSYS_TEST_WORKERS pytest-xdist workers (2; 0 runs them in one
 # process), a test file at a time per worker (--dist loadfile keeps a file's module fixtures, such
-# as a study run on the cluster, in one worker); each worker starts its own Slurm clusters, Spark
-# session and data. Most cluster tests wait on Slurm: two workers share the 2 cores' idle time.
+# as a study run on the cluster, in one worker), the longest files first (tests/file_order.py;
+# --no-loadscope-reorder keeps that order instead of xdist's by number of tests); each worker
+# starts its own Slurm clusters, Spark session and data. Most cluster tests wait on Slurm: two
+# workers share the 2 cores' idle time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/install.sh
 workers=${RECSYS_TEST_WORKERS:-2}
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest -ra "$@"; fi
-exec .venv/bin/python -m pytest -ra -n "$workers" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -ra -n "$workers" --dist loadfile --no-loadscope-reorder "$@"

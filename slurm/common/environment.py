@@ -105,6 +105,7 @@ VARIABLES: Dict[str, Variable] = {
     "RECSYS_TEST_SYNC_S": Variable(_H, "slurm/screen-rank.sh", "the longest that hold (120 s)"),
     # --- test tooling: tests/, bench/, .ci/ only -----------------------------------------------------
     "RECSYS_TEST_WORKERS": Variable(_T, "tests/run.sh", "pytest-xdist workers of the suite (2; 0: one process)"),
+    "RECSYS_FILE_SECONDS": Variable(_T, "tests/file_order.py", "a path: write every test file's seconds of this run there"),
     "RECSYS_UPDATE_GOLDEN": Variable(_T, "tests/jobs/test_golden_render.py", "1: rewrite the golden renders"),
     "RECSYS_TEST_USER_INSTALL": Variable(_T, "tests/test_user_install.py", "1: run the user install end to end as nobody"),
     "RECSYS_DE_SOURCE": Variable(_T, "tests/recsys", "a checkout of distributed-embeddings for the tests that run its layers"),
