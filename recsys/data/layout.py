@@ -116,6 +116,12 @@ class Layout:
         x = flat[key] if col is None else flat[key][:, col]
         return ops.cast(x, dtype)
 
+    def tf_packer(self, ops):
+        """:meth:`pack` for tf.data's ``map``, traced as written: its loops run over the layout, never
+        over tensors, so AutoGraph's pass (parse, convert, compile, in every process) is skipped."""
+        import tensorflow as tf
+        return tf.autograph.experimental.do_not_convert(lambda flat: self.pack(flat, ops))
+
     def pack(self, flat: dict, ops=NumpyOps):
         """(inputs, labels) in the structure of the module docstring."""
         inputs = {}

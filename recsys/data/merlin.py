@@ -150,7 +150,7 @@ class MerlinReader:
 
         ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
         ops = TFOps()
-        ds = ds.map(lambda flat: self.layout.pack(flat, ops), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(self.layout.tf_packer(ops), num_parallel_calls=tf.data.AUTOTUNE)
         if not repeat:
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.num_batches))
         return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)

@@ -255,7 +255,7 @@ class ParquetReader:
             return batches.take(self.num_batches)  # equal step counts on all ranks
 
         ds = tf.data.Dataset.range(1 << 62 if repeat else 1).flat_map(one_epoch)
-        ds = ds.map(lambda flat: self.layout.pack(flat, ops), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(self.layout.tf_packer(ops), num_parallel_calls=tf.data.AUTOTUNE)
         if not repeat:
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.num_batches))
         return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)

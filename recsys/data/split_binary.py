@@ -170,7 +170,9 @@ class SplitBinaryReader:
                 flat[key] = arr
             return self.layout.pack(flat, ops)
 
-        ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # no control flow on tensors in read: traced as written, without AutoGraph's pass
+        ds = ds.map(tf.autograph.experimental.do_not_convert(read), num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True)
         if not repeat:
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.num_batches))
         return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)

@@ -94,10 +94,11 @@ class StepBreakdown:
                     loss, grads = self.step.gradients(inputs, labels)
                 return loss, tf.nest.flatten(list(grads), expand_composites=True)
 
-            gradients_fn = tf.function(gradients, reduce_retracing=True)
+            gradients_fn = tf.function(gradients, reduce_retracing=True, autograph=False)
             # without model-parallel layers the step's forward+backward has no exchange to take out:
             # compute alone is a second call of it (one trace fewer)
-            compute_fn = (tf.function(compute, jit_compile=bool(self.config.xla), reduce_retracing=True)
+            compute_fn = (tf.function(compute, jit_compile=bool(self.config.xla), reduce_retracing=True,
+                                      autograph=False)
                           if layers else gradients_fn)
 
             def exchange(ids_per_layer):
@@ -110,9 +111,9 @@ class StepBreakdown:
             split.update(
                 layers=layers, unmeasured=unmeasured, unflatten=unflatten,
                 gradients=gradients_fn, compute=compute_fn,
-                exchange=tf.function(exchange, reduce_retracing=True),
-                gradient_exchange=tf.function(gradient_exchange, reduce_retracing=True),
-                optimizer=tf.function(optimizer, reduce_retracing=True),
+                exchange=tf.function(exchange, reduce_retracing=True, autograph=False),
+                gradient_exchange=tf.function(gradient_exchange, reduce_retracing=True, autograph=False),
+                optimizer=tf.function(optimizer, reduce_retracing=True, autograph=False),
                 gpu=bool(tf.config.list_logical_devices("GPU")))
             self._split = split
         return self._split

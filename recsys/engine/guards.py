@@ -40,8 +40,9 @@ class Guards:
         self.config, self.dist, self.log = state.config, state.dist, state.log
         self.loss_scaler = state.loss_scaler
         self.nonfinite_in_a_row = 0
-        self._replica_sample_fn = tf.function(self._replica_sample)
-        self._finite_fn = tf.function(lambda vs: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in vs]))
+        self._replica_sample_fn = tf.function(self._replica_sample, autograph=False)
+        self._finite_fn = tf.function(lambda vs: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in vs]),
+                                      autograph=False)
 
     def diverged(self, step: int, what: str, advice: str | None = None):
         """Stop the run: a ``diverged`` record, then :class:`DivergedError` naming the last good checkpoint."""

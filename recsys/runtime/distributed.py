@@ -232,7 +232,7 @@ class Distributed:
         import tensorflow as tf
         hvd = self.hvd
 
-        @tf.function
+        @tf.function(autograph=False)
         def assign(vs):
             for i, v in enumerate(vs):
                 v.assign(hvd.broadcast(v, root_rank, name=f"recsys_broadcast_{i}"))
