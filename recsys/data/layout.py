@@ -40,6 +40,7 @@ import numpy as np
 
 from recsys.errors import DataError
 from recsys.features.spec import FeatureSpec, FeatureSpecError
+from recsys.runtime.tracing import as_written
 
 LABEL_CHANNELS = ("label", "label_ch")
 MATRIX_CHANNELS = {"numerical": "float32", "categorical": "int32"}
@@ -117,10 +118,9 @@ class Layout:
         return ops.cast(x, dtype)
 
     def tf_packer(self, ops):
-        """:meth:`pack` for tf.data's ``map``, traced as written: its loops run over the layout, never
-        over tensors, so AutoGraph's pass (parse, convert, compile, in every process) is skipped."""
-        import tensorflow as tf
-        return tf.autograph.experimental.do_not_convert(lambda flat: self.pack(flat, ops))
+        """:meth:`pack` for tf.data's ``map``, traced as written (recsys.runtime.tracing): its loops
+        run over the layout, never over tensors."""
+        return as_written(lambda flat: self.pack(flat, ops))
 
     def pack(self, flat: dict, ops=NumpyOps):
         """(inputs, labels) in the structure of the module docstring."""

@@ -41,6 +41,7 @@ import numpy as np
 from recsys.data.layout import (Layout, channel_features, check_finite, check_ids, check_labels, check_shard,
                                 label_features)
 from recsys.features.spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
+from recsys.runtime.tracing import as_written
 
 # Up to this many bytes of categorical ids per mapping, the engine checks every id before training.
 CHECK_IDS_MAX_BYTES = 1 << 30
@@ -170,9 +171,7 @@ class SplitBinaryReader:
                 flat[key] = arr
             return self.layout.pack(flat, ops)
 
-        # no control flow on tensors in read: traced as written, without AutoGraph's pass
-        ds = ds.map(tf.autograph.experimental.do_not_convert(read), num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=True)
+        ds = ds.map(as_written(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if not repeat:
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.num_batches))
         return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)

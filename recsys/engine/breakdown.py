@@ -21,6 +21,7 @@ from recsys.engine.guards import Guards
 from recsys.engine.step import Step
 from recsys.monitoring import watchdog
 from recsys.runtime.distributed import gradient_payload_bytes
+from recsys.runtime.tracing import graph_function
 
 # The phases of a split step (--breakdown-steps), in order; their times add up to the step's.
 BREAKDOWN_PHASES = ("input_wait", "compute", "embedding_exchange", "gradient_exchange", "optimizer", "remainder")
@@ -94,11 +95,10 @@ class StepBreakdown:
                     loss, grads = self.step.gradients(inputs, labels)
                 return loss, tf.nest.flatten(list(grads), expand_composites=True)
 
-            gradients_fn = tf.function(gradients, reduce_retracing=True, autograph=False)
+            gradients_fn = graph_function(gradients, reduce_retracing=True)
             # without model-parallel layers the step's forward+backward has no exchange to take out:
             # compute alone is a second call of it (one trace fewer)
-            compute_fn = (tf.function(compute, jit_compile=bool(self.config.xla), reduce_retracing=True,
-                                      autograph=False)
+            compute_fn = (graph_function(compute, jit_compile=bool(self.config.xla), reduce_retracing=True)
                           if layers else gradients_fn)
 
             def exchange(ids_per_layer):
@@ -111,9 +111,9 @@ class StepBreakdown:
             split.update(
                 layers=layers, unmeasured=unmeasured, unflatten=unflatten,
                 gradients=gradients_fn, compute=compute_fn,
-                exchange=tf.function(exchange, reduce_retracing=True, autograph=False),
-                gradient_exchange=tf.function(gradient_exchange, reduce_retracing=True, autograph=False),
-                optimizer=tf.function(optimizer, reduce_retracing=True, autograph=False),
+                exchange=graph_function(exchange, reduce_retracing=True),
+                gradient_exchange=graph_function(gradient_exchange, reduce_retracing=True),
+                optimizer=graph_function(optimizer, reduce_retracing=True),
                 gpu=bool(tf.config.list_logical_devices("GPU")))
             self._split = split
         return self._split

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.engine.state import TrainState
+from recsys.runtime.tracing import graph_function
 from recsys.errors import DivergedError
 
 # The replica check, at any size: rows of every replicated variable sampled at fixed positions.
@@ -40,9 +41,8 @@ class Guards:
         self.config, self.dist, self.log = state.config, state.dist, state.log
         self.loss_scaler = state.loss_scaler
         self.nonfinite_in_a_row = 0
-        self._replica_sample_fn = tf.function(self._replica_sample, autograph=False)
-        self._finite_fn = tf.function(lambda vs: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in vs]),
-                                      autograph=False)
+        self._replica_sample_fn = graph_function(self._replica_sample)
+        self._finite_fn = graph_function(lambda vs: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in vs]))
 
     def diverged(self, step: int, what: str, advice: str | None = None):
         """Stop the run: a ``diverged`` record, then :class:`DivergedError` naming the last good checkpoint."""

@@ -20,6 +20,7 @@ from recsys.embeddings.group import distributed_tape
 from recsys.engine.state import TrainState
 from recsys.monitoring import watchdog
 from recsys.runtime.distributed import gradient_payload_bytes
+from recsys.runtime.tracing import as_written, graph_function
 
 # Test-only: "RANK:STEP" makes that rank's first model-parallel shard gradient non-finite at that
 # step, as an fp16 overflow on the shard's owner would (tests/recsys/test_amp_sync.py).
@@ -37,22 +38,19 @@ class Step:
         self._exchange_logged = False
         self._nonfinite_hook = self._nonfinite_hook_step()
         # Without XLA the gradient code is traced inline into the step (one graph, no nested call).
-        # The step's code has no control flow on tensors (tf.cond where it branches), so it is
-        # traced as written, without AutoGraph: AutoGraph would convert this module's, Keras's
-        # and the layers' functions again in every process (parse, transform, compile), about a
-        # fifth of a small run's time (docs/benchmarks.md, "What an engine process costs").
-        # Only the several-steps loop (a while on tensors) is converted, not the step it calls.
-        self.grad_fn = (tf.function(self.gradients, jit_compile=True, reduce_retracing=True, autograph=False)
+        # The step has no control flow on tensors (tf.cond where it branches): traced as written
+        # (recsys.runtime.tracing). Only the several-steps loop, a while on tensors, is converted
+        # by AutoGraph, and not the step it calls.
+        self.grad_fn = (graph_function(self.gradients, jit_compile=True, reduce_retracing=True)
                         if self.config.xla else self.gradients)
-        self.train_step = tf.function(self._train_step_impl, reduce_retracing=True, autograph=False)
-        self._one_step = tf.autograph.experimental.do_not_convert(self._train_step_impl)
+        self.train_step = graph_function(self._train_step_impl, reduce_retracing=True)
+        self._one_step = as_written(self._train_step_impl)
         self.train_steps = tf.function(self._train_steps_impl, reduce_retracing=True)
         # Several steps per call on one rank only: Horovod keys a collective by its op's name, and
         # inside a compiled loop the names carry per-process graph counters (while/cond/then/_178 on
         # one rank, _186 on the other: a 2-rank model-parallel run deadlocked on its alltoall).
         self.steps_per_call = self.config.steps_per_call if self.dist.size == 1 else 1
-        self._predict = tf.function(self._predict_impl, jit_compile=bool(self.config.xla), reduce_retracing=True,
-                                    autograph=False)
+        self._predict = graph_function(self._predict_impl, jit_compile=bool(self.config.xla), reduce_retracing=True)
 
     def gradients(self, inputs, labels):
         """(loss, unscaled gradients of every trained variable) of one batch on this rank."""

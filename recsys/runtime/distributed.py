@@ -233,6 +233,7 @@ class Distributed:
         hvd = self.hvd
 
         @tf.function(autograph=False)
+        @tf.autograph.experimental.do_not_convert
         def assign(vs):
             for i, v in enumerate(vs):
                 v.assign(hvd.broadcast(v, root_rank, name=f"recsys_broadcast_{i}"))
