@@ -36,6 +36,7 @@ from recsys.data.layout import (Layout, channel_features, check_finite, check_id
                                 label_features)
 from recsys.errors import DataError
 from recsys.features.spec import CATEGORICAL_CHANNELS, FeatureSpec, FeatureSpecError
+from recsys.runtime.tracing import as_written
 
 
 def list_column_to_padded(column, hotness: int, where: str, cardinality: Optional[int] = None,
@@ -254,7 +255,7 @@ class ParquetReader:
             batches = chunks.rebatch(self.batch_size, drop_remainder=self.drop_remainder)
             return batches.take(self.num_batches)  # equal step counts on all ranks
 
-        ds = tf.data.Dataset.range(1 << 62 if repeat else 1).flat_map(one_epoch)
+        ds = tf.data.Dataset.range(1 << 62 if repeat else 1).flat_map(as_written(one_epoch))  # (no tensor control flow)
         ds = ds.map(self.layout.tf_packer(ops), num_parallel_calls=tf.data.AUTOTUNE)
         if not repeat:
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.num_batches))
