@@ -229,11 +229,10 @@ class Distributed:
         own names them after the variables, whose uniquified names can differ by rank), in one graph."""
         if self.hvd is None or not variables:
             return
-        import tensorflow as tf
+        from recsys.runtime.tracing import graph_function   # with TensorFlow: not on the login-node path
         hvd = self.hvd
 
-        @tf.function(autograph=False)
-        @tf.autograph.experimental.do_not_convert
+        @graph_function
         def assign(vs):
             for i, v in enumerate(vs):
                 v.assign(hvd.broadcast(v, root_rank, name=f"recsys_broadcast_{i}"))
